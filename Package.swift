@@ -1,0 +1,119 @@
+// swift-tools-version:6.1
+import PackageDescription
+
+let swiftSettings: [SwiftSetting] = [
+    .enableUpcomingFeature("ExistentialAny"),
+    .enableUpcomingFeature("InternalImportsByDefault"),
+]
+
+/// One system-library module per C library, found through pkg-config (Debian's -dev packages).
+func systemLibrary(_ name: String, pkgConfig: String, apt: [String]) -> Target {
+    .systemLibrary(name: name, path: "Sources/CModules/\(name)", pkgConfig: pkgConfig, providers: [.apt(apt)])
+}
+
+let package = Package(
+    name: "broadcast",
+    platforms: [.macOS(.v15)],
+    products: [
+        .library(name: "BroadcastKit", targets: ["BroadcastKit"]),
+        .library(name: "BroadcastCapture", targets: ["BroadcastCapture"]),
+        .library(name: "BroadcastMedia", targets: ["BroadcastMedia"]),
+        .library(name: "BroadcastOutputs", targets: ["BroadcastOutputs"]),
+        .executable(name: "broadcast", targets: ["broadcast"]),
+        .executable(name: "level-meter", targets: ["LevelMeter"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-atomics.git", from: "1.3.0"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+    ],
+    targets: [
+        // C libraries, each behind a module map and a shim header.
+        systemLibrary("CAVCodec", pkgConfig: "libavcodec", apt: ["libavcodec-dev"]),
+        systemLibrary("CAVFormat", pkgConfig: "libavformat", apt: ["libavformat-dev"]),
+        systemLibrary("CAVUtil", pkgConfig: "libavutil", apt: ["libavutil-dev"]),
+        systemLibrary("CSwScale", pkgConfig: "libswscale", apt: ["libswscale-dev"]),
+        systemLibrary("CSwResample", pkgConfig: "libswresample", apt: ["libswresample-dev"]),
+        systemLibrary("CV4L2", pkgConfig: "libv4l2", apt: ["libv4l-dev"]),
+        systemLibrary("CALSA", pkgConfig: "alsa", apt: ["libasound2-dev"]),
+        // The one C target: what Swift cannot import (macros, variadic functions, ioctl numbers).
+        .target(
+            name: "CBroadcastShim",
+            dependencies: ["CAVUtil", "CAVCodec", "CAVFormat", "CV4L2", "CALSA"],
+            path: "Sources/CBroadcastShim"
+        ),
+
+        .target(
+            name: "BroadcastKit",
+            dependencies: [
+                .product(name: "Atomics", package: "swift-atomics"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .target(
+            name: "BroadcastCapture",
+            dependencies: [
+                "BroadcastKit",
+                .product(name: "Atomics", package: "swift-atomics"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .target(
+            name: "BroadcastMedia",
+            dependencies: [
+                "BroadcastKit", "CAVCodec", "CAVFormat", "CAVUtil", "CSwScale", "CSwResample", "CBroadcastShim",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .target(
+            name: "BroadcastOutputs",
+            dependencies: [
+                "BroadcastKit", "BroadcastMedia",
+                .product(name: "Atomics", package: "swift-atomics"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .executableTarget(
+            name: "broadcast",
+            dependencies: [
+                "BroadcastKit", "BroadcastCapture", "BroadcastMedia", "BroadcastOutputs",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // samples/: a handler written against BroadcastKit alone, run on the built-in sources.
+        .executableTarget(
+            name: "LevelMeter",
+            dependencies: ["BroadcastKit", "BroadcastCapture"],
+            path: "samples/LevelMeter",
+            exclude: ["README.md"],
+            swiftSettings: swiftSettings
+        ),
+
+        .testTarget(
+            name: "BroadcastKitTests",
+            dependencies: ["BroadcastKit", .product(name: "Atomics", package: "swift-atomics")],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "BroadcastCaptureTests",
+            dependencies: ["BroadcastKit", "BroadcastCapture"],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "BroadcastMediaTests",
+            dependencies: ["BroadcastKit", "BroadcastCapture", "BroadcastMedia", "BroadcastOutputs"],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "BroadcastCLITests",
+            dependencies: ["BroadcastKit"],
+            swiftSettings: swiftSettings
+        ),
+    ]
+)

@@ -1,0 +1,469 @@
+import Atomics
+public import Logging
+
+/// Settings of a session.
+public struct SessionOptions: Sendable {
+    /// Stop by itself once this much media time has been delivered of every type (nil: until finished).
+    public var duration: MediaTime?
+    /// Buffers each source may have waiting before it has to drop (realtime) or wait (non-realtime).
+    public var queueCapacity: Int
+    /// How long (realtime sessions) the session holds a buffer back while another source's queue is
+    /// empty, so buffers reach the handler in capture order across types.
+    public var reorderWindowNanoseconds: Int64
+    public var clock: any BroadcastClock
+
+    public init(
+        duration: MediaTime? = nil,
+        queueCapacity: Int = 64,
+        reorderWindowNanoseconds: Int64 = 60_000_000,
+        clock: any BroadcastClock = MonotonicClock()
+    ) {
+        self.duration = duration
+        self.queueCapacity = queueCapacity
+        self.reorderWindowNanoseconds = reorderWindowNanoseconds
+        self.clock = clock
+    }
+}
+
+/// Figures about one buffer type, readable from any thread while the session runs.
+public struct SampleBufferStatistics: Sendable, Hashable {
+    public var delivered: Int = 0
+    /// Dropped by the source because the session had not taken earlier buffers yet.
+    public var droppedQueueFull: Int = 0
+    /// Captured while the broadcast was paused.
+    public var droppedPaused: Int = 0
+    /// Arrived with a timestamp not after the last one delivered of the same type.
+    public var droppedOutOfOrder: Int = 0
+    /// End of the last delivered buffer, in media time nanoseconds.
+    public var mediaTimeNanoseconds: Int64 = 0
+
+    public init() {}
+}
+
+/// How a session ended.
+public struct SessionSummary: Sendable {
+    public enum Reason: String, Sendable {
+        /// `finish()` was called.
+        case finished
+        /// The requested duration was reached.
+        case durationReached
+        /// Every source reached its end of stream.
+        case sourcesEnded
+    }
+
+    public var reason: Reason
+    public var statistics: [SampleBufferType: SampleBufferStatistics]
+}
+
+/// Runs capture sources and calls one handler with their buffers, strictly serially.
+///
+/// `run(setupInfo:)` drives everything on the calling thread (the session's thread): it calls
+/// `broadcastStarted`, starts the sources, and delivers buffers in capture order across types until
+/// the broadcast finishes. `pause()`, `resume()`, `finish()` and `finishBroadcast(with:)` may be called
+/// from any thread; the handler hears of them on the session's thread, between two buffers.
+///
+/// Media time is zero at `broadcastStarted` and stands still while paused: what was captured while
+/// paused is dropped, and the time spent paused is taken out of every later timestamp, so a
+/// recording continues without a gap. Audio is cut at the exact sample where the pause began and ended.
+public final class BroadcastSession: @unchecked Sendable {
+    private enum Command: Sendable {
+        case pause(at: Int64)
+        case resume(at: Int64)
+        case finish(error: BroadcastError?)
+    }
+
+    private struct Counters: Sendable {
+        let delivered = ManagedAtomic<Int>(0)
+        let droppedPaused = ManagedAtomic<Int>(0)
+        let droppedOutOfOrder = ManagedAtomic<Int>(0)
+        let mediaTime = ManagedAtomic<Int64>(0)
+    }
+
+    private let handler: any BroadcastSampleHandler
+    private let sources: [(type: SampleBufferType, source: any CaptureSource)]
+    private let options: SessionOptions
+    private let logger: Logger
+    private let clock: any BroadcastClock
+    /// Sequence number << 8 | lifecycle state: a transition is one compare-and-swap.
+    private let stateWord = ManagedAtomic<UInt64>(UInt64(SessionLifecycle.State.idle.rawValue))
+    private let commands = CommandStack<(sequence: UInt64, command: Command)>()
+    private let wakeup = Wakeup()
+    private let counters: [SampleBufferType: Counters]
+    /// Set once the sinks exist; read by `statistics()` from other threads.
+    private let sinksReady = ManagedAtomic<Bool>(false)
+    private var sinks: [SourceSink] = []
+
+    /// - Parameter sources: at most one source per buffer type.
+    public init(
+        handler: any BroadcastSampleHandler,
+        sources: [(type: SampleBufferType, source: any CaptureSource)],
+        options: SessionOptions = SessionOptions(),
+        logger: Logger = Logger(label: "broadcast.session")
+    ) {
+        precondition(
+            Set(sources.map(\.type)).count == sources.count,
+            "a session takes at most one source per buffer type"
+        )
+        self.handler = handler
+        self.sources = sources
+        self.options = options
+        self.logger = logger
+        self.clock = options.clock
+        var counters: [SampleBufferType: Counters] = [:]
+        for type in SampleBufferType.allCases { counters[type] = Counters() }
+        self.counters = counters
+    }
+
+    public var state: SessionLifecycle.State {
+        SessionLifecycle.State(rawValue: UInt8(stateWord.load(ordering: .acquiring) & 0xff))!
+    }
+
+    /// Applies `event` to the lifecycle atomically; returns the transition's sequence number.
+    @discardableResult
+    private func transition(_ event: SessionLifecycle.Event) throws(BroadcastError) -> UInt64 {
+        var word = stateWord.load(ordering: .acquiring)
+        while true {
+            let state = SessionLifecycle.State(rawValue: UInt8(word & 0xff))!
+            let next: SessionLifecycle.State
+            switch SessionLifecycle.next(from: state, on: event) {
+            case .success(let s): next = s
+            case .failure(let error): throw error
+            }
+            let sequence = (word >> 8) + 1
+            let (exchanged, original) = stateWord.compareExchange(
+                expected: word,
+                desired: sequence << 8 | UInt64(next.rawValue),
+                ordering: .acquiringAndReleasing
+            )
+            if exchanged { return sequence }
+            word = original
+        }
+    }
+
+    private func send(_ command: Command, sequence: UInt64) {
+        commands.push((sequence, command))
+        wakeup.wake()
+    }
+
+    /// Pauses delivery; the handler gets `broadcastPaused`. Throws unless the broadcast is running.
+    public func pause() throws(BroadcastError) {
+        let now = clock.now()
+        send(.pause(at: now), sequence: try transition(.pause))
+    }
+
+    /// Resumes delivery; the handler gets `broadcastResumed`. Throws unless the broadcast is paused.
+    public func resume() throws(BroadcastError) {
+        let now = clock.now()
+        send(.resume(at: now), sequence: try transition(.resume))
+    }
+
+    /// Ends the broadcast normally: `run` stops the sources, calls `broadcastFinished` and returns.
+    public func finish() throws(BroadcastError) {
+        send(.finish(error: nil), sequence: try transition(.finish))
+    }
+
+    /// Ends the broadcast with an error (ReplayKit's finishBroadcastWithError): `run` throws it.
+    public func finishBroadcast(with error: BroadcastError) throws(BroadcastError) {
+        send(.finish(error: error), sequence: try transition(.finish))
+    }
+
+    /// Marks the session finished from inside `run` (duration reached, a failure), whatever the state.
+    private func forceFinished() {
+        _ = try? transition(.finish)
+    }
+
+    /// A snapshot of the per-type figures.
+    public func statistics() -> [SampleBufferType: SampleBufferStatistics] {
+        let ready = sinksReady.load(ordering: .acquiring)
+        var result: [SampleBufferType: SampleBufferStatistics] = [:]
+        for (type, c) in counters {
+            guard sources.contains(where: { $0.type == type }) else { continue }
+            var s = SampleBufferStatistics()
+            s.delivered = c.delivered.load(ordering: .relaxed)
+            s.droppedPaused = c.droppedPaused.load(ordering: .relaxed)
+            s.droppedOutOfOrder = c.droppedOutOfOrder.load(ordering: .relaxed)
+            s.mediaTimeNanoseconds = c.mediaTime.load(ordering: .relaxed)
+            if ready, let sink = sinks.first(where: { $0.type == type }) {
+                s.droppedQueueFull = sink.droppedFull.load(ordering: .relaxed)
+            }
+            result[type] = s
+        }
+        return result
+    }
+
+    /// Runs the broadcast on the calling thread until it finishes. Throws an `illegalTransition`
+    /// error when the session has already run, the handler's error when it aborts, or a source's
+    /// error when one cannot start or fails.
+    public func run(setupInfo: SetupInfo = SetupInfo()) throws -> SessionSummary {
+        try transition(.start)
+        let startTime = clock.now()
+        do {
+            try handler.broadcastStarted(setupInfo: setupInfo)
+        } catch {
+            forceFinished()
+            throw error
+        }
+
+        let realtime = sources.contains { $0.source.isRealtime }
+        sinks = sources.map {
+            SourceSink(
+                type: $0.type,
+                clock: clock,
+                startTime: startTime,
+                capacity: options.queueCapacity,
+                sessionWakeup: wakeup,
+                onFailure: { [weak self] error in _ = try? self?.finishBroadcast(with: error) }
+            )
+        }
+        sinksReady.store(true, ordering: .releasing)
+        var started: [any CaptureSource] = []
+        for (index, entry) in sources.enumerated() {
+            do {
+                try entry.source.start(into: sinks[index])
+                started.append(entry.source)
+            } catch {
+                logger.error("\(entry.type) source \(entry.source.name) failed to start: \(error)")
+                for sink in sinks { sink.requestStop() }
+                for s in started { s.stop() }
+                forceFinished()
+                handler.broadcastFinished()
+                throw error
+            }
+        }
+
+        var loop = DeliveryLoop(
+            session: self,
+            startTime: startTime,
+            realtime: realtime
+        )
+        let outcome = loop.run()
+
+        for sink in sinks { sink.requestStop() }
+        for entry in sources { entry.source.stop() }
+        for sink in sinks {
+            while let buffer = sink.ring.pop() { buffer.backing?.release() }
+        }
+        handler.broadcastFinished()
+        switch outcome {
+        case .failure(let error):
+            throw error
+        case .success(let reason):
+            return SessionSummary(reason: reason, statistics: statistics())
+        }
+    }
+
+    /// The session thread's state while delivering: pause intervals, per-type progress.
+    private struct DeliveryLoop {
+        let session: BroadcastSession
+        let startTime: Int64
+        let realtime: Bool
+        /// Closed pauses as capture-clock intervals [start, end), oldest first.
+        var pauses: [(start: Int64, end: Int64)] = []
+        /// Capture time at which the current pause began, if paused.
+        var pausedAt: Int64?
+        /// Delivery stopped for a buffer type: its sink ended or the duration was reached.
+        var done: Set<SampleBufferType> = []
+        var lastPTS: [SampleBufferType: Int64] = [:]
+        let durationNanoseconds: Int64?
+
+        init(session: BroadcastSession, startTime: Int64, realtime: Bool) {
+            self.session = session
+            self.startTime = startTime
+            self.realtime = realtime
+            self.durationNanoseconds = session.options.duration.flatMap { $0.isNumeric ? $0.nanoseconds : nil }
+        }
+
+        mutating func run() -> Result<SessionSummary.Reason, BroadcastError> {
+            let handler = session.handler
+            while true {
+                // Control first: the handler hears of pause/resume/finish between two buffers.
+                for (_, command) in session.commands.takeAll().sorted(by: { $0.sequence < $1.sequence }) {
+                    switch command {
+                    case .pause(let at):
+                        pausedAt = at
+                        handler.broadcastPaused()
+                    case .resume(let at):
+                        if let start = pausedAt, realtime { pauses.append((start, max(start, at))) }
+                        pausedAt = nil
+                        handler.broadcastResumed()
+                    case .finish(let error):
+                        if let error { return .failure(error) }
+                        return .success(.finished)
+                    }
+                }
+
+                if let pausedAt {
+                    // Non-realtime sources simply wait; realtime capture goes on and is dropped.
+                    if realtime { dropCapturedWhilePaused(since: pausedAt) }
+                    sleep(timeout: nil)
+                    continue
+                }
+
+                // The next buffer in capture order across types.
+                var best: SourceSink?
+                var bestTime = Int64.max
+                var waitingOnEmpty = false
+                for sink in session.sinks where !done.contains(sink.type) {
+                    if let head = sink.ring.peek() {
+                        if head.captureTime < bestTime {
+                            best = sink
+                            bestTime = head.captureTime
+                        }
+                    } else if sink.hasEnded {
+                        done.insert(sink.type)
+                    } else {
+                        waitingOnEmpty = true
+                    }
+                }
+                guard let sink = best else {
+                    if done.count == session.sinks.count {
+                        return .success(durationNanoseconds != nil ? .durationReached : .sourcesEnded)
+                    }
+                    sleep(timeout: nil)
+                    continue
+                }
+                if waitingOnEmpty {
+                    // Another source may still deliver something captured earlier: wait for it,
+                    // without limit when nothing is realtime, within the reorder window otherwise.
+                    if !realtime {
+                        sleep(timeout: nil)
+                        continue
+                    }
+                    let age = session.clock.now() - bestTime
+                    if age < session.options.reorderWindowNanoseconds {
+                        sleep(timeout: session.options.reorderWindowNanoseconds - age)
+                        continue
+                    }
+                }
+                let buffer = sink.ring.pop()!
+                sink.tookBuffer()
+                do {
+                    try deliver(buffer, of: sink.type)
+                } catch let error as BroadcastError {
+                    buffer.backing?.release()
+                    return .failure(error)
+                } catch {
+                    buffer.backing?.release()
+                    return .failure(BroadcastError(.handlerAborted, "the handler aborted: \(error)"))
+                }
+                buffer.backing?.release()
+            }
+        }
+
+        private func sleep(timeout: Int64?) {
+            session.wakeup.prepareToSleep()
+            // Anything that arrived between the last look and now would otherwise wait for the timeout.
+            if session.sinks.contains(where: { !$0.ring.isEmpty && !done.contains($0.type) }) && pausedAt == nil {
+                session.wakeup.cancelSleep()
+                if timeout == nil { return }
+            }
+            session.wakeup.sleep(timeoutNanoseconds: timeout ?? 250_000_000)
+        }
+
+        /// Drops buffers captured entirely after the pause began; earlier ones wait for the resume.
+        private func dropCapturedWhilePaused(since pauseStart: Int64) {
+            for sink in session.sinks {
+                while let head = sink.ring.peek(), head.captureTime >= pauseStart {
+                    _ = sink.ring.pop()
+                    sink.tookBuffer()
+                    head.backing?.release()
+                    session.counters[sink.type]!.droppedPaused.wrappingIncrement(ordering: .relaxed)
+                }
+            }
+        }
+
+        /// Pause time taken out of media time for something captured at `time`.
+        private func pausedBefore(_ time: Int64) -> Int64 {
+            var total: Int64 = 0
+            for p in pauses where p.end <= time { total += p.end - p.start }
+            return total
+        }
+
+        /// Hands `buffer` to the handler: the parts captured outside pauses and inside the duration,
+        /// with media times. Audio is cut at sample precision; a video frame is all or nothing.
+        private mutating func deliver(_ buffer: CapturedBuffer, of type: SampleBufferType) throws {
+            let counters = session.counters[type]!
+            let start = buffer.captureTime
+            let durationNs = buffer.duration.nanoseconds ?? 0
+            guard start >= startTime else {
+                counters.droppedOutOfOrder.wrappingIncrement(ordering: .relaxed)
+                return
+            }
+
+            // The buffer's capture interval less every pause, as pieces [from, to).
+            var pieces: [(from: Int64, to: Int64)] = [(start, start + max(durationNs, 0))]
+            if !pauses.isEmpty {
+                for p in pauses {
+                    pieces = pieces.flatMap { piece -> [(from: Int64, to: Int64)] in
+                        if case .video = buffer.format {
+                            // A frame is an instant: kept unless it was captured inside the pause.
+                            return (piece.from >= p.start && piece.from < p.end) ? [] : [piece]
+                        }
+                        var out: [(from: Int64, to: Int64)] = []
+                        if piece.from < p.start { out.append((piece.from, min(piece.to, p.start))) }
+                        if piece.to > p.end { out.append((max(piece.from, p.end), piece.to)) }
+                        return out
+                    }
+                }
+                if pieces.isEmpty {
+                    counters.droppedPaused.wrappingIncrement(ordering: .relaxed)
+                    return
+                }
+            }
+
+            for piece in pieces {
+                var pts = piece.from - startTime - pausedBefore(piece.from)
+                var sample = slice(buffer, from: piece.from, to: piece.to)
+                if let limit = durationNanoseconds {
+                    if pts >= limit {
+                        done.insert(type)
+                        return
+                    }
+                    if case .audio = buffer.format, pts + sample.durationNs > limit {
+                        sample = slice(buffer, from: piece.from, to: piece.from + (limit - pts))
+                    }
+                }
+                if let last = lastPTS[type], pts <= last {
+                    counters.droppedOutOfOrder.wrappingIncrement(ordering: .relaxed)
+                    continue
+                }
+                lastPTS[type] = pts
+                if case .video = buffer.format, let limit = durationNanoseconds, pts + sample.durationNs > limit {
+                    sample.durationNs = limit - pts
+                }
+                pts = max(pts, 0)
+                let sampleBuffer = SampleBuffer(
+                    format: buffer.format,
+                    presentationTime: MediaTime(nanoseconds: pts),
+                    duration: MediaTime(nanoseconds: sample.durationNs),
+                    planes: sample.planes,
+                    frameCount: sample.frameCount
+                )
+                try session.handler.processSampleBuffer(sampleBuffer, of: type)
+                counters.delivered.wrappingIncrement(ordering: .relaxed)
+                counters.mediaTime.store(pts + sample.durationNs, ordering: .relaxed)
+            }
+        }
+
+        /// The part of `buffer` captured in [from, to): whole for video, whole samples for audio.
+        private func slice(_ buffer: CapturedBuffer, from: Int64, to: Int64)
+            -> (planes: [Plane], frameCount: Int, durationNs: Int64)
+        {
+            guard case .audio(let audio) = buffer.format, buffer.frameCount > 0 else {
+                return (buffer.planes, buffer.frameCount, to - from)
+            }
+            let rate = Int64(audio.sampleRate)
+            let first = Int(min(Int64(buffer.frameCount), ((from - buffer.captureTime) * rate + 500_000_000) / 1_000_000_000))
+            let end = Int(min(Int64(buffer.frameCount), ((to - buffer.captureTime) * rate + 500_000_000) / 1_000_000_000))
+            let frames = max(0, end - first)
+            if first == 0 && frames == buffer.frameCount {
+                return (buffer.planes, frames, (Int64(frames) * 1_000_000_000 + rate / 2) / rate)
+            }
+            let bytesPerFrame = audio.sampleFormat.isPlanar ? audio.sampleFormat.bytesPerSample : audio.bytesPerFrame
+            let planes = buffer.planes.map {
+                Plane(base: $0.base + first * bytesPerFrame, count: frames * bytesPerFrame, bytesPerRow: frames * bytesPerFrame)
+            }
+            return (planes, frames, (Int64(frames) * 1_000_000_000 + rate / 2) / rate)
+        }
+    }
+}

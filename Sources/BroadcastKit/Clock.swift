@@ -1,0 +1,57 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
+
+/// The clock every capture timestamp is taken on, in nanoseconds. Production uses CLOCK_MONOTONIC;
+/// tests use a clock they move by hand.
+public protocol BroadcastClock: Sendable {
+    func now() -> Int64
+}
+
+public struct MonotonicClock: BroadcastClock {
+    public init() {}
+
+    public func now() -> Int64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec)
+    }
+
+    /// Sleeps until the clock reads `deadline` (absolute, so sleeps do not accumulate drift).
+    public static func sleep(until deadline: Int64) {
+        var ts = timespec(tv_sec: Int(deadline / 1_000_000_000), tv_nsec: Int(deadline % 1_000_000_000))
+        while clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nil) == EINTR {}
+    }
+}
+
+/// A thread of the operating system's, for work that blocks (a device read, the session loop).
+public final class OSThread: @unchecked Sendable {
+    private let handle: pthread_t
+
+    private final class Body {
+        let run: @Sendable () -> Void
+        init(run: @escaping @Sendable () -> Void) {
+            self.run = run
+        }
+    }
+
+    /// Starts `body` on a new thread.
+    public init(_ body: @escaping @Sendable () -> Void) {
+        let box = Unmanaged.passRetained(Body(run: body)).toOpaque()
+        var thread = pthread_t()
+        let rc = pthread_create(&thread, nil, { argument in
+            let body = Unmanaged<Body>.fromOpaque(argument!).takeRetainedValue()
+            body.run()
+            return nil
+        }, box)
+        precondition(rc == 0, "pthread_create failed: \(rc)")
+        self.handle = thread
+    }
+
+    /// Waits for the thread's body to return.
+    public func join() {
+        pthread_join(handle, nil)
+    }
+}

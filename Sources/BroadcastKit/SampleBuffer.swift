@@ -1,0 +1,244 @@
+/// Which stream a sample buffer belongs to, as in ReplayKit's RPSampleBufferType.
+public enum SampleBufferType: String, Sendable, Hashable, CaseIterable, CustomStringConvertible {
+    case video
+    /// Audio the screen plays (a loopback or monitor device).
+    case audioApp
+    /// Audio from a microphone.
+    case audioMic
+
+    public var description: String { rawValue }
+    public var isAudio: Bool { self != .video }
+}
+
+/// Pixel layouts a video sample buffer can carry (names follow V4L2/FFmpeg usage).
+public enum PixelFormat: String, Sendable, Hashable, CaseIterable {
+    /// Planar 4:2:0, Y then U then V (I420, V4L2 YU12, FFmpeg yuv420p).
+    case yuv420p
+    /// Semi-planar 4:2:0, Y then interleaved UV.
+    case nv12
+    /// Packed 4:2:2, Y0 U Y1 V.
+    case yuyv422
+    /// Packed 4:2:2, U Y0 V Y1.
+    case uyvy422
+    case rgb24
+    case bgr24
+    /// 32-bit B G R A.
+    case bgra
+    /// 32-bit B G R X: what X11 and V4L2 XRGB32 deliver.
+    case bgr0
+    case gray8
+    /// Compressed JPEG frames (one plane, variable size).
+    case mjpeg
+
+    /// Number of planes the format is stored in.
+    public var planeCount: Int {
+        switch self {
+        case .yuv420p: 3
+        case .nv12: 2
+        default: 1
+        }
+    }
+
+    /// Bytes per row of `plane` for a frame `width` pixels wide, without padding; nil for compressed formats.
+    public func minimumBytesPerRow(plane: Int, width: Int) -> Int? {
+        switch self {
+        case .yuv420p: plane == 0 ? width : (width + 1) / 2
+        case .nv12: plane == 0 ? width : (width + 1) / 2 * 2
+        case .yuyv422, .uyvy422: (width + 1) / 2 * 4
+        case .rgb24, .bgr24: width * 3
+        case .bgra, .bgr0: width * 4
+        case .gray8: width
+        case .mjpeg: nil
+        }
+    }
+
+    /// Rows in `plane` for a frame `height` pixels tall.
+    public func rows(plane: Int, height: Int) -> Int {
+        switch self {
+        case .yuv420p, .nv12: plane == 0 ? height : (height + 1) / 2
+        default: height
+        }
+    }
+}
+
+/// Layout of the samples in an audio buffer.
+public enum AudioSampleFormat: String, Sendable, Hashable, CaseIterable {
+    /// Signed 16-bit, channels interleaved.
+    case s16
+    /// Signed 32-bit, channels interleaved.
+    case s32
+    /// 32-bit float, channels interleaved.
+    case f32
+    /// 32-bit float, one plane per channel.
+    case f32Planar
+
+    public var bytesPerSample: Int {
+        switch self {
+        case .s16: 2
+        case .s32, .f32, .f32Planar: 4
+        }
+    }
+
+    public var isPlanar: Bool { self == .f32Planar }
+}
+
+public struct VideoFormat: Sendable, Hashable, CustomStringConvertible {
+    public var pixelFormat: PixelFormat
+    public var width: Int
+    public var height: Int
+
+    public init(pixelFormat: PixelFormat, width: Int, height: Int) {
+        self.pixelFormat = pixelFormat
+        self.width = width
+        self.height = height
+    }
+
+    public var description: String { "\(pixelFormat.rawValue) \(width)x\(height)" }
+}
+
+public struct AudioFormat: Sendable, Hashable, CustomStringConvertible {
+    public var sampleFormat: AudioSampleFormat
+    public var sampleRate: Int
+    /// Channel count; 1 is mono, 2 stereo (FL FR), more follow FFmpeg's default layout for that count.
+    public var channels: Int
+
+    public init(sampleFormat: AudioSampleFormat, sampleRate: Int, channels: Int) {
+        self.sampleFormat = sampleFormat
+        self.sampleRate = sampleRate
+        self.channels = channels
+    }
+
+    /// Bytes one frame (one sample of every channel) takes in an interleaved buffer.
+    public var bytesPerFrame: Int { sampleFormat.bytesPerSample * channels }
+
+    public var description: String { "\(sampleFormat.rawValue) \(sampleRate) Hz \(channels) ch" }
+}
+
+public enum MediaFormat: Sendable, Hashable, CustomStringConvertible {
+    case video(VideoFormat)
+    case audio(AudioFormat)
+
+    public var description: String {
+        switch self {
+        case .video(let v): "video \(v)"
+        case .audio(let a): "audio \(a)"
+        }
+    }
+}
+
+/// One plane of sample data: where its bytes are and how long a row is.
+public struct Plane: @unchecked Sendable {
+    public let base: UnsafeRawPointer
+    /// Bytes in the plane.
+    public let count: Int
+    /// Bytes from the start of one row to the next (for audio: the whole plane).
+    public let bytesPerRow: Int
+
+    public init(base: UnsafeRawPointer, count: Int, bytesPerRow: Int) {
+        self.base = base
+        self.count = count
+        self.bytesPerRow = bytesPerRow
+    }
+
+    public var bytes: UnsafeRawBufferPointer { UnsafeRawBufferPointer(start: base, count: count) }
+}
+
+/// Keeps a buffer's memory alive and takes it back once the handler is done with it
+/// (a pooled test-pattern frame, a V4L2 mmap buffer that goes back to the driver).
+public protocol SampleBufferBacking: AnyObject, Sendable {
+    /// Called exactly once, on the session's thread, after the handler call that saw the buffer returned.
+    func release()
+}
+
+/// Media delivered to a handler: a video frame or a run of audio frames, with its presentation time.
+///
+/// It is valid only during the `processSampleBuffer` call that hands it over (it is `~Copyable`
+/// and borrowed, so it cannot escape); a handler that keeps media for later calls `copy()`.
+public struct SampleBuffer: ~Copyable, @unchecked Sendable {
+    public let format: MediaFormat
+    /// Media time on the session clock: zero at broadcastStarted, standing still while paused.
+    public let presentationTime: MediaTime
+    public let duration: MediaTime
+    /// Video: one per plane of the pixel format. Audio: one for interleaved formats, one per channel for planar.
+    public let planes: [Plane]
+    /// Audio frames (samples per channel); 0 for video.
+    public let frameCount: Int
+    let owner: AnyObject?
+
+    public init(
+        format: MediaFormat,
+        presentationTime: MediaTime,
+        duration: MediaTime,
+        planes: [Plane],
+        frameCount: Int = 0,
+        owner: AnyObject? = nil
+    ) {
+        self.format = format
+        self.presentationTime = presentationTime
+        self.duration = duration
+        self.planes = planes
+        self.frameCount = frameCount
+        self.owner = owner
+    }
+
+    public var videoFormat: VideoFormat? {
+        if case .video(let v) = format { return v }
+        return nil
+    }
+
+    public var audioFormat: AudioFormat? {
+        if case .audio(let a) = format { return a }
+        return nil
+    }
+
+    /// A copy that owns its bytes and stays valid as long as it lives.
+    public func copy() -> SampleBuffer {
+        let storage = CopiedBytes(planes: planes)
+        return SampleBuffer(
+            format: format,
+            presentationTime: presentationTime,
+            duration: duration,
+            planes: storage.planes,
+            frameCount: frameCount,
+            owner: storage
+        )
+    }
+}
+
+/// The bytes of a copied sample buffer, freed when the last copy goes away.
+final class CopiedBytes: @unchecked Sendable {
+    let memory: UnsafeMutableRawPointer
+    let planes: [Plane]
+
+    init(planes source: [Plane]) {
+        let total = source.reduce(0) { $0 + $1.count }
+        memory = UnsafeMutableRawPointer.allocate(byteCount: max(total, 1), alignment: 64)
+        var offset = 0
+        var planes: [Plane] = []
+        planes.reserveCapacity(source.count)
+        for plane in source {
+            let destination = memory + offset
+            destination.copyMemory(from: plane.base, byteCount: plane.count)
+            planes.append(Plane(base: destination, count: plane.count, bytesPerRow: plane.bytesPerRow))
+            offset += plane.count
+        }
+        self.planes = planes
+    }
+
+    deinit { memory.deallocate() }
+}
+
+/// String key/values handed to `broadcastStarted`, from the command line (`--setup key=value`) or the config.
+public struct SetupInfo: Sendable, Hashable, ExpressibleByDictionaryLiteral {
+    public var values: [String: String]
+
+    public init(_ values: [String: String] = [:]) { self.values = values }
+    public init(dictionaryLiteral elements: (String, String)...) {
+        self.values = Dictionary(elements, uniquingKeysWith: { _, last in last })
+    }
+
+    public subscript(key: String) -> String? {
+        get { values[key] }
+        set { values[key] = newValue }
+    }
+}

@@ -1,0 +1,2 @@
+#pragma once
+#include <libswresample/swresample.h>
