@@ -237,6 +237,7 @@ public final class BroadcastSession: @unchecked Sendable {
             realtime: realtime
         )
         let outcome = loop.run()
+        forceFinished()
 
         for sink in sinks { sink.requestStop() }
         for entry in sources { entry.source.stop() }

@@ -1,0 +1,61 @@
+import Atomics
+public import BroadcastKit
+
+/// A fixed set of equally sized buffers a source fills and the session gives back after the
+/// handler call, so steady-state capture allocates nothing. Lock-free: each buffer has an in-use flag.
+public final class BufferPool: @unchecked Sendable {
+    public final class Buffer: SampleBufferBacking, @unchecked Sendable {
+        public let memory: UnsafeMutableRawPointer
+        public let byteCount: Int
+        /// Planes laid out in `memory`, made once so handing a buffer over allocates nothing.
+        public let planes: [Plane]
+        fileprivate let inUse = ManagedAtomic<Bool>(false)
+        fileprivate unowned(unsafe) let pool: BufferPool
+
+        fileprivate init(pool: BufferPool, byteCount: Int, planeLayout: [(offset: Int, count: Int, bytesPerRow: Int)]) {
+            self.pool = pool
+            self.byteCount = byteCount
+            self.memory = .allocate(byteCount: max(byteCount, 1), alignment: 64)
+            self.planes = planeLayout.map { [memory] in
+                Plane(base: UnsafeRawPointer(memory + $0.offset), count: $0.count, bytesPerRow: $0.bytesPerRow)
+            }
+        }
+
+        deinit { memory.deallocate() }
+
+        public func release() {
+            inUse.store(false, ordering: .releasing)
+            pool.wakeup.wake()
+        }
+    }
+
+    private var buffers: [Buffer] = []
+    private let wakeup = Wakeup()
+    private var next = 0
+
+    /// `count` buffers of `byteCount` bytes, each split into planes as `planeLayout` says.
+    public init(count: Int, byteCount: Int, planeLayout: [(offset: Int, count: Int, bytesPerRow: Int)]) {
+        buffers = (0..<count).map { _ in Buffer(pool: self, byteCount: byteCount, planeLayout: planeLayout) }
+    }
+
+    /// A free buffer, marked in use. With `wait`, sleeps until one is given back or `shouldStop`
+    /// says so; without, returns nil at once when all are in use. Call from the producer thread only.
+    public func acquire(wait: Bool, shouldStop: () -> Bool) -> Buffer? {
+        while true {
+            for _ in 0..<buffers.count {
+                let buffer = buffers[next]
+                next = (next + 1) % buffers.count
+                if buffer.inUse.compareExchange(expected: false, desired: true, ordering: .acquiring).exchanged {
+                    return buffer
+                }
+            }
+            if !wait || shouldStop() { return nil }
+            wakeup.prepareToSleep()
+            if buffers.contains(where: { !$0.inUse.load(ordering: .acquiring) }) {
+                wakeup.cancelSleep()
+                continue
+            }
+            wakeup.sleep(timeoutNanoseconds: 50_000_000)
+        }
+    }
+}

@@ -1,0 +1,228 @@
+import Atomics
+public import BroadcastKit
+
+/// The built-in video source: colour bars, a block moving across, a burnt-in running clock, and
+/// one full-white frame at every whole second of media time (the frame at n.000 s), so A/V sync can
+/// be measured from any output against the tone source's beeps.
+///
+/// Realtime (default): frames are due on the monotonic clock, like a device; if the session falls
+/// behind, frames are dropped and counted. Non-realtime: frames are made as fast as they are taken.
+public final class TestPatternSource: CaptureSource, @unchecked Sendable {
+    public let width: Int
+    public let height: Int
+    /// Frames per second as a fraction (30/1, 30000/1001).
+    public let frameRate: (numerator: Int, denominator: Int)
+    public let isRealtime: Bool
+    public var name: String { "test pattern \(width)x\(height)@\(Self.rateText(frameRate))" }
+
+    private let format: VideoFormat
+    private var thread: OSThread?
+    private let running = ManagedAtomic<Bool>(false)
+    /// Frames not made because every pooled frame was still with the session (realtime only).
+    let droppedFrames = ManagedAtomic<Int>(0)
+    public var droppedCount: Int { droppedFrames.load(ordering: .relaxed) }
+
+    public init(width: Int, height: Int, frameRate: (numerator: Int, denominator: Int), realtime: Bool = true) {
+        precondition(width >= 16 && height >= 16 && width % 2 == 0 && height % 2 == 0, "test pattern size must be even and at least 16x16")
+        precondition(frameRate.numerator > 0 && frameRate.denominator > 0, "frame rate must be positive")
+        self.width = width
+        self.height = height
+        self.frameRate = frameRate
+        self.isRealtime = realtime
+        self.format = VideoFormat(pixelFormat: .yuv420p, width: width, height: height)
+    }
+
+    static func rateText(_ r: (numerator: Int, denominator: Int)) -> String {
+        r.denominator == 1 ? "\(r.numerator)" : "\(r.numerator)/\(r.denominator)"
+    }
+
+    /// Capture time of frame `index`, in nanoseconds after the start.
+    func frameTime(_ index: Int64) -> Int64 {
+        index * 1_000_000_000 * Int64(frameRate.denominator) / Int64(frameRate.numerator)
+    }
+
+    /// True for the first frame at or after each whole second of media time: frame i starts at
+    /// t(i) = i·den/num s, and is the flash frame of second n when t(i-1) < n ≤ t(i).
+    public func isFlashFrame(_ index: Int64) -> Bool {
+        if index == 0 { return true }
+        let num = Int64(frameRate.numerator)
+        let den = Int64(frameRate.denominator)
+        // floor(t(i)) > floor(t(i-1)) exactly when a whole second lies in (t(i-1), t(i)].
+        return index * den / num > (index - 1) * den / num
+    }
+
+    public func start(into sink: SourceSink) throws {
+        let lumaSize = width * height
+        let chromaWidth = width / 2
+        let chromaSize = chromaWidth * (height / 2)
+        let pool = BufferPool(
+            count: 6,
+            byteCount: lumaSize + 2 * chromaSize,
+            planeLayout: [
+                (0, lumaSize, width),
+                (lumaSize, chromaSize, chromaWidth),
+                (lumaSize + chromaSize, chromaSize, chromaWidth),
+            ]
+        )
+        let painter = TestPatternPainter(width: width, height: height)
+        running.store(true, ordering: .releasing)
+        thread = OSThread { [self] in
+            produce(into: sink, pool: pool, painter: painter)
+        }
+    }
+
+    private func produce(into sink: SourceSink, pool: BufferPool, painter: TestPatternPainter) {
+        let duration = MediaTime(value: Int64(frameRate.denominator), timescale: Int32(frameRate.numerator))
+        var index: Int64 = 0
+        while running.load(ordering: .acquiring) && !sink.isStopping {
+            let captureTime = sink.startTime + frameTime(index)
+            if isRealtime { MonotonicClock.sleep(until: captureTime) }
+            guard
+                let buffer = pool.acquire(
+                    wait: !isRealtime,
+                    shouldStop: { [running] in !running.load(ordering: .acquiring) || sink.isStopping }
+                )
+            else {
+                if !isRealtime { break }
+                droppedFrames.wrappingIncrement(ordering: .relaxed)
+                index += 1
+                continue
+            }
+            painter.paint(
+                into: buffer.memory,
+                frameIndex: index,
+                mediaTimeNanoseconds: frameTime(index),
+                flash: isFlashFrame(index)
+            )
+            let captured = CapturedBuffer(
+                format: .video(format),
+                captureTime: captureTime,
+                duration: duration,
+                planes: buffer.planes,
+                backing: buffer
+            )
+            if isRealtime { sink.offer(captured) } else if !sink.push(captured) { break }
+            index += 1
+        }
+    }
+
+    public func stop() {
+        running.store(false, ordering: .releasing)
+        thread?.join()
+        thread = nil
+    }
+}
+
+/// Draws the test pattern into a yuv420p frame. The static part (bars) is drawn once and copied.
+struct TestPatternPainter: Sendable {
+    let width: Int
+    let height: Int
+    private let background: [UInt8]
+
+    // 75% colour bars in BT.601 limited range: white, yellow, cyan, green, magenta, red, blue, black.
+    private static let bars: [(y: UInt8, u: UInt8, v: UInt8)] = [
+        (180, 128, 128), (162, 44, 142), (131, 156, 44), (112, 72, 58),
+        (84, 184, 198), (65, 100, 212), (35, 212, 114), (16, 128, 128),
+    ]
+
+    init(width: Int, height: Int) {
+        self.width = width
+        self.height = height
+        let lumaSize = width * height
+        let chromaSize = (width / 2) * (height / 2)
+        var image = [UInt8](repeating: 0, count: lumaSize + 2 * chromaSize)
+        let barCount = Self.bars.count
+        for y in 0..<height {
+            for x in 0..<width {
+                image[y * width + x] = Self.bars[x * barCount / width].y
+            }
+        }
+        for y in 0..<(height / 2) {
+            for x in 0..<(width / 2) {
+                let bar = Self.bars[(2 * x) * barCount / width]
+                image[lumaSize + y * (width / 2) + x] = bar.u
+                image[lumaSize + chromaSize + y * (width / 2) + x] = bar.v
+            }
+        }
+        background = image
+    }
+
+    func paint(into memory: UnsafeMutableRawPointer, frameIndex: Int64, mediaTimeNanoseconds: Int64, flash: Bool) {
+        let luma = memory.assumingMemoryBound(to: UInt8.self)
+        let lumaSize = width * height
+        let chromaSize = (width / 2) * (height / 2)
+        if flash {
+            luma.update(repeating: 255, count: lumaSize)
+            (luma + lumaSize).update(repeating: 128, count: 2 * chromaSize)
+            return
+        }
+        background.withUnsafeBufferPointer { luma.update(from: $0.baseAddress!, count: $0.count) }
+
+        // A block crossing the frame once every four seconds of frames, in the lower third.
+        let side = max(8, height / 8) & ~1
+        let span = max(1, width - side)
+        let travel = Int(frameIndex % 120)
+        let x0 = (travel * span / 120) & ~1
+        let y0 = (height * 2 / 3) & ~1
+        fillRect(luma, x: x0, y: y0, w: side, h: side, value: 235, u: 128, v: 128)
+
+        // Running clock: "HH:MM:SS.mmm" plus the frame number, in the upper left.
+        let ms = mediaTimeNanoseconds / 1_000_000
+        let text =
+            "\(two(ms / 3_600_000)):\(two(ms / 60_000 % 60)):\(two(ms / 1000 % 60)).\(three(ms % 1000)) #\(frameIndex)"
+        let scale = max(2, height / 120)
+        let textHeight = 7 * scale + 2 * scale
+        fillRect(luma, x: 0, y: 0, w: min(width, (text.count * 6 + 2) * scale) & ~1, h: textHeight & ~1, value: 16, u: 128, v: 128)
+        var cursor = scale
+        for character in text {
+            drawGlyph(luma, character, x: cursor, y: scale, scale: scale)
+            cursor += 6 * scale
+        }
+    }
+
+    private func two(_ v: Int64) -> String { v < 10 ? "0\(v)" : "\(v)" }
+    private func three(_ v: Int64) -> String { v < 10 ? "00\(v)" : v < 100 ? "0\(v)" : "\(v)" }
+
+    private func fillRect(_ luma: UnsafeMutablePointer<UInt8>, x: Int, y: Int, w: Int, h: Int, value: UInt8, u: UInt8, v: UInt8) {
+        let x1 = min(width, x + w)
+        let y1 = min(height, y + h)
+        guard x < x1, y < y1 else { return }
+        for row in y..<y1 { (luma + row * width + x).update(repeating: value, count: x1 - x) }
+        let cw = width / 2
+        let cb = luma + width * height
+        let cr = cb + cw * (height / 2)
+        for row in (y / 2)..<(y1 / 2) {
+            (cb + row * cw + x / 2).update(repeating: u, count: (x1 - x) / 2)
+            (cr + row * cw + x / 2).update(repeating: v, count: (x1 - x) / 2)
+        }
+    }
+
+    private func drawGlyph(_ luma: UnsafeMutablePointer<UInt8>, _ character: Character, x: Int, y: Int, scale: Int) {
+        guard let rows = Self.font[character] else { return }
+        for (r, bits) in rows.enumerated() {
+            for c in 0..<5 where bits & (0x10 >> c) != 0 {
+                let px = x + c * scale
+                let py = y + r * scale
+                guard px + scale <= width, py + scale <= height else { continue }
+                for dy in 0..<scale { (luma + (py + dy) * width + px).update(repeating: 235, count: scale) }
+            }
+        }
+    }
+
+    /// 5x7 glyphs, one byte a row, high bit leftmost.
+    private static let font: [Character: [UInt8]] = [
+        "0": [0x0E, 0x11, 0x13, 0x15, 0x19, 0x11, 0x0E],
+        "1": [0x04, 0x0C, 0x04, 0x04, 0x04, 0x04, 0x0E],
+        "2": [0x0E, 0x11, 0x01, 0x02, 0x04, 0x08, 0x1F],
+        "3": [0x1F, 0x02, 0x04, 0x02, 0x01, 0x11, 0x0E],
+        "4": [0x02, 0x06, 0x0A, 0x12, 0x1F, 0x02, 0x02],
+        "5": [0x1F, 0x10, 0x1E, 0x01, 0x01, 0x11, 0x0E],
+        "6": [0x06, 0x08, 0x10, 0x1E, 0x11, 0x11, 0x0E],
+        "7": [0x1F, 0x01, 0x02, 0x04, 0x08, 0x08, 0x08],
+        "8": [0x0E, 0x11, 0x11, 0x0E, 0x11, 0x11, 0x0E],
+        "9": [0x0E, 0x11, 0x11, 0x0F, 0x01, 0x02, 0x0C],
+        ":": [0x00, 0x0C, 0x0C, 0x00, 0x0C, 0x0C, 0x00],
+        ".": [0x00, 0x00, 0x00, 0x00, 0x00, 0x0C, 0x0C],
+        "#": [0x0A, 0x0A, 0x1F, 0x0A, 0x1F, 0x0A, 0x0A],
+    ]
+}

@@ -1,0 +1,211 @@
+import Atomics
+import BroadcastKit
+import Testing
+
+@Suite struct SessionLifecycleTests {
+    private func makeSession(_ handler: RecordingHandler, source: ManualSource = ManualSource()) -> BroadcastSession {
+        BroadcastSession(handler: handler, sources: [(.video, source)], options: SessionOptions(clock: MockClock()))
+    }
+
+    @Test func callsBeforeStartAreIllegal() {
+        let session = makeSession(RecordingHandler())
+        for call in [session.pause, session.resume, session.finish] {
+            let error = #expect(throws: BroadcastError.self) { try call() }
+            #expect(error?.code == .illegalTransition)
+            #expect(error?.message.contains("has not started") == true)
+        }
+        #expect(session.state == .idle)
+    }
+
+    @Test func fullLifecycleAndIllegalCallsWhileRunning() throws {
+        let handler = RecordingHandler()
+        let session = makeSession(handler)
+        let runner = SessionRunner(session)
+        #expect(waitUntil { session.state == .started && handler.events.contains(.started) })
+
+        #expect(throws: BroadcastError.self) { try session.resume() }  // not paused
+        try session.pause()
+        #expect(session.state == .paused)
+        #expect(throws: BroadcastError.self) { try session.pause() }  // already paused
+        try session.resume()
+        #expect(session.state == .started)
+        try session.pause()
+        try session.finish()  // finish from paused is legal
+        #expect(session.state == .finished)
+
+        let summary = try runner.result().get()
+        #expect(summary.reason == .finished)
+        #expect(handler.events == [.started, .paused, .resumed, .paused, .finished])
+        #expect(handler.overlaps.load(ordering: .relaxed) == 0)
+
+        // Anything after finish, including a second run, is a clear error.
+        for call in [session.pause, session.resume, session.finish] {
+            let error = #expect(throws: BroadcastError.self) { try call() }
+            #expect(error?.message.contains("has finished") == true)
+        }
+        let again = #expect(throws: BroadcastError.self) { _ = try session.run() }
+        #expect(again?.code == .illegalTransition)
+    }
+
+    @Test func startingTwiceIsIllegal() throws {
+        let handler = RecordingHandler()
+        let session = makeSession(handler)
+        let runner = SessionRunner(session)
+        #expect(waitUntil { handler.events.contains(.started) })
+        let error = #expect(throws: BroadcastError.self) { _ = try session.run() }
+        #expect(error?.message.contains("already started") == true)
+        try session.finish()
+        _ = try runner.result().get()
+        #expect(handler.events.filter { $0 == .started }.count == 1)
+    }
+
+    @Test func finishWithErrorIsReportedByRun() throws {
+        let handler = RecordingHandler()
+        let session = makeSession(handler)
+        let runner = SessionRunner(session)
+        #expect(waitUntil { session.state == .started })
+        try session.finishBroadcast(with: BroadcastError(.sourceFailed, "camera unplugged"))
+        let result = runner.result()
+        #expect(throws: BroadcastError(.sourceFailed, "camera unplugged")) { try result.get() }
+        #expect(handler.events.last == .finished)
+    }
+
+    @Test func handlerThrowingAbortsTheBroadcast() throws {
+        let handler = RecordingHandler()
+        handler.failAfter = 3
+        let source = ManualSource()
+        let session = makeSession(handler, source: source)
+        let runner = SessionRunner(session)
+        #expect(waitUntil { source.sink != nil })
+        for i in 0..<10 { source.push(format: videoFormat, at: source.sink!.startTime + Int64(i) * 1000, durationNanoseconds: 1000) }
+        let error = #expect(throws: BroadcastError.self) { try runner.result().get() }
+        #expect(error?.code == .handlerAborted)
+        #expect(session.state == .finished)
+        #expect(handler.events.last == .finished)
+        #expect(handler.delivered.load(ordering: .relaxed) == 3)
+    }
+}
+
+@Suite struct SessionDeliveryTests {
+    /// Three producer threads, 120 000 buffers: the handler never sees two calls at once, and
+    /// buffers arrive in capture order across types.
+    @Test func serialAcrossTypesUnderLoad() throws {
+        let handler = RecordingHandler()
+        handler.keepEvents = false
+        let perSource = 40_000
+        let sources: [(type: SampleBufferType, source: any CaptureSource)] = [
+            (.video, CountingSource(count: perSource, stepNanoseconds: 33_333, format: videoFormat)),
+            (.audioMic, CountingSource(count: perSource, stepNanoseconds: 21_333, format: audioFormat)),
+            (.audioApp, CountingSource(count: perSource, stepNanoseconds: 10_000, format: audioFormat)),
+        ]
+        let session = BroadcastSession(handler: handler, sources: sources, options: SessionOptions(queueCapacity: 32))
+        let summary = try session.run()
+        #expect(summary.reason == .sourcesEnded)
+        #expect(handler.overlaps.load(ordering: .relaxed) == 0)
+        #expect(handler.delivered.load(ordering: .relaxed) == 3 * perSource)
+        for type in SampleBufferType.allCases {
+            #expect(summary.statistics[type]?.delivered == perSource)
+        }
+    }
+
+    @Test func deliveryFollowsCaptureOrderAndIsMonotonicPerType() throws {
+        let handler = RecordingHandler()
+        let sources: [(type: SampleBufferType, source: any CaptureSource)] = [
+            (.video, CountingSource(count: 3000, stepNanoseconds: 33_333_333, format: videoFormat)),
+            (.audioMic, CountingSource(count: 4000, stepNanoseconds: 21_333_333, format: audioFormat)),
+        ]
+        _ = try BroadcastSession(handler: handler, sources: sources).run()
+        var lastAny = Int64.min
+        var lastByType: [SampleBufferType: Int64] = [:]
+        for case .buffer(let type, let pts, _, _) in handler.events {
+            #expect(pts >= lastAny, "delivered out of capture order")
+            #expect(pts > (lastByType[type] ?? -1), "\(type) timestamps not increasing")
+            lastAny = pts
+            lastByType[type] = pts
+        }
+        #expect(lastByType.count == 2)
+    }
+
+    @Test func durationStopsDeliveryExactly() throws {
+        let handler = RecordingHandler()
+        let sources: [(type: SampleBufferType, source: any CaptureSource)] = [
+            (.video, CountingSource(count: 1000, stepNanoseconds: 100_000_000, format: videoFormat)),
+        ]
+        let options = SessionOptions(duration: MediaTime(value: 2, timescale: 1))
+        let summary = try BroadcastSession(handler: handler, sources: sources, options: options).run()
+        #expect(summary.reason == .durationReached)
+        #expect(summary.statistics[.video]?.delivered == 20)
+    }
+
+    /// Pause at 1.005 s, resume at 3.002 s on a hand-moved clock: nothing reaches the handler while
+    /// paused, audio is cut at the exact sample and continues without a gap, video timestamps go on
+    /// from where they stopped.
+    @Test func pauseDeliversNothingAndResumeHasNoGap() throws {
+        let clock = MockClock()
+        let handler = RecordingHandler()
+        let video = ManualSource()
+        let audio = ManualSource()
+        let session = BroadcastSession(
+            handler: handler,
+            sources: [(.video, video), (.audioMic, audio)],
+            options: SessionOptions(queueCapacity: 512, reorderWindowNanoseconds: 1_000_000, clock: clock)
+        )
+        let runner = SessionRunner(session)
+        #expect(waitUntil { video.sink != nil && audio.sink != nil })
+        let frame: Int64 = 33_333_333
+        let chunk: Int64 = 10_000_000  // 480 frames at 48 kHz
+        var nextVideo: Int64 = 0
+        var nextAudio: Int64 = 0
+        func feed(until end: Int64) {
+            while nextVideo < end {
+                video.push(format: videoFormat, at: nextVideo, durationNanoseconds: frame)
+                nextVideo += frame
+            }
+            while nextAudio < end {
+                audio.push(format: audioFormat, at: nextAudio, durationNanoseconds: chunk, frames: 480)
+                nextAudio += chunk
+            }
+        }
+        feed(until: 1_000_000_000)
+        clock.set(1_005_000_000)
+        #expect(waitUntil { handler.delivered.load(ordering: .relaxed) == 31 + 100 })
+        try session.pause()
+        #expect(waitUntil { handler.events.last == .paused })
+        clock.set(3_000_000_000)
+        feed(until: 3_000_000_000)
+        clock.set(3_002_000_000)
+        try session.resume()
+        feed(until: 4_000_000_000)
+        clock.set(5_000_000_000)
+        #expect(waitUntil { (session.statistics()[.audioMic]?.mediaTimeNanoseconds ?? 0) >= 2_003_000_000 - 1_000_000 })
+        try session.finish()
+        _ = try runner.result().get()
+
+        let events = handler.events
+        let pausedAt = events.firstIndex(of: .paused)!
+        let resumedAt = events.firstIndex(of: .resumed)!
+        #expect(pausedAt + 1 == resumedAt, "buffers were delivered while paused")
+
+        var audioEnd: Int64 = 0
+        var audioFrames = 0
+        var lastVideo: Int64 = -1
+        var videoPTS: [Int64] = []
+        for case .buffer(let type, let pts, let duration, let frames) in events {
+            if type == .audioMic {
+                #expect(abs(pts - audioEnd) <= 21_000, "audio gap or overlap at \(pts): expected \(audioEnd)")
+                audioEnd = pts + duration
+                audioFrames += frames
+            } else {
+                #expect(pts > lastVideo)
+                lastVideo = pts
+                videoPTS.append(pts)
+            }
+        }
+        // 4 s captured, 1.997 s of it paused: 2.003 s of media, to the sample.
+        #expect(audioFrames == 2_003 * 48)
+        // The first frame after resume (captured at 3.0333 s) continues 1.997 s earlier.
+        let resumed = videoPTS.first { $0 > 1_000_000_000 }
+        #expect(resumed == 91 * frame - 1_997_000_000)
+        #expect(videoPTS.contains(30 * frame), "the frame captured before the pause began is delivered")
+    }
+}
