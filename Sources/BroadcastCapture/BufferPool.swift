@@ -10,10 +10,11 @@ public final class BufferPool: @unchecked Sendable {
         /// Planes laid out in `memory`, made once so handing a buffer over allocates nothing.
         public let planes: [Plane]
         fileprivate let inUse = ManagedAtomic<Bool>(false)
-        fileprivate unowned(unsafe) let pool: BufferPool
+        /// The pool's wake-up, held strongly: a buffer may come back after its pool is gone.
+        fileprivate let poolWakeup: Wakeup
 
-        fileprivate init(pool: BufferPool, byteCount: Int, planeLayout: [(offset: Int, count: Int, bytesPerRow: Int)]) {
-            self.pool = pool
+        fileprivate init(poolWakeup: Wakeup, byteCount: Int, planeLayout: [(offset: Int, count: Int, bytesPerRow: Int)]) {
+            self.poolWakeup = poolWakeup
             self.byteCount = byteCount
             self.memory = .allocate(byteCount: max(byteCount, 1), alignment: 64)
             self.planes = planeLayout.map { [memory] in
@@ -25,7 +26,7 @@ public final class BufferPool: @unchecked Sendable {
 
         public func release() {
             inUse.store(false, ordering: .releasing)
-            pool.wakeup.wake()
+            poolWakeup.wake()
         }
     }
 
@@ -35,7 +36,7 @@ public final class BufferPool: @unchecked Sendable {
 
     /// `count` buffers of `byteCount` bytes, each split into planes as `planeLayout` says.
     public init(count: Int, byteCount: Int, planeLayout: [(offset: Int, count: Int, bytesPerRow: Int)]) {
-        buffers = (0..<count).map { _ in Buffer(pool: self, byteCount: byteCount, planeLayout: planeLayout) }
+        buffers = (0..<count).map { _ in Buffer(poolWakeup: wakeup, byteCount: byteCount, planeLayout: planeLayout) }
     }
 
     /// A free buffer, marked in use. With `wait`, sleeps until one is given back or `shouldStop`

@@ -75,7 +75,8 @@ public final class ToneSource: CaptureSource, @unchecked Sendable {
                 let index = first + Int64(frame)
                 var value: Int16 = 0
                 if isBeep(sample: index) {
-                    let phase = Double(index % Int64(sampleRate)) * beepFrequency / Double(sampleRate)
+                    // Sampled half a tick in, so the very first sample of a beep is already non-zero.
+                    let phase = (Double(index % Int64(sampleRate)) + 0.5) * beepFrequency / Double(sampleRate)
                     value = Int16(amplitude * sin(2 * Double.pi * phase))
                 }
                 for c in 0..<channels { samples[frame * channels + c] = value }
