@@ -1,0 +1,49 @@
+# broadcast — two entry points, both work as root on a fresh Debian 12:
+#   make demo   record (and, once streaming lands, stream) the built-in test pattern and tone
+#   make test   build and run every test
+# Both install the Debian packages they need first (apt-get update only when something is missing).
+
+SHELL := /bin/bash
+SWIFT ?= swift
+PREFIX ?= /usr/local
+OUT ?= out
+
+# Build needs: the C libraries' -dev packages. Tests and demo need: ffmpeg/ffprobe to check outputs.
+APT_PACKAGES := pkg-config libavcodec-dev libavformat-dev libavutil-dev libswscale-dev \
+                libswresample-dev libv4l-dev libasound2-dev ffmpeg
+
+.PHONY: deps build release demo test test-unit clean
+
+deps:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing: $$missing"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+	@command -v $(SWIFT) >/dev/null || { echo "swift not found: install a Swift 6 toolchain (swift.org) and put it on PATH"; exit 1; }
+
+build: deps
+	$(SWIFT) build
+
+release: deps
+	$(SWIFT) build -c release --product broadcast
+	$(SWIFT) build -c release --product level-meter
+
+demo: release
+	@mkdir -p $(OUT)
+	@echo "== the sample handler (samples/LevelMeter) on the test sources, 3 s =="
+	$$($(SWIFT) build -c release --show-bin-path)/level-meter 3
+	@echo
+	@echo "== recording 10 s of the test pattern and tone to $(OUT)/demo.mp4 =="
+	$$($(SWIFT) build -c release --show-bin-path)/broadcast record $(OUT)/demo.mp4 --video test --audio-mic test --duration 10s
+	@echo
+	@echo "Recorded $(abspath $(OUT))/demo.mp4"
+	@echo "Play it with:  ffplay $(abspath $(OUT))/demo.mp4   (or mpv, vlc, a browser)"
+
+test: deps
+	$(SWIFT) build --build-tests
+	$(SWIFT) test --skip-build 2>&1 | tee .test-output.log; exit $${PIPESTATUS[0]}
+
+clean:
+	rm -rf .build $(OUT)
