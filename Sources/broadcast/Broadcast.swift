@@ -1,0 +1,65 @@
+import ArgumentParser
+import BroadcastKit
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@main
+struct Broadcast: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "broadcast",
+        abstract: "Capture video and audio on Linux, encode once, record and stream.",
+        discussion: """
+            broadcast runs a capture session: sources (the built-in test pattern and tone, and soon \
+            V4L2 devices, ALSA PCMs and X11 screens) deliver timestamped sample buffers on one clock to \
+            a handler, called serially like ReplayKit's RPBroadcastSampleHandler. The built-in handler \
+            encodes H.264 + AAC with FFmpeg's libraries and writes every output from one encode.
+
+            Start with:
+              broadcast record demo.mp4 --duration 10s
+            """,
+        subcommands: [Record.self]
+    )
+
+    /// Parses and runs; bad input exits 2 with one line that names the value and what is accepted.
+    static func main() {
+        Signals.blockForSigwait()
+        do {
+            var command = try parseAsRoot()
+            try command.run()
+        } catch let error as ValueError {
+            fail(error.description)
+        } catch let error as BroadcastError where error.code == .invalidArgument {
+            fail(error.message)
+        } catch {
+            let code = exitCode(for: error)
+            if code == .validationFailure {
+                fail(message(for: error))
+            }
+            exit(withError: error)
+        }
+    }
+
+    static func fail(_ message: String) -> Never {
+        var line = message
+        while line.hasSuffix("\n") { line.removeLast() }
+        FileStandardError.write("broadcast: error: \(line)\n")
+        Glibc.exit(2)
+    }
+}
+
+/// Unbuffered writes to standard error (status line, error lines).
+enum FileStandardError {
+    static func write(_ text: String) {
+        var text = text
+        text.withUTF8 { bytes in
+            var offset = 0
+            while offset < bytes.count {
+                let n = Glibc.write(2, bytes.baseAddress! + offset, bytes.count - offset)
+                if n <= 0 { break }
+                offset += n
+            }
+        }
+    }
+}
