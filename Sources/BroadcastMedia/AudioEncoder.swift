@@ -1,0 +1,237 @@
+public import BroadcastKit
+internal import CAVCodec
+internal import CAVFormat
+internal import CAVUtil
+internal import CSwResample
+internal import CSwScale
+public import Logging
+
+/// What to encode audio as.
+public struct AudioEncoderSettings: Sendable, Hashable {
+    /// An FFmpeg encoder taking planar float: "aac" (FFmpeg's native AAC, the default).
+    public var encoder: String
+    public var sampleRate: Int
+    public var channels: Int
+    /// Bits per second.
+    public var bitrate: Int
+
+    public init(encoder: String = "aac", sampleRate: Int = 48_000, channels: Int = 2, bitrate: Int = 128_000) {
+        self.encoder = encoder
+        self.sampleRate = sampleRate
+        self.channels = channels
+        self.bitrate = bitrate
+    }
+}
+
+/// Encodes audio to AAC packets.
+///
+/// Input is planar float at the encoder's rate and channel count (`encode(_: AudioChunk)`, what
+/// `AudioMixer` produces), or sample buffers of any format (`encode(_: SampleBuffer)`, converted by
+/// a `Resampler`). Samples are collected in an AVAudioFifo and sent in frames of the encoder's
+/// `frame_size`. Time base: 1/sample rate; the first pts is the first chunk's position, then pts
+/// counts samples, so the audio has no timestamp jitter.
+///
+/// Not thread-safe: one thread (the session's) calls it.
+public final class AudioEncoder {
+    public let settings: AudioEncoderSettings
+    public let stream: StreamDescription
+    public let streamIndex: Int
+    /// Samples per encoded frame (1024 for AAC).
+    public let frameSize: Int
+    private let logger: Logger
+    private let context: CodecContext
+    private let fifo: AudioFIFO
+    private let smallLastFrame: Bool
+    /// Position of the FIFO's first sample.
+    private var fifoStart: Int64?
+    private var flushed = false
+    private var resampler: Resampler?
+    private var ownMixer: AudioMixer
+    public private(set) var framesEncoded = 0
+
+    public init(
+        settings: AudioEncoderSettings = AudioEncoderSettings(),
+        globalHeader: Bool,
+        streamIndex: Int = 1,
+        logger: Logger
+    ) throws(FFmpegError) {
+        let what = "opening audio encoder \(settings.encoder)"
+        guard settings.sampleRate > 0, settings.channels > 0, settings.bitrate > 0 else {
+            throw FFmpegError.invalidArgument("sample rate, channels and bitrate must be positive", what)
+        }
+        guard let codec = avcodec_find_encoder_by_name(settings.encoder), codec.pointee.type == AVMEDIA_TYPE_AUDIO
+        else {
+            throw FFmpegError(code: CBroadcastShimBridge.encoderNotFound, operation: what)
+        }
+        var takesPlanarFloat = false
+        if var format = codec.pointee.sample_fmts {
+            while format.pointee != AV_SAMPLE_FMT_NONE {
+                if format.pointee == AV_SAMPLE_FMT_FLTP { takesPlanarFloat = true }
+                format += 1
+            }
+        }
+        guard takesPlanarFloat else {
+            throw FFmpegError.invalidArgument("\(settings.encoder) does not take planar float samples", what)
+        }
+        let context = try CodecContext(codec: codec)
+        let c = context.pointer
+        c.pointee.sample_fmt = AV_SAMPLE_FMT_FLTP
+        c.pointee.sample_rate = Int32(settings.sampleRate)
+        av_channel_layout_default(&c.pointee.ch_layout, Int32(settings.channels))
+        c.pointee.bit_rate = Int64(settings.bitrate)
+        c.pointee.time_base = AVRational(num: 1, den: Int32(settings.sampleRate))
+        if globalHeader { c.pointee.flags |= Int32(AV_CODEC_FLAG_GLOBAL_HEADER) }
+        try check(avcodec_open2(c, codec, nil), what)
+
+        let frameSize = c.pointee.frame_size > 0 ? Int(c.pointee.frame_size) : 1024
+        self.frameSize = frameSize
+        self.smallLastFrame = codec.pointee.capabilities & Int32(AV_CODEC_CAP_SMALL_LAST_FRAME) != 0
+        self.fifo = try AudioFIFO(
+            format: AV_SAMPLE_FMT_FLTP, channels: Int32(settings.channels), capacity: Int32(frameSize * 4))
+        self.stream = StreamDescription(
+            parameters: try CodecParameters(context: c),
+            timeBase: Rational(c.pointee.time_base)
+        )
+        self.context = context
+        self.settings = settings
+        self.streamIndex = streamIndex
+        self.logger = logger
+        self.ownMixer = AudioMixer(channelCount: settings.channels, sampleRate: settings.sampleRate, expectedInputs: 1)
+        logger.debug(
+            "opened audio encoder",
+            metadata: [
+                "encoder": "\(settings.encoder)", "rate": "\(settings.sampleRate)", "frame_size": "\(frameSize)",
+            ]
+        )
+    }
+
+    /// Encodes one audio sample buffer of any format, placed by its presentation time.
+    public func encode(_ buffer: borrowing SampleBuffer) throws(FFmpegError) -> [EncodedPacket] {
+        guard let format = buffer.audioFormat else {
+            throw FFmpegError.invalidArgument("the buffer holds video", "encoding audio with \(settings.encoder)")
+        }
+        if resampler?.input != format {
+            resampler = try Resampler(input: format, outputRate: settings.sampleRate, outputChannels: settings.channels)
+        }
+        let samples = try resampler!.convert(buffer)
+        let position = buffer.presentationTime.rescaled(to: Int32(settings.sampleRate)).value
+        ownMixer.append(samples, at: position, from: .audioMic)
+        guard let chunk = ownMixer.mix() else { return [] }
+        return try encode(chunk)
+    }
+
+    /// Encodes planar float samples at the encoder's rate and channel count. The first chunk's
+    /// position sets the stream's first pts; later chunks should follow on without a gap (a gap is
+    /// filled with silence, an overlap dropped).
+    public func encode(_ chunk: AudioChunk) throws(FFmpegError) -> [EncodedPacket] {
+        let what = "encoding audio with \(settings.encoder)"
+        guard !flushed else { throw FFmpegError.invalidArgument("the encoder was flushed", what) }
+        guard chunk.channels.count == settings.channels else {
+            throw FFmpegError.invalidArgument("\(chunk.channels.count) channels, expected \(settings.channels)", what)
+        }
+        if fifoStart == nil { fifoStart = chunk.startSample }
+        let expected = fifoStart! + Int64(fifo.count)
+        var channels = chunk.channels
+        if chunk.startSample > expected {
+            let gap = Int(chunk.startSample - expected)
+            logger.debug("audio gap of \(gap) samples filled with silence")
+            try write(Array(repeating: [Float](repeating: 0, count: gap), count: settings.channels), what)
+        } else if chunk.startSample < expected {
+            let overlap = Int(min(Int64(chunk.frameCount), expected - chunk.startSample))
+            for c in channels.indices { channels[c].removeFirst(overlap) }
+        }
+        try write(channels, what)
+        var packets: [EncodedPacket] = []
+        while Int(fifo.count) >= frameSize {
+            try sendFrame(samples: frameSize, into: &packets, what)
+        }
+        return packets
+    }
+
+    /// Encodes what is left (the last frame short or padded with silence) and drains the encoder.
+    public func flush() throws(FFmpegError) -> [EncodedPacket] {
+        guard !flushed else { return [] }
+        let what = "flushing audio encoder \(settings.encoder)"
+        var packets: [EncodedPacket] = []
+        if let resampler {
+            let rest = try resampler.drain()
+            if let position = fifoStart.map({ $0 + Int64(fifo.count) }), !(rest.first?.isEmpty ?? true) {
+                ownMixer.append(rest, at: position, from: .audioMic)
+            }
+        }
+        if let chunk = ownMixer.mix(final: true) { packets += try encode(chunk) }
+        flushed = true
+        while fifo.count > 0 {
+            try sendFrame(samples: min(Int(fifo.count), frameSize), into: &packets, what)
+        }
+        try send(nil, into: &packets, what)
+        return packets
+    }
+
+    private func write(_ channels: [[Float]], _ what: String) throws(FFmpegError) {
+        guard let count = channels.first?.count, count > 0 else { return }
+        let storage = UnsafeMutablePointer<Float>.allocate(capacity: count * channels.count)
+        defer { storage.deallocate() }
+        for (index, channel) in channels.enumerated() {
+            channel.withUnsafeBufferPointer {
+                (storage + index * count).initialize(from: $0.baseAddress!, count: count)
+            }
+        }
+        var pointers: [UnsafeMutableRawPointer?] = channels.indices.map {
+            UnsafeMutableRawPointer(storage + $0 * count)
+        }
+        try check(av_audio_fifo_write(fifo.pointer, &pointers, Int32(count)), what)
+    }
+
+    /// Reads `samples` from the FIFO into a frame (padded with silence to a full frame when the
+    /// encoder cannot take a short last one) and sends it.
+    private func sendFrame(samples: Int, into packets: inout [EncodedPacket], _ what: String) throws(FFmpegError) {
+        let c = context.pointer
+        let frame = try Frame()
+        let f = frame.pointer
+        let length = samples < frameSize && !smallLastFrame ? frameSize : samples
+        f.pointee.nb_samples = Int32(length)
+        f.pointee.format = AV_SAMPLE_FMT_FLTP.rawValue
+        f.pointee.sample_rate = c.pointee.sample_rate
+        try check(av_channel_layout_copy(&f.pointee.ch_layout, &c.pointee.ch_layout), what)
+        try check(av_frame_get_buffer(f, 0), what)
+        let data = UnsafeMutableRawPointer(f.pointee.extended_data!).assumingMemoryBound(
+            to: UnsafeMutableRawPointer?.self)
+        if length > samples {
+            av_samples_set_silence(
+                f.pointee.extended_data, 0, Int32(length), c.pointee.ch_layout.nb_channels, AV_SAMPLE_FMT_FLTP)
+        }
+        try check(av_audio_fifo_read(fifo.pointer, data, Int32(samples)), what)
+        f.pointee.pts = fifoStart!
+        fifoStart! += Int64(samples)
+        framesEncoded += 1
+        try send(f, into: &packets, what)
+    }
+
+    private func send(_ frame: UnsafeMutablePointer<AVFrame>?, into packets: inout [EncodedPacket], _ what: String)
+        throws(FFmpegError)
+    {
+        while true {
+            let result = avcodec_send_frame(context.pointer, frame)
+            if result == FFmpegError.again {
+                try receive(into: &packets, what)
+                continue
+            }
+            try check(result, what)
+            break
+        }
+        try receive(into: &packets, what)
+    }
+
+    private func receive(into packets: inout [EncodedPacket], _ what: String) throws(FFmpegError) {
+        while true {
+            let packet = try Packet()
+            let result = avcodec_receive_packet(context.pointer, packet.pointer)
+            if result == FFmpegError.again || result == FFmpegError.endOfFile { return }
+            try check(result, what)
+            packets.append(
+                EncodedPacket(taking: packet, mediaType: .audio, streamIndex: streamIndex, timeBase: stream.timeBase)
+            )
+        }
+    }
+}

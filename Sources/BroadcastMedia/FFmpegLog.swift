@@ -1,0 +1,72 @@
+internal import CAVCodec
+internal import CAVFormat
+internal import CAVUtil
+internal import CBroadcastShim
+internal import CSwResample
+internal import CSwScale
+public import Logging
+
+/// Routes FFmpeg's log (av_log, process-wide) into swift-log.
+///
+/// FFmpeg has one log callback for the whole process, so this is the application's choice, made
+/// once at start-up: libraries never call it. Lines FFmpeg would print on stderr become log
+/// records with metadata `ffmpeg.level`.
+public enum FFmpegLog {
+    /// Holds the logger the C callback reaches through its context pointer.
+    private final class Target: Sendable {
+        let logger: Logger
+        init(logger: Logger) { self.logger = logger }
+    }
+
+    /// Sends FFmpeg's log lines to `logger`, dropping those below `logger.logLevel` before FFmpeg
+    /// formats them.
+    ///
+    /// The logger's box is deliberately never freed: FFmpeg threads may be inside the callback at
+    /// any moment, and one small object per call is the price of never racing a free.
+    public static func install(_ logger: Logger) {
+        let target = Unmanaged.passRetained(Target(logger: logger)).toOpaque()
+        CBroadcast_av_log_set_handler(
+            { level, line, context in
+                guard let line, let context else { return }
+                let target = Unmanaged<Target>.fromOpaque(context).takeUnretainedValue()
+                target.logger.log(
+                    level: FFmpegLog.loggerLevel(avLevel: level),
+                    "\(String(cString: line))",
+                    metadata: ["ffmpeg.level": "\(level)"]
+                )
+            },
+            target,
+            avLevel(for: logger.logLevel)
+        )
+    }
+
+    /// Puts FFmpeg's own stderr logging back.
+    public static func uninstall() {
+        CBroadcast_av_log_set_handler(nil, nil, AV_LOG_INFO)
+    }
+
+    /// AV_LOG_PANIC/FATAL → critical, ERROR → error, WARNING → warning, INFO → info,
+    /// VERBOSE and DEBUG → debug, TRACE → trace.
+    public static func loggerLevel(avLevel: Int32) -> Logger.Level {
+        switch avLevel {
+        case ...AV_LOG_FATAL: .critical
+        case ...AV_LOG_ERROR: .error
+        case ...AV_LOG_WARNING: .warning
+        case ...AV_LOG_INFO: .info
+        case ...AV_LOG_DEBUG: .debug
+        default: .trace
+        }
+    }
+
+    /// The most verbose AV_LOG level a logger at `level` still records.
+    public static func avLevel(for level: Logger.Level) -> Int32 {
+        switch level {
+        case .trace: AV_LOG_TRACE
+        case .debug: AV_LOG_DEBUG
+        case .info, .notice: AV_LOG_INFO
+        case .warning: AV_LOG_WARNING
+        case .error: AV_LOG_ERROR
+        case .critical: AV_LOG_FATAL
+        }
+    }
+}

@@ -1,0 +1,170 @@
+internal import CAVCodec
+internal import CAVFormat
+internal import CAVUtil
+internal import CSwResample
+internal import CSwScale
+public import Logging
+
+/// Writes encoded streams into a container (libavformat), following avformat.h's contract:
+/// add streams → `writeHeader` → `write` packets (interleaved) → `finish` (trailer).
+///
+/// Not thread-safe: one thread (an output's) calls it. Packets may come from encoders on another
+/// thread: each `write` takes its own reference to the shared payload.
+public final class Muxer {
+    /// Where the output goes, as given (a path or a URL); used in messages.
+    public let url: String
+    /// The container format in use ("mp4", "matroska", "mpegts", "flv").
+    public let formatName: String
+    private let logger: Logger
+    private let context: UnsafeMutablePointer<AVFormatContext>
+    private var sourceTimeBases: [Rational] = []
+    private var headerWritten = false
+    private var finished = false
+    private var ioOpen = false
+
+    /// Prepares an output. `formatName` nil: guessed from the extension of `url`.
+    public init(url: String, formatName: String? = nil, logger: Logger) throws(FFmpegError) {
+        var context: UnsafeMutablePointer<AVFormatContext>? = nil
+        try check(
+            avformat_alloc_output_context2(&context, nil, formatName, url),
+            "choosing a container for \(url)\(formatName.map { " (format \($0))" } ?? "")"
+        )
+        guard let context else { throw FFmpegError.outOfMemory("allocating an output for \(url)") }
+        self.context = context
+        self.url = url
+        self.formatName = String(cString: context.pointee.oformat.pointee.name)
+        self.logger = logger
+    }
+
+    deinit {
+        if ioOpen { avio_closep(&context.pointee.pb) }
+        avformat_free_context(context)
+    }
+
+    /// Whether a container wants codec headers out of band (AVFMT_GLOBALHEADER): encoders feeding
+    /// it must be opened with a global header. nil when there is no such muxer.
+    public static func formatNeedsGlobalHeader(formatName: String? = nil, url: String? = nil) -> Bool? {
+        guard let format = av_guess_format(formatName, url, nil) else { return nil }
+        return format.pointee.flags & AVFMT_GLOBALHEADER != 0
+    }
+
+    /// The muxer FFmpeg would pick for `formatName` or the extension of `url`, or nil.
+    public static func resolveFormatName(formatName: String? = nil, url: String? = nil) -> String? {
+        av_guess_format(formatName, url, nil).map { String(cString: $0.pointee.name) }
+    }
+
+    public var needsGlobalHeader: Bool { context.pointee.oformat.pointee.flags & AVFMT_GLOBALHEADER != 0 }
+
+    /// Adds a stream; returns its index. Packets name their stream by this index, so add the
+    /// streams in the order the encoders were given their `streamIndex`.
+    @discardableResult
+    public func addStream(_ description: StreamDescription) throws(FFmpegError) -> Int {
+        let what = "adding a \(description.parameters.codecName) stream to \(url)"
+        guard !headerWritten else { throw FFmpegError.invalidArgument("the header is already written", what) }
+        guard let stream = avformat_new_stream(context, nil) else { throw FFmpegError.outOfMemory(what) }
+        try check(avcodec_parameters_copy(stream.pointee.codecpar, description.parameters.pointer), what)
+        stream.pointee.codecpar.pointee.codec_tag = 0
+        stream.pointee.time_base = description.timeBase.av
+        if let rate = description.frameRate {
+            stream.pointee.avg_frame_rate = rate.av
+            stream.pointee.r_frame_rate = rate.av
+        }
+        sourceTimeBases.append(description.timeBase)
+        return Int(stream.pointee.index)
+    }
+
+    /// Opens the file or connection and writes the header. `options` go to the muxer and the
+    /// format context (e.g. movflags, flush_packets); any not recognised are logged.
+    public func writeHeader(options: [String: String] = [:]) throws(FFmpegError) {
+        let what = "opening output \(url)"
+        if context.pointee.oformat.pointee.flags & AVFMT_NOFILE == 0 {
+            try check(avio_open2(&context.pointee.pb, url, AVIO_FLAG_WRITE, nil, nil), what)
+            ioOpen = true
+        }
+        var dictionary = OptionDictionary(options)
+        try check(avformat_write_header(context, &dictionary.pointer), "writing the \(formatName) header of \(url)")
+        headerWritten = true
+        let unused = dictionary.keys
+        if !unused.isEmpty {
+            logger.warning("\(formatName) muxer for \(url) ignored options: \(unused.joined(separator: ", "))")
+        }
+    }
+
+    /// Writes one packet, interleaved with the other streams by dts (av_interleaved_write_frame).
+    public func write(_ packet: EncodedPacket) throws(FFmpegError) {
+        let what = "writing a packet to \(url)"
+        guard headerWritten, !finished else { throw FFmpegError.invalidArgument("the output is not open", what) }
+        guard packet.streamIndex < sourceTimeBases.count else {
+            throw FFmpegError.invalidArgument("no stream \(packet.streamIndex)", what)
+        }
+        let reference = try packet.reference()
+        let stream = context.pointee.streams[packet.streamIndex]!
+        reference.pointer.pointee.stream_index = Int32(packet.streamIndex)
+        av_packet_rescale_ts(reference.pointer, packet.timeBase.av, stream.pointee.time_base)
+        try check(av_interleaved_write_frame(context, reference.pointer), what)
+    }
+
+    /// Bytes written so far (the position in the output).
+    public var bytesWritten: Int64 {
+        guard let pb = context.pointee.pb else { return 0 }
+        return max(0, avio_tell(pb))
+    }
+
+    /// Writes the trailer and closes the output. Call once; without it the output is closed unfinished.
+    public func finish() throws(FFmpegError) {
+        guard !finished else { return }
+        finished = true
+        defer {
+            if ioOpen {
+                avio_closep(&context.pointee.pb)
+                ioOpen = false
+            }
+        }
+        if headerWritten {
+            try check(av_write_trailer(context), "writing the \(formatName) trailer of \(url)")
+        }
+    }
+
+    /// Copies every stream of `input` into `output` without re-encoding (what `ffmpeg -c copy` does),
+    /// e.g. to rewrite a fragmented MP4 as a regular one with `movflags=+faststart`.
+    public static func remux(
+        from input: String,
+        to output: String,
+        formatName: String? = nil,
+        options: [String: String] = [:],
+        logger: Logger
+    ) throws(FFmpegError) {
+        var source: UnsafeMutablePointer<AVFormatContext>? = nil
+        try check(avformat_open_input(&source, input, nil, nil), "opening \(input) to remux it")
+        defer { avformat_close_input(&source) }
+        guard let source else { throw FFmpegError.outOfMemory("opening \(input)") }
+        try check(avformat_find_stream_info(source, nil), "reading the streams of \(input)")
+
+        let muxer = try Muxer(url: output, formatName: formatName, logger: logger)
+        for index in 0..<Int(source.pointee.nb_streams) {
+            let stream = source.pointee.streams[index]!
+            let what = "copying stream \(index) of \(input)"
+            guard let target = avformat_new_stream(muxer.context, nil) else { throw FFmpegError.outOfMemory(what) }
+            try check(avcodec_parameters_copy(target.pointee.codecpar, stream.pointee.codecpar), what)
+            target.pointee.codecpar.pointee.codec_tag = 0
+            target.pointee.time_base = stream.pointee.time_base
+            target.pointee.avg_frame_rate = stream.pointee.avg_frame_rate
+            target.pointee.r_frame_rate = stream.pointee.r_frame_rate
+            muxer.sourceTimeBases.append(Rational(stream.pointee.time_base))
+        }
+        try muxer.writeHeader(options: options)
+        let packet = try Packet()
+        while true {
+            let result = av_read_frame(source, packet.pointer)
+            if result == FFmpegError.endOfFile { break }
+            try check(result, "reading \(input)")
+            let index = Int(packet.pointer.pointee.stream_index)
+            let from = source.pointee.streams[index]!.pointee.time_base
+            let to = muxer.context.pointee.streams[index]!.pointee.time_base
+            av_packet_rescale_ts(packet.pointer, from, to)
+            packet.pointer.pointee.pos = -1
+            try check(av_interleaved_write_frame(muxer.context, packet.pointer), "writing \(output)")
+        }
+        try muxer.finish()
+    }
+}

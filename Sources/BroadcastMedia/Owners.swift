@@ -1,0 +1,143 @@
+internal import CAVCodec
+internal import CAVFormat
+internal import CAVUtil
+internal import CSwResample
+internal import CSwScale
+
+// Every file that touches libav* imports all five C modules: the FFmpeg headers they share are
+// owned by whichever module clang happened to build first, so a C enum's constants (AV_PIX_FMT_*,
+// AV_SAMPLE_FMT_*) are only found reliably with all of them imported.
+
+// ~Copyable owners of libav* objects: one owner, one free, in deinit. They never leave
+// BroadcastMedia; the public types hold them.
+
+/// Owns an AVFrame.
+struct Frame: ~Copyable {
+    let pointer: UnsafeMutablePointer<AVFrame>
+
+    init() throws(FFmpegError) {
+        guard let p = av_frame_alloc() else { throw .outOfMemory("allocating a frame") }
+        pointer = p
+    }
+
+    deinit {
+        var p: UnsafeMutablePointer<AVFrame>? = pointer
+        av_frame_free(&p)
+    }
+
+    /// Sets `data[index]` and `linesize[index]`.
+    func setPlane(_ index: Int, _ data: UnsafeMutablePointer<UInt8>?, bytesPerRow: Int32) {
+        withUnsafeMutableBytes(of: &pointer.pointee.data) {
+            $0.bindMemory(to: UnsafeMutablePointer<UInt8>?.self)[index] = data
+        }
+        withUnsafeMutableBytes(of: &pointer.pointee.linesize) { $0.bindMemory(to: Int32.self)[index] = bytesPerRow }
+    }
+
+    func plane(_ index: Int) -> UnsafeMutablePointer<UInt8>? {
+        withUnsafeBytes(of: pointer.pointee.data) { $0.bindMemory(to: UnsafeMutablePointer<UInt8>?.self)[index] }
+    }
+
+    func bytesPerRow(_ index: Int) -> Int32 {
+        withUnsafeBytes(of: pointer.pointee.linesize) { $0.bindMemory(to: Int32.self)[index] }
+    }
+}
+
+/// Owns an AVPacket.
+struct Packet: ~Copyable {
+    let pointer: UnsafeMutablePointer<AVPacket>
+
+    init() throws(FFmpegError) {
+        guard let p = av_packet_alloc() else { throw .outOfMemory("allocating a packet") }
+        pointer = p
+    }
+
+    deinit {
+        var p: UnsafeMutablePointer<AVPacket>? = pointer
+        av_packet_free(&p)
+    }
+
+    /// A new packet sharing this one's refcounted data (av_packet_ref: no copy of the payload).
+    func reference() throws(FFmpegError) -> Packet {
+        let copy = try Packet()
+        try check(av_packet_ref(copy.pointer, pointer), "referencing a packet")
+        return copy
+    }
+}
+
+/// Owns an AVCodecContext.
+struct CodecContext: ~Copyable {
+    let pointer: UnsafeMutablePointer<AVCodecContext>
+
+    init(codec: UnsafePointer<AVCodec>) throws(FFmpegError) {
+        guard let p = avcodec_alloc_context3(codec) else { throw .outOfMemory("allocating a codec context") }
+        pointer = p
+    }
+
+    deinit {
+        var p: UnsafeMutablePointer<AVCodecContext>? = pointer
+        avcodec_free_context(&p)
+    }
+}
+
+/// Owns an AVDictionary of options.
+struct OptionDictionary: ~Copyable {
+    var pointer: OpaquePointer?
+
+    init(_ values: [String: String]) {
+        pointer = nil
+        for (key, value) in values.sorted(by: { $0.key < $1.key }) {
+            av_dict_set(&pointer, key, value, 0)
+        }
+    }
+
+    deinit {
+        var p = pointer
+        av_dict_free(&p)
+    }
+
+    /// Keys libav* did not consume.
+    var keys: [String] {
+        var keys: [String] = []
+        var entry: UnsafeMutablePointer<AVDictionaryEntry>? = nil
+        while let e = av_dict_get(pointer, "", entry, AV_DICT_IGNORE_SUFFIX) {
+            keys.append(String(cString: e.pointee.key))
+            entry = e
+        }
+        return keys
+    }
+}
+
+/// Owns an AVAudioFifo.
+struct AudioFIFO: ~Copyable {
+    let pointer: OpaquePointer
+
+    init(format: AVSampleFormat, channels: Int32, capacity: Int32) throws(FFmpegError) {
+        guard let p = av_audio_fifo_alloc(format, channels, capacity) else {
+            throw .outOfMemory("allocating an audio FIFO")
+        }
+        pointer = p
+    }
+
+    deinit { av_audio_fifo_free(pointer) }
+
+    var count: Int32 { av_audio_fifo_size(pointer) }
+}
+
+/// Owns a SwsContext.
+struct ScaleContext: ~Copyable {
+    let pointer: OpaquePointer
+
+    init(_ pointer: OpaquePointer) { self.pointer = pointer }
+    deinit { sws_freeContext(pointer) }
+}
+
+/// Owns a SwrContext.
+struct ResampleContext: ~Copyable {
+    var pointer: OpaquePointer?
+
+    init(_ pointer: OpaquePointer) { self.pointer = pointer }
+    deinit {
+        var p = pointer
+        swr_free(&p)
+    }
+}

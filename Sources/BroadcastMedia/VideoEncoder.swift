@@ -1,0 +1,257 @@
+public import BroadcastKit
+internal import CAVCodec
+internal import CAVFormat
+internal import CAVUtil
+internal import CSwResample
+internal import CSwScale
+public import Logging
+
+/// Encodes video sample buffers to H.264 packets.
+///
+/// Time base: 1/90000 (MPEG's clock). Frames arrive at whatever times the source captured them, so
+/// the encoder is told the nominal frame rate (`framerate`, for rate control and the GOP length)
+/// but each frame keeps its own timestamp: 90 kHz represents 24, 25, 30, 60 and 30000/1001 fps
+/// exactly and is what MPEG-TS uses natively.
+///
+/// Not thread-safe: one thread (the session's) calls it.
+public final class VideoEncoder {
+    public static let timeBase = Rational(1, 90_000)
+
+    /// The settings in effect: `encoder` is "libx264" when a hardware encoder could not open.
+    public let settings: VideoEncoderSettings
+    /// The stream to add to a muxer.
+    public let stream: StreamDescription
+    public let streamIndex: Int
+    private let logger: Logger
+    private let context: CodecContext
+    private let inputFrame: Frame
+    private let nominalFrameDuration: Int64
+    private var scaler: Scaler?
+    private var lastPTS: Int64?
+    private var keyframeRequested = false
+    private var flushed = false
+    /// Frames dropped because their timestamp was not after the previous frame's.
+    public private(set) var droppedFrames = 0
+    /// Frames handed to the encoder.
+    public private(set) var framesEncoded = 0
+
+    /// Opens the encoder.
+    ///
+    /// - Parameter globalHeader: the muxers the packets go to want codec headers out of band
+    ///   (AVFMT_GLOBALHEADER: MP4, MOV, MKV, FLV); sets AV_CODEC_FLAG_GLOBAL_HEADER.
+    /// - Parameter streamIndex: the index the packets carry (the stream's order in every output).
+    ///
+    /// A hardware encoder (h264_vaapi, h264_nvenc, ...) that cannot open is replaced by libx264
+    /// with a warning. (h264_vaapi needs frames uploaded to a VAAPI surface, which this encoder
+    /// does not do yet, so it always falls back.)
+    public init(
+        settings: VideoEncoderSettings,
+        globalHeader: Bool,
+        streamIndex: Int = 0,
+        logger: Logger
+    ) throws(FFmpegError) {
+        if let problem = settings.problem() {
+            throw FFmpegError.invalidArgument(problem, "opening video encoder \(settings.encoder)")
+        }
+        var effective = settings
+        let context: CodecContext
+        do {
+            context = try Self.open(settings, globalHeader: globalHeader, logger: logger)
+        } catch  where settings.encoder != "libx264" {
+            logger.warning(
+                "video encoder \(settings.encoder) is not usable here, falling back to libx264",
+                metadata: ["error": "\(error)"]
+            )
+            effective.encoder = "libx264"
+            if !VideoEncoderSettings.knownPresets.contains(effective.preset) { effective.preset = "veryfast" }
+            context = try Self.open(effective, globalHeader: globalHeader, logger: logger)
+        }
+        let rate = Rational(Int32(effective.frameRate.numerator), Int32(effective.frameRate.denominator))
+        let timeBase = context.pointer.pointee.time_base
+        self.stream = StreamDescription(
+            parameters: try CodecParameters(context: context.pointer),
+            timeBase: Rational(timeBase),
+            frameRate: rate
+        )
+        self.nominalFrameDuration = av_rescale_q(1, av_inv_q(rate.av), timeBase)
+        self.settings = effective
+        self.context = context
+        self.logger = logger
+        self.streamIndex = streamIndex
+        self.inputFrame = try Frame()
+        logger.debug(
+            "opened video encoder",
+            metadata: [
+                "encoder": "\(effective.encoder)", "size": "\(effective.width)x\(effective.height)",
+                "fps": "\(effective.frameRate)", "gop": "\(effective.gopSize)",
+            ]
+        )
+    }
+
+    private static func open(
+        _ settings: VideoEncoderSettings,
+        globalHeader: Bool,
+        logger: Logger
+    ) throws(FFmpegError) -> CodecContext {
+        let what = "opening video encoder \(settings.encoder)"
+        guard let codec = avcodec_find_encoder_by_name(settings.encoder) else {
+            throw FFmpegError(code: CBroadcastShimBridge.encoderNotFound, operation: what)
+        }
+        let context = try CodecContext(codec: codec)
+        let c = context.pointer
+        c.pointee.width = Int32(settings.width)
+        c.pointee.height = Int32(settings.height)
+        c.pointee.pix_fmt = settings.encoder.hasSuffix("_vaapi") ? AV_PIX_FMT_VAAPI : AV_PIX_FMT_YUV420P
+        c.pointee.time_base = timeBase.av
+        c.pointee.framerate = AVRational(
+            num: Int32(settings.frameRate.numerator),
+            den: Int32(settings.frameRate.denominator)
+        )
+        c.pointee.sample_aspect_ratio = AVRational(num: 1, den: 1)
+        c.pointee.gop_size = Int32(settings.gopSize)
+        c.pointee.thread_count = Int32(settings.threads)
+        if globalHeader { c.pointee.flags |= Int32(AV_CODEC_FLAG_GLOBAL_HEADER) }
+
+        var options: [String: String] = [:]
+        let bitrate = Int64(settings.bitrate)
+        switch settings.rateControl {
+        case .cbr:
+            c.pointee.bit_rate = bitrate
+            c.pointee.rc_min_rate = bitrate
+            c.pointee.rc_max_rate = bitrate
+            c.pointee.rc_buffer_size = Int32(clamping: bitrate)
+            if settings.encoder == "libx264" { options["nal-hrd"] = "cbr" }
+        case .vbr:
+            c.pointee.bit_rate = bitrate
+            c.pointee.rc_max_rate = bitrate * 3 / 2
+            c.pointee.rc_buffer_size = Int32(clamping: bitrate * 2)
+        case .crf(let quality):
+            if settings.encoder == "libx264" { options["crf"] = "\(quality)" } else { options["cq"] = "\(quality)" }
+            if bitrate > 0 {
+                c.pointee.rc_max_rate = bitrate
+                c.pointee.rc_buffer_size = Int32(clamping: bitrate * 2)
+            }
+        }
+        if settings.encoder == "libx264" {
+            options["preset"] = settings.preset
+            if let tune = settings.tune { options["tune"] = tune }
+            // A forced keyframe is an IDR, where a new viewer can start decoding.
+            options["forced-idr"] = "1"
+        }
+        if let profile = settings.profile { options["profile"] = profile }
+
+        var dictionary = OptionDictionary(options)
+        try check(avcodec_open2(c, codec, &dictionary.pointer), what)
+        let unused = dictionary.keys
+        if !unused.isEmpty {
+            logger.warning("video encoder \(settings.encoder) ignored options: \(unused.joined(separator: ", "))")
+        }
+        return context
+    }
+
+    /// Makes the next frame a keyframe (an IDR with libx264): a new viewer or segment starts there.
+    public func forceKeyframe() { keyframeRequested = true }
+
+    /// Encodes one video frame; returns the packets the encoder has ready (maybe none yet).
+    ///
+    /// A frame in the encoder's format (yuv420p) and size goes in without a copy; anything else is
+    /// converted first. A frame whose timestamp is not after the previous one is dropped.
+    public func encode(_ buffer: borrowing SampleBuffer) throws(FFmpegError) -> [EncodedPacket] {
+        let what = "encoding a video frame with \(settings.encoder)"
+        guard let format = buffer.videoFormat else {
+            throw FFmpegError.invalidArgument("the buffer holds audio", what)
+        }
+        guard !flushed else { throw FFmpegError.invalidArgument("the encoder was flushed", what) }
+        guard buffer.presentationTime.isNumeric else {
+            throw FFmpegError.invalidArgument("the frame has no timestamp", what)
+        }
+        guard buffer.planes.count >= format.pixelFormat.planeCount else {
+            throw FFmpegError.invalidArgument(
+                "\(format) needs \(format.pixelFormat.planeCount) planes, got \(buffer.planes.count)",
+                what
+            )
+        }
+        let pts = buffer.presentationTime.rescaled(to: Self.timeBase.denominator).value
+        if let last = lastPTS, pts <= last {
+            droppedFrames += 1
+            logger.debug(
+                "dropping a video frame whose timestamp is not after the previous one", metadata: ["pts": "\(pts)"])
+            return []
+        }
+        lastPTS = pts
+
+        let c = context.pointer
+        let frame: UnsafeMutablePointer<AVFrame>
+        if format.pixelFormat == .yuv420p, format.width == Int(c.pointee.width), format.height == Int(c.pointee.height),
+            c.pointee.pix_fmt == AV_PIX_FMT_YUV420P
+        {
+            // Point the frame at the buffer's planes: avcodec_send_frame copies a frame that is not
+            // refcounted before returning, so nothing outlives this call.
+            frame = inputFrame.pointer
+            av_frame_unref(frame)
+            frame.pointee.format = AV_PIX_FMT_YUV420P.rawValue
+            frame.pointee.width = c.pointee.width
+            frame.pointee.height = c.pointee.height
+            for (index, plane) in buffer.planes.prefix(3).enumerated() {
+                inputFrame.setPlane(
+                    index,
+                    UnsafeMutablePointer(mutating: plane.base.assumingMemoryBound(to: UInt8.self)),
+                    bytesPerRow: Int32(plane.bytesPerRow)
+                )
+            }
+        } else {
+            if scaler == nil || scaler!.input != format {
+                scaler = try Scaler(
+                    input: format, outputFormat: c.pointee.pix_fmt, width: c.pointee.width, height: c.pointee.height)
+            }
+            frame = try scaler!.scale(buffer)
+        }
+        frame.pointee.pts = pts
+        frame.pointee.pict_type = AVPictureType(rawValue: keyframeRequested ? 1 : 0)  // AV_PICTURE_TYPE_I : AV_PICTURE_TYPE_NONE
+        keyframeRequested = false
+        defer {
+            if frame == inputFrame.pointer {
+                for index in 0..<3 { inputFrame.setPlane(index, nil, bytesPerRow: 0) }
+            }
+        }
+        framesEncoded += 1
+        return try send(frame, what)
+    }
+
+    /// Drains the encoder at the end of the stream; returns its last packets. Call once.
+    public func flush() throws(FFmpegError) -> [EncodedPacket] {
+        guard !flushed else { return [] }
+        flushed = true
+        return try send(nil, "flushing video encoder \(settings.encoder)")
+    }
+
+    /// Sends a frame (nil: end of stream) and receives what is ready, per avcodec.h's contract:
+    /// EAGAIN from send means packets must be received first.
+    private func send(_ frame: UnsafeMutablePointer<AVFrame>?, _ what: String) throws(FFmpegError) -> [EncodedPacket] {
+        var packets: [EncodedPacket] = []
+        while true {
+            let result = avcodec_send_frame(context.pointer, frame)
+            if result == FFmpegError.again {
+                try receive(into: &packets, what)
+                continue
+            }
+            try check(result, what)
+            break
+        }
+        try receive(into: &packets, what)
+        return packets
+    }
+
+    private func receive(into packets: inout [EncodedPacket], _ what: String) throws(FFmpegError) {
+        while true {
+            let packet = try Packet()
+            let result = avcodec_receive_packet(context.pointer, packet.pointer)
+            if result == FFmpegError.again || result == FFmpegError.endOfFile { return }
+            try check(result, what)
+            if packet.pointer.pointee.duration == 0 { packet.pointer.pointee.duration = nominalFrameDuration }
+            packets.append(
+                EncodedPacket(taking: packet, mediaType: .video, streamIndex: streamIndex, timeBase: stream.timeBase)
+            )
+        }
+    }
+}

@@ -1,0 +1,254 @@
+import Atomics
+public import BroadcastKit
+public import BroadcastMedia
+public import Logging
+
+/// What the built-in handler encodes and where it writes it.
+public struct EncodingConfiguration: Sendable {
+    /// nil: no video stream.
+    public var video: VideoEncoderSettings?
+    /// nil: no audio stream. Microphone and application audio are mixed into this one track.
+    public var audio: AudioEncoderSettings?
+    /// Files to record into; every packet of the one encode goes to every recording.
+    public var recordings: [String]
+
+    public init(
+        video: VideoEncoderSettings?, audio: AudioEncoderSettings? = AudioEncoderSettings(), recordings: [String]
+    ) {
+        self.video = video
+        self.audio = audio
+        self.recordings = recordings
+    }
+
+    /// Checks everything that can be checked before a broadcast starts: encoder settings and
+    /// recording paths. Creates nothing.
+    public func validate() throws(BroadcastError) {
+        if video == nil, audio == nil {
+            throw BroadcastError(.invalidArgument, "nothing to encode: neither video nor audio is configured")
+        }
+        if let problem = video?.problem() { throw BroadcastError(.invalidArgument, "video: \(problem)") }
+        for path in recordings { try Recording.validate(path: path) }
+    }
+}
+
+/// A snapshot of what the encoding handler has done.
+public struct EncodingStatistics: Sendable, Hashable {
+    public var videoFramesEncoded = 0
+    public var audioFramesEncoded = 0
+    public var keyframesEncoded = 0
+    /// Bytes written to all recordings together.
+    public var bytesWritten: Int64 = 0
+    /// Encoded bits per second (all streams) over the last second of media time.
+    public var bitrate = 0
+    /// Recordings that failed and were dropped while the others went on.
+    public var failedOutputs = 0
+
+    public init() {}
+}
+
+/// The encoding handler's counters: written on the session's thread, read from any (atomics only).
+public final class EncodingCounters: Sendable {
+    let videoFrames = ManagedAtomic<Int>(0)
+    let audioFrames = ManagedAtomic<Int>(0)
+    let keyframes = ManagedAtomic<Int>(0)
+    let bytesWritten = ManagedAtomic<Int64>(0)
+    let bitrate = ManagedAtomic<Int>(0)
+    let failedOutputs = ManagedAtomic<Int>(0)
+
+    public func snapshot() -> EncodingStatistics {
+        var s = EncodingStatistics()
+        s.videoFramesEncoded = videoFrames.load(ordering: .relaxed)
+        s.audioFramesEncoded = audioFrames.load(ordering: .relaxed)
+        s.keyframesEncoded = keyframes.load(ordering: .relaxed)
+        s.bytesWritten = bytesWritten.load(ordering: .relaxed)
+        s.bitrate = bitrate.load(ordering: .relaxed)
+        s.failedOutputs = failedOutputs.load(ordering: .relaxed)
+        return s
+    }
+}
+
+/// The built-in handler: encodes video to H.264 and the mixed microphone + application audio to
+/// AAC, once, and writes every packet to every recording.
+///
+/// It is a `BroadcastSampleHandler` like any user's: the session calls it serially, so its state
+/// needs no locks; only `counters` is read from other threads.
+public final class EncodingHandler: BroadcastSampleHandler {
+    public let configuration: EncodingConfiguration
+    /// Read from any thread: `counters.snapshot()`.
+    public let counters = EncodingCounters()
+    private let logger: Logger
+
+    private var videoEncoder: VideoEncoder?
+    private var audioEncoder: AudioEncoder?
+    private var mixer: AudioMixer?
+    private var resamplers: [SampleBufferType: Resampler] = [:]
+    private var recordings: [Recording] = []
+    private var failedRecordings: Set<String> = []
+    private var bitrateWindowStart: Double?
+    private var bitrateWindowBytes = 0
+    private var finished = false
+    /// Errors met after the start that did not stop the broadcast (a recording that failed, a
+    /// finalize that did not work), in order.
+    public private(set) var failures: [BroadcastError] = []
+
+    public init(configuration: EncodingConfiguration, logger: Logger) {
+        self.configuration = configuration
+        self.logger = logger
+    }
+
+    public func statistics() -> EncodingStatistics { counters.snapshot() }
+
+    /// Makes the next video frame a keyframe.
+    public func forceKeyframe() { videoEncoder?.forceKeyframe() }
+
+    public func broadcastStarted(setupInfo: SetupInfo) throws {
+        try configuration.validate()
+        let globalHeader = configuration.recordings.contains {
+            (try? Recording.container(for: $0).needsGlobalHeader) ?? false
+        }
+        var streams: [StreamDescription] = []
+        do {
+            if let video = configuration.video {
+                let encoder = try VideoEncoder(
+                    settings: video, globalHeader: globalHeader, streamIndex: streams.count, logger: logger)
+                streams.append(encoder.stream)
+                videoEncoder = encoder
+            }
+            if let audio = configuration.audio {
+                let encoder = try AudioEncoder(
+                    settings: audio, globalHeader: globalHeader, streamIndex: streams.count, logger: logger)
+                streams.append(encoder.stream)
+                audioEncoder = encoder
+                mixer = AudioMixer(channelCount: audio.channels, sampleRate: audio.sampleRate)
+            }
+        } catch {
+            throw BroadcastError(.outputFailed, "\(error)")
+        }
+        do {
+            for path in configuration.recordings {
+                recordings.append(try Recording(path: path, streams: streams, logger: logger))
+            }
+        } catch {
+            for recording in recordings { recording.discard() }
+            recordings = []
+            throw error
+        }
+    }
+
+    public func processSampleBuffer(_ buffer: borrowing SampleBuffer, of type: SampleBufferType) throws {
+        guard !finished else { return }
+        switch type {
+        case .video:
+            guard let videoEncoder else { return }
+            try route(media { () throws(FFmpegError) in try videoEncoder.encode(buffer) })
+        case .audioMic, .audioApp:
+            guard let audioEncoder, mixer != nil, let format = buffer.audioFormat else { return }
+            if resamplers[type]?.input != format {
+                resamplers[type] = try media { () throws(FFmpegError) in
+                    try Resampler(
+                        input: format,
+                        outputRate: audioEncoder.settings.sampleRate,
+                        outputChannels: audioEncoder.settings.channels
+                    )
+                }
+            }
+            let resampler = resamplers[type]!
+            let samples = try media { () throws(FFmpegError) in try resampler.convert(buffer) }
+            let position = buffer.presentationTime.rescaled(to: Int32(audioEncoder.settings.sampleRate)).value
+            mixer!.append(samples, at: position, from: type)
+            while let chunk = mixer!.mix() {
+                try route(media { () throws(FFmpegError) in try audioEncoder.encode(chunk) })
+            }
+        }
+    }
+
+    /// Runs a BroadcastMedia call, turning its error into the session's kind.
+    private func media<T>(_ body: () throws(FFmpegError) -> T) throws(BroadcastError) -> T {
+        do {
+            return try body()
+        } catch {
+            throw BroadcastError(.outputFailed, "\(error)")
+        }
+    }
+
+    public func broadcastFinished() {
+        guard !finished else { return }
+        finished = true
+        do {
+            if let audioEncoder, mixer != nil {
+                if let chunk = mixer!.mix(final: true) { try route(audioEncoder.encode(chunk)) }
+                try route(audioEncoder.flush())
+            }
+            if let videoEncoder { try route(videoEncoder.flush()) }
+        } catch {
+            record(BroadcastError(.outputFailed, "flushing the encoders: \(error)"))
+        }
+        for recording in recordings where !failedRecordings.contains(recording.path) {
+            do {
+                try recording.finish()
+            } catch {
+                record(error)
+            }
+        }
+        updateBytesWritten()
+        recordings = []
+        videoEncoder = nil
+        audioEncoder = nil
+    }
+
+    private func record(_ error: BroadcastError) {
+        logger.error("\(error)")
+        failures.append(error)
+    }
+
+    /// Counts the packets and writes each to every recording. A recording that fails is dropped
+    /// loudly while the others go on; when none is left the broadcast cannot go on.
+    private func route(_ packets: [EncodedPacket]) throws {
+        guard !packets.isEmpty else { return }
+        for packet in packets {
+            switch packet.mediaType {
+            case .video: counters.videoFrames.wrappingIncrement(ordering: .relaxed)
+            case .audio: counters.audioFrames.wrappingIncrement(ordering: .relaxed)
+            }
+            if packet.isKeyframe, packet.mediaType == .video {
+                counters.keyframes.wrappingIncrement(ordering: .relaxed)
+            }
+            measureBitrate(packet)
+            for recording in recordings where !failedRecordings.contains(recording.path) {
+                do {
+                    try recording.write(packet)
+                } catch {
+                    failedRecordings.insert(recording.path)
+                    counters.failedOutputs.wrappingIncrement(ordering: .relaxed)
+                    record(error)
+                }
+            }
+        }
+        updateBytesWritten()
+        if !recordings.isEmpty, failedRecordings.count == recordings.count {
+            throw BroadcastError(.outputFailed, "every recording failed; the last error: \(failures.last!)")
+        }
+    }
+
+    private func measureBitrate(_ packet: EncodedPacket) {
+        let time = packet.decodingSeconds
+        bitrateWindowBytes += packet.size
+        guard let start = bitrateWindowStart else {
+            bitrateWindowStart = time
+            return
+        }
+        let elapsed = time - start
+        if elapsed >= 1 {
+            counters.bitrate.store(Int(Double(bitrateWindowBytes * 8) / elapsed), ordering: .relaxed)
+            bitrateWindowStart = time
+            bitrateWindowBytes = 0
+        }
+    }
+
+    private func updateBytesWritten() {
+        let total = recordings.reduce(Int64(0)) { $0 + $1.bytesWritten }
+        if total > counters.bytesWritten.load(ordering: .relaxed) {
+            counters.bytesWritten.store(total, ordering: .relaxed)
+        }
+    }
+}

@@ -1,0 +1,125 @@
+import ArgumentParser
+import Atomics
+import BroadcastCapture
+import BroadcastKit
+import BroadcastMedia
+import BroadcastOutputs
+import Logging
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct Record: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Record the sources to a local file.",
+        discussion: """
+            The container follows the file's extension:
+              .mp4 .mov  written fragmented while recording (a crash leaves a playable file),
+                         finalized with the index at the front on a clean stop
+              .mkv .ts .flv
+
+            Examples:
+              broadcast record out.mp4 --duration 10s
+              broadcast record talk.mkv --size 1920x1080 --fps 30 --video-bitrate 6M
+              broadcast record fast.mp4 --no-realtime --duration 1m     (as fast as the CPU allows)
+
+            While recording: Ctrl-C (SIGINT) or SIGTERM stops cleanly; a second Ctrl-C quits at
+            once (the file still plays). SIGUSR1 pauses and resumes: the file has no gap.
+            """
+    )
+
+    @Argument(help: ArgumentHelp("The file to write: .mp4, .mov, .mkv, .ts or .flv.", valueName: "file"))
+    var file: String
+
+    @OptionGroup(title: "Sources") var sources: SourceOptions
+    @OptionGroup(title: "Encoding") var encoding: EncoderOptions
+    @OptionGroup(title: "Run") var runOptions: RunOptions
+
+    func run() throws {
+        // Everything the user typed is checked before anything is created: exit 2 on bad input.
+        let level = try runOptions.level()
+        let duration = try runOptions.mediaDuration()
+        if sources.noRealtime && duration == nil {
+            throw ValueError("--no-realtime needs --duration: the test sources would run as fast as possible forever")
+        }
+        let captureSources = try sources.makeSources()
+        let size = try sources.videoSize()
+        let rate = try sources.frameRate()
+        let hasVideo = captureSources.contains { $0.type == .video }
+        let hasAudio = captureSources.contains { $0.type.isAudio }
+        let configuration = EncodingConfiguration(
+            video: hasVideo ? try encoding.videoSettings(width: size.width, height: size.height, frameRate: rate, live: false) : nil,
+            audio: hasAudio ? try encoding.audioSettings() : nil,
+            recordings: [file]
+        )
+        try configuration.validate()
+        let setupInfo = try sources.setupInfo()
+
+        let logger = Logging.bootstrap(level: level)
+        FFmpegLog.install(logger)
+        let handler = EncodingHandler(configuration: configuration, logger: logger)
+        let session = BroadcastSession(
+            handler: handler,
+            sources: captureSources,
+            options: SessionOptions(duration: duration),
+            logger: logger
+        )
+        let counters = handler.counters
+        let outcome = runWithSignals(session: session, logger: logger, setupInfo: setupInfo) {
+            StatusLine.Snapshot(session: session.statistics(), encoding: counters.snapshot(), state: session.state)
+        }
+        switch outcome {
+        case .success(let summary):
+            let stats = handler.statistics()
+            if !runOptions.quiet {
+                let media = summary.statistics.values.map(\.mediaTimeNanoseconds).max() ?? 0
+                FileStandardError.write(
+                    "recorded \(file): \(stats.videoFramesEncoded) video frames, "
+                        + "\(StatusLine.clock(media)) of media, \(StatusLine.bytes(stats.bytesWritten))\n"
+                )
+            }
+            if !handler.failures.isEmpty {
+                for failure in handler.failures { logger.error("\(failure.message)") }
+                throw ExitCode.failure
+            }
+        case .failure(let error):
+            FileStandardError.write("broadcast: error: \(error)\n")
+            throw ExitCode.failure
+        }
+    }
+
+    /// Runs `session` on this thread with SIGINT/SIGTERM (finish; a second SIGINT quits at once) and
+    /// SIGUSR1 (pause/resume) wired, and the status line going.
+    private func runWithSignals(
+        session: BroadcastSession,
+        logger: Logger,
+        setupInfo: SetupInfo,
+        snapshot: @escaping @Sendable () -> StatusLine.Snapshot
+    ) -> Result<SessionSummary, any Error> {
+        let interrupts = ManagedAtomic<Int>(0)
+        Signals.startWatching { signal in
+            switch signal {
+            case SIGINT, SIGTERM:
+                if interrupts.wrappingIncrementThenLoad(ordering: .relaxed) > 1 && signal == SIGINT {
+                    FileStandardError.write("\nbroadcast: interrupted again, quitting at once\n")
+                    _exit(130)
+                }
+                logger.notice("\(Signals.name(signal)): finishing (flushing encoders, writing the trailer)")
+                _ = try? session.finish()
+            case SIGUSR1:
+                if session.state == .paused {
+                    if (try? session.resume()) != nil { logger.notice("SIGUSR1: resumed") }
+                } else if (try? session.pause()) != nil {
+                    logger.notice("SIGUSR1: paused")
+                }
+            default:
+                logger.info("\(Signals.name(signal)) ignored")
+            }
+        }
+        let status = runOptions.quiet ? nil : StatusLine(snapshot: snapshot)
+        let result = Result { try session.run(setupInfo: setupInfo) }
+        status?.stop()
+        return result
+    }
+}

@@ -1,0 +1,97 @@
+import Atomics
+import BroadcastKit
+import BroadcastOutputs
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The live progress report: rewritten in place twice a second on a terminal (like ffmpeg's), a plain
+/// line every five seconds otherwise (a log, the journal).
+final class StatusLine: Sendable {
+    struct Snapshot: Sendable {
+        var session: [SampleBufferType: SampleBufferStatistics]
+        var encoding: EncodingStatistics
+        var state: SessionLifecycle.State
+    }
+
+    private let running = ManagedAtomic<Bool>(true)
+    private let interactive: Bool
+    private let thread: OSThread
+
+    init(snapshot: @escaping @Sendable () -> Snapshot) {
+        let interactive = isatty(2) != 0
+        self.interactive = interactive
+        let running = self.running
+        thread = OSThread {
+            let clock = MonotonicClock()
+            let start = clock.now()
+            let period: Int64 = interactive ? 500_000_000 : 5_000_000_000
+            var next = start + period
+            var lastFrames = 0
+            var lastTime = start
+            while running.load(ordering: .acquiring) {
+                // Sleep in short steps so stopping is prompt.
+                while running.load(ordering: .acquiring) && clock.now() < next {
+                    MonotonicClock.sleep(until: min(next, clock.now() + 100_000_000))
+                }
+                guard running.load(ordering: .acquiring) else { break }
+                let now = clock.now()
+                let s = snapshot()
+                let frames = s.encoding.videoFramesEncoded
+                let fps = Double(frames - lastFrames) / (Double(now - lastTime) / 1e9)
+                lastFrames = frames
+                lastTime = now
+                let line = StatusLine.format(s, fps: fps, wallNanoseconds: now - start)
+                FileStandardError.write(interactive ? "\r\(line)\u{1B}[K" : "\(line)\n")
+                next += period
+            }
+            if interactive { FileStandardError.write("\n") }
+        }
+    }
+
+    func stop() {
+        running.store(false, ordering: .releasing)
+        thread.join()
+    }
+
+    static func format(_ s: Snapshot, fps: Double, wallNanoseconds: Int64) -> String {
+        let media = s.session.values.map(\.mediaTimeNanoseconds).max() ?? 0
+        let dropped = s.session.values.reduce(0) { $0 + $1.droppedQueueFull }
+        let speed = wallNanoseconds > 0 ? Double(media) / Double(wallNanoseconds) : 0
+        var line = "frame=\(s.encoding.videoFramesEncoded) fps=\(fixed(fps, 1)) time=\(clock(media))"
+        line += " bitrate=\(fixed(Double(s.encoding.bitrate) / 1000, 1))kbit/s size=\(bytes(s.encoding.bytesWritten))"
+        line += " dropped=\(dropped) speed=\(fixed(speed, 2))x"
+        if s.state == .paused { line += " [paused]" }
+        if s.encoding.failedOutputs > 0 { line += " failed-outputs=\(s.encoding.failedOutputs)" }
+        return line
+    }
+
+    /// HH:MM:SS.cc
+    static func clock(_ nanoseconds: Int64) -> String {
+        let cs = max(0, nanoseconds) / 10_000_000
+        func two(_ v: Int64) -> String { v < 10 ? "0\(v)" : "\(v)" }
+        return "\(two(cs / 360_000)):\(two(cs / 6000 % 60)):\(two(cs / 100 % 60)).\(two(cs % 100))"
+    }
+
+    static func bytes(_ count: Int64) -> String {
+        if count >= 1 << 30 { return "\(fixed(Double(count) / Double(1 << 30), 2)) GiB" }
+        if count >= 1 << 20 { return "\(fixed(Double(count) / Double(1 << 20), 1)) MiB" }
+        return "\(count / 1024) KiB"
+    }
+
+    static func fixed(_ value: Double, _ digits: Int) -> String {
+        guard value.isFinite else { return "-" }
+        var scale = 1.0
+        for _ in 0..<digits { scale *= 10 }
+        let r = (value * scale).rounded() / scale
+        var text = "\(r)"
+        if let dot = text.firstIndex(of: ".") {
+            let decimals = text.distance(from: dot, to: text.endIndex) - 1
+            if decimals < digits { text += String(repeating: "0", count: digits - decimals) }
+        } else if digits > 0 {
+            text += "." + String(repeating: "0", count: digits)
+        }
+        return text
+    }
+}

@@ -1,0 +1,49 @@
+import Foundation
+import Testing
+
+/// Bad input: one clear line naming the value and what is accepted, exit code 2, no file left behind.
+@Suite struct BadInputTests {
+    @Test(arguments: [
+        (["record", "out.xyz"], ".xyz"),
+        (["record", "out"], "(none)"),
+        (["record", "/nonexistent-dir/out.mp4"], "/nonexistent-dir"),
+        (["record", "out.mp4", "--size", "12x"], "12x"),
+        (["record", "out.mp4", "--size", "641x480"], "641x480"),
+        (["record", "out.mp4", "--fps", "abc"], "abc"),
+        (["record", "out.mp4", "--fps", "0"], "--fps '0'"),
+        (["record", "out.mp4", "--video-bitrate", "fast"], "fast"),
+        (["record", "out.mp4", "--audio-bitrate", "3k"], "3k"),
+        (["record", "out.mp4", "--duration", "ten"], "ten"),
+        (["record", "out.mp4", "--duration", "0s"], "0s"),
+        (["record", "out.mp4", "--keyframe-interval", "2x"], "2x"),
+        (["record", "out.mp4", "--encoder", "h265_magic"], "h265_magic"),
+        (["record", "out.mp4", "--preset", "warpspeed"], "warpspeed"),
+        (["record", "out.mp4", "--video", "/dev/nothing"], "/dev/nothing"),
+        (["record", "out.mp4", "--log-level", "loud"], "loud"),
+        (["record", "out.mp4", "--no-realtime"], "--duration"),
+        (["record", "out.mp4", "--video", "none", "--audio-mic", "none"], "nothing to capture"),
+        (["record", "out.mp4", "--rate-control", "abr"], "abr"),
+    ] as [([String], String)])
+    func rejectedWithOneLineAndExitCode2(arguments: [String], mentions: String) throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let child = try Child(broadcastBinary, arguments, directory: dir.url)
+        let r = child.wait(timeout: 30)
+        #expect(r.status == 2, "exit \(r.status) for \(arguments); stderr: \(r.stderr)")
+        let lines = r.stderr.split(separator: "\n")
+        #expect(lines.count == 1, "expected one line, got: \(r.stderr)")
+        #expect(r.stderr.contains(mentions), "the message should name \(mentions): \(r.stderr)")
+        #expect(r.stderr.contains("accepted") || r.stderr.contains("expected") || r.stderr.contains("use one of")
+            || r.stderr.contains("must") || r.stderr.contains("does not exist") || r.stderr.contains("needs")
+            || r.stderr.contains("nothing"), "the message should say what is accepted: \(r.stderr)")
+        #expect(dir.contents.isEmpty, "files left behind: \(dir.contents)")
+    }
+
+    @Test func helpTeaches() throws {
+        let r = try broadcast(["record", "--help"])
+        #expect(r.status == 0)
+        for needle in ["--duration", "--no-realtime", "SIGUSR1", ".mkv", "Examples"] {
+            #expect(r.stdout.contains(needle), "record --help should mention \(needle)")
+        }
+    }
+}

@@ -1,0 +1,199 @@
+import Foundation
+import Testing
+
+/// The `broadcast` binary built next to this test bundle.
+let broadcastBinary: String = {
+    let bundle = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
+    var directory = bundle.deletingLastPathComponent()
+    // .../debug/broadcastPackageTests.xctest (a file on Linux)
+    if !FileManager.default.fileExists(atPath: directory.appendingPathComponent("broadcast").path) {
+        directory = directory.deletingLastPathComponent()
+    }
+    return directory.appendingPathComponent("broadcast").path
+}()
+
+struct ProcessResult {
+    var status: Int32
+    var reason: Process.TerminationReason
+    var stdout: String
+    var stderr: String
+}
+
+/// A running child process whose output is collected in files (no pipe can fill up and stall it).
+final class Child: @unchecked Sendable {
+    let process = Process()
+    private let outURL: URL
+    private let errURL: URL
+
+    init(_ executable: String, _ arguments: [String], directory: URL? = nil) throws {
+        let tmp = FileManager.default.temporaryDirectory.appendingPathComponent("broadcast-child-\(UUID().uuidString)")
+        outURL = tmp.appendingPathExtension("out")
+        errURL = tmp.appendingPathExtension("err")
+        FileManager.default.createFile(atPath: outURL.path, contents: nil)
+        FileManager.default.createFile(atPath: errURL.path, contents: nil)
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = arguments
+        if let directory { process.currentDirectoryURL = directory }
+        process.standardOutput = try FileHandle(forWritingTo: outURL)
+        process.standardError = try FileHandle(forWritingTo: errURL)
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+    }
+
+    func signal(_ s: Int32) { kill(process.processIdentifier, s) }
+
+    /// Waits for the exit (killing the child after `timeout` seconds, which the result then shows).
+    func wait(timeout: Double = 120) -> ProcessResult {
+        let deadline = Date().addingTimeInterval(timeout)
+        while process.isRunning && Date() < deadline { usleep(20_000) }
+        if process.isRunning {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+        process.waitUntilExit()
+        let out = (try? String(contentsOf: outURL, encoding: .utf8)) ?? ""
+        let err = (try? String(contentsOf: errURL, encoding: .utf8)) ?? ""
+        try? FileManager.default.removeItem(at: outURL)
+        try? FileManager.default.removeItem(at: errURL)
+        return ProcessResult(status: process.terminationStatus, reason: process.terminationReason, stdout: out, stderr: err)
+    }
+}
+
+func run(_ executable: String, _ arguments: [String], timeout: Double = 120) throws -> ProcessResult {
+    try Child(executable, arguments).wait(timeout: timeout)
+}
+
+func broadcast(_ arguments: [String], timeout: Double = 120) throws -> ProcessResult {
+    try run(broadcastBinary, arguments, timeout: timeout)
+}
+
+/// A fresh empty directory, removed by `cleanup()`.
+struct TemporaryDirectory {
+    let url: URL
+    init() throws {
+        url = FileManager.default.temporaryDirectory.appendingPathComponent("broadcast-test-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+    }
+    func path(_ name: String) -> String { url.appendingPathComponent(name).path }
+    var contents: [String] { (try? FileManager.default.contentsOfDirectory(atPath: url.path)) ?? [] }
+    func cleanup() { try? FileManager.default.removeItem(at: url) }
+}
+
+// MARK: What ffprobe and ffmpeg say about a file
+
+struct Probe {
+    struct Stream {
+        var codec: String
+        var type: String
+        var width: Int?
+        var height: Int?
+        var frames: Int?
+        var duration: Double?
+    }
+    var streams: [Stream]
+    var formatDuration: Double?
+
+    var video: Stream? { streams.first { $0.type == "video" } }
+    var audio: Stream? { streams.first { $0.type == "audio" } }
+}
+
+/// ffprobe with every frame counted (decodes the whole file).
+func probe(_ path: String) throws -> Probe {
+    let r = try run("/usr/bin/ffprobe", ["-v", "error", "-count_frames", "-show_streams", "-show_format", "-of", "json", path])
+    guard r.status == 0, let json = try JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any] else {
+        throw ProbeError(message: "ffprobe \(path) failed: \(r.stderr)")
+    }
+    let streams = (json["streams"] as? [[String: Any]] ?? []).map { s in
+        Probe.Stream(
+            codec: s["codec_name"] as? String ?? "",
+            type: s["codec_type"] as? String ?? "",
+            width: s["width"] as? Int,
+            height: s["height"] as? Int,
+            frames: (s["nb_read_frames"] as? String).flatMap(Int.init),
+            duration: (s["duration"] as? String).flatMap(Double.init)
+        )
+    }
+    let format = json["format"] as? [String: Any]
+    return Probe(streams: streams, formatDuration: (format?["duration"] as? String).flatMap(Double.init))
+}
+
+struct ProbeError: Error, CustomStringConvertible {
+    let message: String
+    var description: String { message }
+}
+
+/// Everything ffmpeg reports at level error while decoding the whole file (empty: clean).
+func decodeErrors(_ path: String) throws -> String {
+    let r = try run("/usr/bin/ffmpeg", ["-nostdin", "-v", "error", "-i", path, "-f", "null", "-"])
+    return r.status == 0 ? r.stderr.trimmingCharacters(in: .whitespacesAndNewlines) : "exit \(r.status): \(r.stderr)"
+}
+
+/// Presentation times (s) of decoded video frames whose mean luma is near white.
+func whiteFrameTimes(_ path: String) throws -> [Double] {
+    let r = try run(
+        "/usr/bin/ffmpeg",
+        ["-nostdin", "-hide_banner", "-nostats", "-i", path, "-an", "-vf",
+         "signalstats,metadata=print:key=lavfi.signalstats.YAVG:file=-", "-f", "null", "-"]
+    )
+    var times: [Double] = []
+    var currentTime: Double?
+    for line in r.stdout.split(separator: "\n") {
+        if line.hasPrefix("frame:"), let field = line.split(separator: " ").first(where: { $0.hasPrefix("pts_time:") }) {
+            currentTime = Double(field.dropFirst("pts_time:".count))
+        } else if line.hasPrefix("lavfi.signalstats.YAVG="), let t = currentTime,
+            let v = Double(line.dropFirst("lavfi.signalstats.YAVG=".count)), v > 230
+        {
+            times.append(t)
+        }
+    }
+    return times
+}
+
+/// Times (s) where a beep starts: sound after at least 0.1 s of silence that stops again within
+/// 0.2 s (which leaves out the end of the file, where silencedetect also closes a silence), plus 0
+/// when the file opens with a beep.
+func beepStartTimes(_ path: String) throws -> [Double] {
+    let r = try run(
+        "/usr/bin/ffmpeg",
+        ["-nostdin", "-hide_banner", "-nostats", "-i", path, "-vn", "-af", "silencedetect=n=-30dB:d=0.1", "-f", "null", "-"]
+    )
+    var silenceStarts: [Double] = []
+    var silenceEnds: [Double] = []
+    for line in r.stderr.split(separator: "\n") {
+        for (key, list) in [("silence_start: ", 0), ("silence_end: ", 1)] {
+            if let range = line.range(of: key), let v = Double(line[range.upperBound...].split(separator: " ").first ?? "") {
+                if list == 0 { silenceStarts.append(v) } else { silenceEnds.append(v) }
+            }
+        }
+    }
+    var starts = silenceEnds.filter { end in silenceStarts.contains { $0 > end && $0 - end < 0.2 } }
+    // The file opens with a beep when the first silence starts about 50 ms in.
+    if let first = silenceStarts.first, first < 0.2 { starts.insert(max(0, first - 0.05), at: 0) }
+    return starts
+}
+
+/// Presentation times (s) of every packet of one stream ("v:0" or "a:0"), in order.
+func packetTimes(_ path: String, stream: String) throws -> [Double] {
+    let r = try run("/usr/bin/ffprobe", ["-v", "error", "-select_streams", stream, "-show_entries", "packet=pts_time", "-of", "csv=p=0", path])
+    return r.stdout.split(separator: "\n").compactMap { Double($0.trimmingCharacters(in: .whitespaces).trimmingCharacters(in: CharacterSet(charactersIn: ","))) }.sorted()
+}
+
+/// Top-level box types of an MP4/MOV file in order (ftyp, moov, mdat, moof, ...).
+func mp4TopLevelBoxes(_ path: String) throws -> [String] {
+    let data = try Data(contentsOf: URL(fileURLWithPath: path))
+    var boxes: [String] = []
+    var offset = 0
+    while offset + 8 <= data.count {
+        var size = Int(data[offset]) << 24 | Int(data[offset + 1]) << 16 | Int(data[offset + 2]) << 8 | Int(data[offset + 3])
+        let type = String(decoding: data[(offset + 4)..<(offset + 8)], as: UTF8.self)
+        if size == 1, offset + 16 <= data.count {
+            size = (8..<16).reduce(0) { $0 << 8 | Int(data[offset + $1]) }
+        } else if size == 0 {
+            size = data.count - offset
+        }
+        boxes.append(type)
+        guard size >= 8 else { break }
+        offset += size
+    }
+    return boxes
+}
