@@ -45,14 +45,14 @@ public enum FFmpegLog {
         CBroadcast_av_log_set_handler(nil, nil, AV_LOG_INFO)
     }
 
-    /// AV_LOG_PANIC/FATAL → critical, ERROR → error, WARNING → warning, INFO → info,
-    /// VERBOSE and DEBUG → debug, TRACE → trace.
+    /// AV_LOG_PANIC/FATAL → critical, ERROR → error, WARNING → warning, INFO, VERBOSE and
+    /// DEBUG → debug, TRACE → trace. FFmpeg's INFO is per-encode statistics (x264's summary):
+    /// detail for whoever debugs, noise in a service's info log.
     public static func loggerLevel(avLevel: Int32) -> Logger.Level {
         switch avLevel {
         case ...AV_LOG_FATAL: .critical
         case ...AV_LOG_ERROR: .error
         case ...AV_LOG_WARNING: .warning
-        case ...AV_LOG_INFO: .info
         case ...AV_LOG_DEBUG: .debug
         default: .trace
         }
@@ -63,8 +63,7 @@ public enum FFmpegLog {
         switch level {
         case .trace: AV_LOG_TRACE
         case .debug: AV_LOG_DEBUG
-        case .info, .notice: AV_LOG_INFO
-        case .warning: AV_LOG_WARNING
+        case .info, .notice, .warning: AV_LOG_WARNING
         case .error: AV_LOG_ERROR
         case .critical: AV_LOG_FATAL
         }

@@ -210,5 +210,6 @@ struct FFmpegLogTests {
         #expect(FFmpegLog.loggerLevel(avLevel: 24) == .warning)
         #expect(FFmpegLog.loggerLevel(avLevel: 0) == .critical)
         #expect(FFmpegLog.loggerLevel(avLevel: 48) == .debug)
+        #expect(FFmpegLog.loggerLevel(avLevel: 32) == .debug, "FFmpeg INFO (x264 statistics) is debug detail")
     }
 }
