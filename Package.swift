@@ -19,6 +19,7 @@ let package = Package(
         .library(name: "BroadcastCapture", targets: ["BroadcastCapture"]),
         .library(name: "BroadcastMedia", targets: ["BroadcastMedia"]),
         .library(name: "BroadcastOutputs", targets: ["BroadcastOutputs"]),
+        .library(name: "BroadcastService", targets: ["BroadcastService"]),
         .executable(name: "broadcast", targets: ["broadcast"]),
         .executable(name: "level-meter", targets: ["LevelMeter"]),
     ],
@@ -26,6 +27,9 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-atomics.git", from: "1.3.0"),
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+        .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
     ],
     targets: [
         // C libraries, each behind a module map and a shim header.
@@ -77,10 +81,22 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        .target(
+            name: "BroadcastService",
+            dependencies: [
+                "BroadcastKit", "BroadcastMedia", "BroadcastOutputs",
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         .executableTarget(
             name: "broadcast",
             dependencies: [
-                "BroadcastKit", "BroadcastCapture", "BroadcastMedia", "BroadcastOutputs",
+                "BroadcastKit", "BroadcastCapture", "BroadcastMedia", "BroadcastOutputs", "BroadcastService",
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -108,6 +124,11 @@ let package = Package(
         .testTarget(
             name: "BroadcastMediaTests",
             dependencies: ["BroadcastKit", "BroadcastCapture", "BroadcastMedia", "BroadcastOutputs"],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "BroadcastServiceTests",
+            dependencies: ["BroadcastService"],
             swiftSettings: swiftSettings
         ),
         .testTarget(

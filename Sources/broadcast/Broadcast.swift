@@ -6,7 +6,7 @@ import Glibc
 #endif
 
 @main
-struct Broadcast: ParsableCommand {
+struct Broadcast: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "broadcast",
         abstract: "Capture video and audio on Linux, encode once, record and stream.",
@@ -19,16 +19,22 @@ struct Broadcast: ParsableCommand {
             Start with:
               broadcast record demo.mp4 --duration 10s
             """,
-        subcommands: [Record.self]
+        subcommands: [Record.self, Daemon.self, Status.self, Start.self, Pause.self, Resume.self, Stop.self]
     )
 
     /// Parses and runs; bad input exits 2 with one line that names the value and what is accepted.
-    static func main() {
-        Signals.blockForSigwait()
+    static func main() async {
+        Signals.install()
         do {
             var command = try parseAsRoot()
-            try command.run()
+            if var asyncCommand = command as? any AsyncParsableCommand {
+                try await asyncCommand.run()
+            } else {
+                try command.run()
+            }
         } catch let error as ValueError {
+            fail(error.description)
+        } catch let error as ConfigError {
             fail(error.description)
         } catch let error as BroadcastError where error.code == .invalidArgument {
             fail(error.message)

@@ -1,34 +1,55 @@
-// Signals are taken synchronously on a thread of their own (sigwait), never in a handler, so the
-// reaction can do real work: finish the session, toggle pause.
+// Signals reach the program through a self-pipe: the handler only writes the signal's number to a
+// pipe (async-signal-safe), and a thread of ours reads it and does the real work (finish the
+// session, toggle pause). This works whichever thread the kernel picks to take the signal, which
+// matters because the Swift runtime may have started threads before main runs.
 import BroadcastKit
 
 #if canImport(Glibc)
 import Glibc
 #endif
 
-enum Signals {
-    /// Blocks SIGINT, SIGTERM, SIGHUP and SIGUSR1 in this thread and every thread it starts later.
-    /// Call first thing in main, before any other thread exists.
-    static func blockForSigwait() {
-        var set = handledSet()
-        pthread_sigmask(SIG_BLOCK, &set, nil)
-    }
+/// The pipe's write end, set once in `Signals.install()` before any handler can run.
+nonisolated(unsafe) private var signalPipeWrite: Int32 = -1
 
-    private static func handledSet() -> sigset_t {
-        var set = sigset_t()
-        sigemptyset(&set)
-        for s in [SIGINT, SIGTERM, SIGHUP, SIGUSR1] { sigaddset(&set, s) }
-        return set
+enum Signals {
+    static let handled = [SIGINT, SIGTERM, SIGHUP, SIGUSR1]
+    nonisolated(unsafe) private static var pipeRead: Int32 = -1
+
+    /// Installs the handlers. Call first thing in main.
+    static func install() {
+        var fds: [Int32] = [-1, -1]
+        guard pipe(&fds) == 0 else { return }
+        for fd in fds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+        _ = fcntl(fds[1], F_SETFL, fcntl(fds[1], F_GETFL) | O_NONBLOCK)
+        pipeRead = fds[0]
+        signalPipeWrite = fds[1]
+        for signal in handled {
+            var action = sigaction()
+            action.__sigaction_handler.sa_handler = { number in
+                var byte = UInt8(truncatingIfNeeded: number)
+                _ = write(signalPipeWrite, &byte, 1)
+            }
+            action.sa_flags = SA_RESTART
+            sigemptyset(&action.sa_mask)
+            sigaction(signal, &action, nil)
+        }
     }
 
     /// Calls `react` on a dedicated thread for every signal received, until the process exits.
     @discardableResult
     static func startWatching(_ react: @escaping @Sendable (Int32) -> Void) -> OSThread {
-        OSThread {
-            var set = handledSet()
+        let fd = pipeRead
+        return OSThread {
+            var byte: UInt8 = 0
             while true {
-                var signal: Int32 = 0
-                if sigwait(&set, &signal) == 0 { react(signal) }
+                let n = read(fd, &byte, 1)
+                if n == 1 {
+                    react(Int32(byte))
+                } else if n < 0 && errno == EINTR {
+                    continue
+                } else {
+                    return
+                }
             }
         }
     }

@@ -1,0 +1,49 @@
+import ArgumentParser
+import BroadcastService
+
+/// Options shared by the verbs that talk to a running daemon.
+struct ControlOptions: ParsableArguments {
+    @Option(help: ArgumentHelp("The daemon's control socket.", valueName: "path"))
+    var socket: String = "/run/broadcast/control.sock"
+
+    /// Sends one request, prints the answer; a refusal (4xx/5xx) exits 1 with the daemon's message.
+    func call(_ method: String, _ path: String) throws {
+        let (status, body) = try ControlClient(socketPath: socket).send(method: method, path: path)
+        let text = String(decoding: body, as: UTF8.self)
+        if status >= 400 {
+            FileStandardError.write("broadcast: the daemon refused: \(text)")
+            throw ExitCode.failure
+        }
+        print(text, terminator: text.hasSuffix("\n") ? "" : "\n")
+    }
+}
+
+struct Status: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Show a running daemon's status (JSON).")
+    @OptionGroup var control: ControlOptions
+    func run() throws { try control.call("GET", "/v1/status") }
+}
+
+struct Pause: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Pause a running daemon's broadcast: media time stands still, files get no gap.")
+    @OptionGroup var control: ControlOptions
+    func run() throws { try control.call("POST", "/v1/broadcast/pause") }
+}
+
+struct Resume: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Resume a paused broadcast.")
+    @OptionGroup var control: ControlOptions
+    func run() throws { try control.call("POST", "/v1/broadcast/resume") }
+}
+
+struct Stop: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Stop a running daemon's broadcast (files are finalized; the daemon stays up).")
+    @OptionGroup var control: ControlOptions
+    func run() throws { try control.call("POST", "/v1/broadcast/stop") }
+}
+
+struct Start: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Start the broadcast of a running daemon again.")
+    @OptionGroup var control: ControlOptions
+    func run() throws { try control.call("POST", "/v1/broadcast/start") }
+}

@@ -1,0 +1,364 @@
+import ArgumentParser
+import Atomics
+import BroadcastKit
+import BroadcastMedia
+import BroadcastOutputs
+import BroadcastService
+import Logging
+import ServiceLifecycle
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct Daemon: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Run as a background service with a config file and a control socket.",
+        discussion: """
+            Reads a TOML config (see systemd/broadcast.toml), starts the broadcast, and serves the
+            control API as HTTP/JSON on a Unix socket:
+              curl --unix-socket /run/broadcast/control.sock http://localhost/v1/status
+              curl --unix-socket ... -X POST http://localhost/v1/broadcast/pause
+              curl --unix-socket ... http://localhost/metrics          (Prometheus)
+            or with `broadcast status|pause|resume|stop [--socket PATH]`.
+
+            Under systemd (Type=notify) it reports READY=1 once the outputs are up, STATUS= lines,
+            and WATCHDOG=1 only while frames flow. SIGTERM finishes cleanly (encoders flushed,
+            files finalized); SIGHUP re-reads the config's outputs.
+            """
+    )
+
+    @Option(help: ArgumentHelp("The TOML config file.", valueName: "file"))
+    var config: String
+
+    @Option(name: .customLong("log-level"), help: ArgumentHelp("trace, debug, info, notice, warning, error or critical.", valueName: "level"))
+    var logLevel: String = "info"
+
+    func run() async throws {
+        let environment = ProcessEnvironment.current()
+        let configuration = try DaemonConfig.load(path: config, environment: environment)
+        guard let level = Logger.Level(rawValue: logLevel.lowercased()) else {
+            throw ValueError("invalid --log-level '\(logLevel)': accepted are \(Logger.Level.allCases.map(\.rawValue).joined(separator: ", "))")
+        }
+        let logger = Logging.bootstrap(level: level)
+        FFmpegLog.install(logger)
+
+        let notifier = SystemdNotifier.fromProcessEnvironment()
+        let controller = BroadcastController(config: configuration, logger: logger)
+        let metrics = DaemonMetrics()
+        let server = try Self.controlServer(configuration, controller: controller, metrics: metrics, logger: logger)
+        logger.notice("control API on \(configuration.socketPath)")
+
+        if configuration.autostart {
+            do {
+                try controller.start()
+            } catch {
+                logger.error("the broadcast could not start: \(error)")
+                server.stop()
+                throw ExitCode.failure
+            }
+        }
+        let service = DaemonService(controller: controller, notifier: notifier, logger: logger)
+        let group = ServiceGroup(
+            configuration: ServiceGroupConfiguration(
+                services: [.init(service: service)],
+                gracefulShutdownSignals: [],
+                cancellationSignals: [],
+                logger: logger
+            )
+        )
+        let config = self.config
+        Signals.startWatching { signal in
+            switch signal {
+            case SIGTERM, SIGINT:
+                logger.notice("\(Signals.name(signal)): shutting down")
+                Task { await group.triggerGracefulShutdown() }
+            case SIGHUP:
+                controller.reload(path: config, environment: ProcessEnvironment.current())
+            default:
+                logger.info("\(Signals.name(signal)) ignored")
+            }
+        }
+        try await group.run()
+        server.stop()
+        if let failure = controller.lastFailure {
+            logger.error("the broadcast ended with an error: \(failure)")
+        }
+    }
+}
+
+extension Daemon {
+    /// The control API's server; a socket that cannot be bound ends the daemon with exit code 1.
+    static func controlServer(
+        _ configuration: DaemonConfig,
+        controller: BroadcastController,
+        metrics: DaemonMetrics,
+        logger: Logger
+    ) throws -> ControlServer {
+        do {
+            return try ControlServer(
+                socketPath: configuration.socketPath,
+                mode: UInt32(configuration.socketMode),
+                tcp: configuration.tcp,
+                token: configuration.token,
+                logger: logger
+            ) { request in
+                ControlAPI.handle(request, controller: controller, metrics: metrics)
+            }
+        } catch {
+            FileStandardError.write("broadcast: error: \(error.message)\n")
+            throw ExitCode.failure
+        }
+    }
+}
+
+enum ProcessEnvironment {
+    static func current() -> [String: String] {
+        var result: [String: String] = [:]
+        var pointer = environ
+        while let entry = pointer.pointee {
+            let text = String(cString: entry)
+            if let eq = text.firstIndex(of: "=") { result[String(text[..<eq])] = String(text[text.index(after: eq)...]) }
+            pointer += 1
+        }
+        return result
+    }
+}
+
+/// The service systemd sees: READY once up, WATCHDOG while frames flow, STOPPING on the way out,
+/// and the broadcast finished cleanly (encoders flushed, files finalized) before `run` returns.
+struct DaemonService: Service {
+    let controller: BroadcastController
+    let notifier: SystemdNotifier
+    let logger: Logger
+
+    func run() async throws {
+        notifier.ready(status: controller.statusLine())
+        // Ping at half the watchdog interval; without a watchdog, refresh STATUS every few seconds.
+        let period = notifier.watchdogNanoseconds.map { max($0 / 2, 100_000_000) } ?? 2_000_000_000
+        var lastDelivered = controller.deliveredFrames()
+        while !Task.isShuttingDownGracefully {
+            try? await cancelWhenGracefulShutdown { try await Task.sleep(for: .nanoseconds(period)) }
+            if Task.isShuttingDownGracefully { break }
+            let delivered = controller.deliveredFrames()
+            // A hung capture stops the pings, so systemd restarts us; a deliberate pause does not.
+            if delivered > lastDelivered || !controller.expectsFrames() {
+                notifier.watchdog()
+            } else {
+                logger.warning("no frames since the last check: not telling the watchdog")
+            }
+            lastDelivered = delivered
+            notifier.status(controller.statusLine())
+        }
+        notifier.stopping(status: "finishing: flushing encoders, finalizing recordings")
+        controller.stop()
+    }
+}
+
+/// Owns the running broadcast for the control API: start, pause, resume, stop, status. Control
+/// calls come from the control server's thread and signal threads; the broadcast itself runs on
+/// a thread of its own. (The control plane may lock; the data path never does.)
+final class BroadcastController: Sendable {
+    private struct Running: @unchecked Sendable {
+        let session: BroadcastSession
+        let counters: EncodingCounters
+        let thread: OSThread
+        let startedAt: Int64
+        let primaryType: SampleBufferType
+        let recordings: [(name: String, path: String)]
+    }
+
+    private let state: Mutex<(config: DaemonConfig, running: Running?, failure: String?)>
+    private let logger: Logger
+    let startedAt = MonotonicClock().now()
+
+    init(config: DaemonConfig, logger: Logger) {
+        self.state = Mutex((config, nil, nil))
+        self.logger = logger
+    }
+
+    var lastFailure: String? { state.withLock { $0.failure } }
+
+    /// Builds sources, the encoding handler and a new session from the config and runs it.
+    func start() throws {
+        try state.withLock { state in
+            if let running = state.running, running.session.state != .finished {
+                throw BroadcastError(.illegalTransition, "cannot start while \(running.session.state): the broadcast is already running")
+            }
+            let config = state.config
+            let sources = try config.sourceOptions()
+            let encoder = try config.encoderOptions()
+            let captureSources = try sources.makeSources()
+            let size = try sources.videoSize()
+            let rate = try sources.frameRate()
+            let now = time(nil)
+            var recordings: [(name: String, path: String)] = []
+            for output in config.outputs {
+                switch output.kind {
+                case .recording(let template):
+                    recordings.append((output.name, Self.expand(template, at: now)))
+                case .live(let url):
+                    _ = url
+                    logger.warning("output \(output.name): live outputs are not started by the daemon yet")
+                }
+            }
+            let hasVideo = captureSources.contains { $0.type == .video }
+            let hasAudio = captureSources.contains { $0.type.isAudio }
+            let configuration = EncodingConfiguration(
+                video: hasVideo ? try encoder.videoSettings(width: size.width, height: size.height, frameRate: rate, live: true) : nil,
+                audio: hasAudio ? try encoder.audioSettings() : nil,
+                recordings: recordings.map(\.path)
+            )
+            try configuration.validate()
+            let handler = EncodingHandler(configuration: configuration, logger: logger)
+            let counters = handler.counters
+            let session = BroadcastSession(handler: handler, sources: captureSources, logger: logger)
+            let setup = config.setup
+            let logger = self.logger
+            let thread = OSThread { [weak self] in
+                do {
+                    let summary = try session.run(setupInfo: setup)
+                    logger.notice("broadcast finished: \(summary.reason.rawValue)")
+                } catch {
+                    logger.error("broadcast failed: \(error)")
+                    self?.state.withLock { $0.failure = "\(error)" }
+                }
+            }
+            // Wait until the session is past broadcastStarted (outputs up) or has failed.
+            while session.state == .idle { usleep(1000) }
+            state.running = Running(
+                session: session,
+                counters: counters,
+                thread: thread,
+                startedAt: MonotonicClock().now(),
+                primaryType: hasVideo ? .video : captureSources[0].type,
+                recordings: recordings
+            )
+            state.failure = nil
+            logger.notice("broadcast started: \(recordings.count) recording(s)")
+        }
+    }
+
+    func pause() throws {
+        guard let session = state.withLock({ $0.running?.session }) else {
+            throw BroadcastError(.illegalTransition, "cannot pause: no broadcast is running")
+        }
+        try session.pause()
+    }
+
+    func resume() throws {
+        guard let session = state.withLock({ $0.running?.session }) else {
+            throw BroadcastError(.illegalTransition, "cannot resume: no broadcast is running")
+        }
+        try session.resume()
+    }
+
+    /// Finishes the broadcast and waits for its thread (encoders flushed, files finalized).
+    func stop() {
+        let running = state.withLock { $0.running }
+        guard let running else { return }
+        _ = try? running.session.finish()
+        running.thread.join()
+    }
+
+    /// Re-reads the config; the new outputs apply from the next start.
+    func reload(path: String, environment: [String: String]) {
+        do {
+            let fresh = try DaemonConfig.load(path: path, environment: environment)
+            state.withLock { $0.config = fresh }
+            logger.notice("SIGHUP: config reloaded: \(fresh.outputs.count) output(s); they apply from the next start")
+        } catch {
+            logger.error("SIGHUP: config not reloaded: \(error)")
+        }
+    }
+
+    func deliveredFrames() -> Int {
+        guard let running = state.withLock({ $0.running }) else { return 0 }
+        return running.session.statistics()[running.primaryType]?.delivered ?? 0
+    }
+
+    /// False when no frames are due: nothing runs, or the broadcast is paused or finished.
+    func expectsFrames() -> Bool {
+        state.withLock { $0.running?.session.state == .started }
+    }
+
+    func statusLine() -> String {
+        guard let running = state.withLock({ $0.running }) else { return "idle" }
+        let media = running.session.statistics().values.map(\.mediaTimeNanoseconds).max() ?? 0
+        return "\(running.session.state): \(StatusLine.clock(media)) of media, \(running.recordings.count) recording(s)"
+    }
+
+    func status() -> JSONValue {
+        let (running, failure) = state.withLock { ($0.running, $0.failure) }
+        let uptime = Double(MonotonicClock().now() - startedAt) / 1e9
+        guard let running else {
+            let fields: [(String, JSONValue)] = [
+                ("state", .string("idle")),
+                ("uptime_seconds", .number(uptime)),
+                ("outputs", .array([])),
+                ("error", failure.map(JSONValue.string) ?? .null),
+            ]
+            return .object(fields)
+        }
+        let stats = running.session.statistics()
+        let encoding = running.counters.snapshot()
+        let media = stats.values.map(\.mediaTimeNanoseconds).max() ?? 0
+        let elapsed = Double(MonotonicClock().now() - running.startedAt) / 1e9
+        var types: [(String, JSONValue)] = []
+        for (type, s) in stats.sorted(by: { $0.key.rawValue < $1.key.rawValue }) {
+            let dropped: [(String, JSONValue)] = [
+                ("queue_full", .number(Double(s.droppedQueueFull))),
+                ("paused", .number(Double(s.droppedPaused))),
+                ("out_of_order", .number(Double(s.droppedOutOfOrder))),
+            ]
+            let fields: [(String, JSONValue)] = [
+                ("delivered", .number(Double(s.delivered))),
+                ("dropped", .object(dropped)),
+                ("media_seconds", .number(Double(s.mediaTimeNanoseconds) / 1e9)),
+            ]
+            types.append((type.rawValue, .object(fields)))
+        }
+        let outputState: String
+        switch running.session.state {
+        case .finished: outputState = "finished"
+        case .paused: outputState = "paused"
+        case .idle, .started: outputState = "recording"
+        }
+        let outputs: [JSONValue] = running.recordings.map { recording -> JSONValue in
+            let fields: [(String, JSONValue)] = [
+                ("name", .string(recording.name)),
+                ("kind", .string("recording")),
+                ("state", .string(outputState)),
+                ("path", .string(recording.path)),
+            ]
+            return .object(fields)
+        }
+        let fps = elapsed > 0 ? (Double(encoding.videoFramesEncoded) / elapsed * 10).rounded() / 10 : 0
+        let fields: [(String, JSONValue)] = [
+            ("state", .string(running.session.state.description)),
+            ("uptime_seconds", .number(uptime)),
+            ("media_seconds", .number(Double(media) / 1e9)),
+            ("fps", .number(fps)),
+            ("bitrate", .number(Double(encoding.bitrate))),
+            ("video_frames_encoded", .number(Double(encoding.videoFramesEncoded))),
+            ("bytes_written", .number(Double(encoding.bytesWritten))),
+            ("failed_outputs", .number(Double(encoding.failedOutputs))),
+            ("audio_drift_ppm", .null),
+            ("types", .object(types)),
+            ("outputs", .array(outputs)),
+            ("error", failure.map(JSONValue.string) ?? .null),
+        ]
+        return .object(fields)
+    }
+
+    /// strftime(3) on a path template ("rec-%Y%m%d-%H%M%S.mp4"), in local time.
+    static func expand(_ template: String, at time: time_t) -> String {
+        var t = time
+        var parts = tm()
+        localtime_r(&t, &parts)
+        var buffer = [CChar](repeating: 0, count: 4096)
+        let n = strftime(&buffer, buffer.count, template, &parts)
+        return n > 0 ? String(decoding: buffer[..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self) : template
+    }
+}

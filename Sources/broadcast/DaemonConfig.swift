@@ -1,0 +1,331 @@
+import ArgumentParser
+import BroadcastKit
+import BroadcastService
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A config error: file, line and key, and what is expected. Exit code 2 before anything starts.
+struct ConfigError: Error, CustomStringConvertible {
+    var file: String
+    var line: Int
+    var key: String?
+    var message: String
+
+    var description: String {
+        "\(file):\(line): \(key.map { "\($0): " } ?? "")\(message)"
+    }
+}
+
+/// The daemon's TOML config, checked completely before anything starts.
+///
+/// The [video], [audio] and [encoder] keys are the command line's options in another syntax: each
+/// maps to one flag (`video.size` is `--size`), and both go through the same parsing and checks, so
+/// the daemon accepts exactly what `broadcast record` accepts.
+struct DaemonConfig {
+    struct Output {
+        enum Kind {
+            case recording(pathTemplate: String)
+            case live(url: String)
+        }
+        var name: String
+        var kind: Kind
+        var line: Int
+        /// Start a new file every this much media time (recordings).
+        var segment: MediaTime?
+        /// Delete finished segments older than this (recordings).
+        var retainFor: MediaTime?
+        /// Delete the oldest finished segments beyond this many bytes (recordings).
+        var retainBytes: Int64?
+    }
+
+    var file: String
+    var sourceArguments: [String] = []
+    var encoderArguments: [String] = []
+    var setup: SetupInfo = SetupInfo()
+    var socketPath = "/run/broadcast/control.sock"
+    var socketMode: mode_t = 0o660
+    var tcp: (host: String, port: UInt16)?
+    var token: String?
+    var autostart = true
+    var outputs: [Output] = []
+
+    /// Config key → command-line flag, per table.
+    static let flags: [String: [String: String]] = [
+        "video": ["source": "--video", "size": "--size", "fps": "--fps"],
+        "audio": ["mic": "--audio-mic", "app": "--audio-app"],
+        "encoder": [
+            "video_bitrate": "--video-bitrate", "audio_bitrate": "--audio-bitrate", "preset": "--preset",
+            "tune": "--tune", "encoder": "--encoder", "keyframe_interval": "--keyframe-interval",
+            "rate_control": "--rate-control", "crf": "--crf", "profile": "--profile", "threads": "--threads",
+        ],
+    ]
+    static let controlKeys = ["socket", "socket_mode", "tcp", "token"]
+    static let daemonKeys = ["autostart"]
+    static let outputKeys = ["name", "path", "url", "segment", "retain_for", "retain_bytes"]
+    static let tables = ["video", "audio", "encoder", "setup", "control", "daemon", "output"]
+
+    /// Where each flag came from, to point errors found by the shared option parsing at the config.
+    private var flagOrigins: [String: (key: String, line: Int)] = [:]
+
+    static func load(path: String, environment: [String: String]) throws -> DaemonConfig {
+        guard let text = readText(path) else {
+            throw ConfigError(file: path, line: 0, key: nil, message: "cannot read the config file: \(String(cString: strerror(errno)))")
+        }
+        let document: TOMLDocument
+        do {
+            document = try TOMLDocument(parsing: text)
+        } catch {
+            throw ConfigError(file: path, line: error.line, key: nil, message: error.message)
+        }
+        var config = DaemonConfig(file: path)
+        try config.read(document, environment: environment)
+        try config.check()
+        return config
+    }
+
+    static func readText(_ path: String) -> String? {
+        guard let f = fopen(path, "r") else { return nil }
+        defer { fclose(f) }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = fread(&chunk, 1, chunk.count, f)
+            if n <= 0 { break }
+            bytes.append(contentsOf: chunk[0..<n])
+            if bytes.count > 1 << 20 { return nil }
+        }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    private func error(_ line: Int, _ key: String?, _ message: String) -> ConfigError {
+        ConfigError(file: file, line: line, key: key, message: message)
+    }
+
+    private mutating func read(_ document: TOMLDocument, environment: [String: String]) throws {
+        for table in document.tables {
+            let tableName = table.name
+            if tableName.isEmpty {
+                if let key = table.keys.first {
+                    throw error(table.entries[key]!.line, key, "keys must be inside a table: \(Self.tables.map { "[\($0)]" }.joined(separator: ", "))")
+                }
+                continue
+            }
+            guard Self.tables.contains(tableName) else {
+                throw error(table.line, nil, "unknown table [\(tableName)]: known are \(Self.tables.map { "[\($0)]" }.joined(separator: ", "))")
+            }
+            if tableName == "output" && !document.arrayTableNames.contains("output") {
+                throw error(table.line, nil, "outputs are an array of tables: write [[output]], not [output]")
+            }
+            if tableName != "output" && document.arrayTableNames.contains(tableName) {
+                throw error(table.line, nil, "[[\(tableName)]] must be a single table: write [\(tableName)]")
+            }
+            var output: (name: String?, path: String?, url: String?, line: Int, segment: MediaTime?, retainFor: MediaTime?, retainBytes: Int64?) =
+                (nil, nil, nil, table.line, nil, nil, nil)
+            for key in table.keys {
+                let entry = table.entries[key]!
+                let dotted = "\(tableName).\(key)"
+                switch tableName {
+                case "video", "audio", "encoder":
+                    guard let flag = Self.flags[tableName]![key] else {
+                        throw unknownKey(dotted, entry.line, known: Self.flags[tableName]!.keys.sorted(), table: tableName)
+                    }
+                    let value = try scalarText(entry, key: dotted, environment: environment)
+                    if tableName == "encoder" { encoderArguments += [flag, value] } else { sourceArguments += [flag, value] }
+                    flagOrigins[flag] = (dotted, entry.line)
+                case "setup":
+                    setup[key] = try scalarText(entry, key: dotted, environment: environment)
+                case "control":
+                    switch key {
+                    case "socket":
+                        socketPath = try string(entry, key: dotted, environment: environment)
+                        guard socketPath.hasPrefix("/") else { throw error(entry.line, dotted, "expected an absolute path, got \"\(socketPath)\"") }
+                    case "socket_mode":
+                        let text = try scalarText(entry, key: dotted, environment: environment)
+                        guard let mode = mode_t(text.hasPrefix("0o") ? String(text.dropFirst(2)) : text, radix: 8), mode <= 0o777 else {
+                            throw error(entry.line, dotted, "expected an octal mode such as \"0660\", got \(text)")
+                        }
+                        socketMode = mode
+                    case "tcp":
+                        let text = try string(entry, key: dotted, environment: environment)
+                        let parts = text.split(separator: ":")
+                        guard parts.count == 2, let port = UInt16(parts[1]), port > 0 else {
+                            throw error(entry.line, dotted, "expected HOST:PORT such as \"127.0.0.1:9090\", got \"\(text)\"")
+                        }
+                        tcp = (String(parts[0]), port)
+                    case "token":
+                        token = try string(entry, key: dotted, environment: environment)
+                        if token!.count < 16 { throw error(entry.line, dotted, "a token needs at least 16 characters") }
+                    default:
+                        throw unknownKey(dotted, entry.line, known: Self.controlKeys, table: tableName)
+                    }
+                case "daemon":
+                    guard key == "autostart" else { throw unknownKey(dotted, entry.line, known: Self.daemonKeys, table: tableName) }
+                    guard case .boolean(let b) = entry.value else { throw error(entry.line, dotted, "expected true or false, got \(entry.value.typeName)") }
+                    autostart = b
+                default:  // output
+                    switch key {
+                    case "name":
+                        let name = try string(entry, key: dotted, environment: environment)
+                        guard !name.isEmpty, name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-" || $0 == "_") }) else {
+                            throw error(entry.line, dotted, "expected a name of letters, digits, '-' and '_', got \"\(name)\"")
+                        }
+                        output.name = name
+                    case "path": output.path = try string(entry, key: dotted, environment: environment)
+                    case "url": output.url = try string(entry, key: dotted, environment: environment)
+                    case "segment":
+                        output.segment = try duration(entry, key: dotted, environment: environment)
+                    case "retain_for":
+                        output.retainFor = try duration(entry, key: dotted, environment: environment)
+                    case "retain_bytes":
+                        let text = try scalarText(entry, key: dotted, environment: environment)
+                        guard let bytes = Self.byteCount(text) else {
+                            throw error(entry.line, dotted, "expected a size such as \"10G\", \"500M\" or 1000000, got \(text)")
+                        }
+                        output.retainBytes = bytes
+                    default:
+                        throw unknownKey(dotted, entry.line, known: Self.outputKeys, table: "[output]")
+                    }
+                }
+            }
+            if tableName == "output" {
+                guard let name = output.name else { throw error(table.line, "output.name", "every [[output]] needs a name") }
+                if outputs.contains(where: { $0.name == name }) {
+                    throw error(table.line, "output.name", "two outputs are named \"\(name)\"")
+                }
+                let kind: Output.Kind
+                switch (output.path, output.url) {
+                case (let path?, nil):
+                    guard path.hasPrefix("/") else { throw error(table.line, "output.path", "expected an absolute path, got \"\(path)\"") }
+                    kind = .recording(pathTemplate: path)
+                case (nil, let url?):
+                    kind = .live(url: url)
+                case (nil, nil):
+                    throw error(table.line, "output", "output \"\(name)\" needs either path (a recording) or url (a live stream)")
+                default:
+                    throw error(table.line, "output", "output \"\(name)\" has both path and url: choose one")
+                }
+                if case .live = kind, output.segment != nil || output.retainFor != nil || output.retainBytes != nil {
+                    throw error(table.line, "output", "segment and retain_* apply to recordings (path), not to \"\(name)\"")
+                }
+                outputs.append(Output(name: name, kind: kind, line: table.line, segment: output.segment, retainFor: output.retainFor, retainBytes: output.retainBytes))
+            }
+        }
+    }
+
+    private func unknownKey(_ key: String, _ line: Int, known: [String], table: String) -> ConfigError {
+        error(line, key, "unknown key: [\(table)] accepts \(known.joined(separator: ", "))")
+    }
+
+    /// A string, integer or float as text (sizes, rates and bitrates may be written either way).
+    private func scalarText(_ entry: TOMLDocument.Entry, key: String, environment: [String: String]) throws -> String {
+        switch entry.value {
+        case .string: return try string(entry, key: key, environment: environment)
+        case .integer(let n): return String(n)
+        case .float(let x): return String(x)
+        case .boolean, .array: throw error(entry.line, key, "expected a string or a number, got \(entry.value.typeName)")
+        }
+    }
+
+    /// A string with ${VAR} taken from the environment and ${credential:NAME} from systemd's
+    /// $CREDENTIALS_DIRECTORY.
+    private func string(_ entry: TOMLDocument.Entry, key: String, environment: [String: String]) throws -> String {
+        guard case .string(let raw) = entry.value else {
+            throw error(entry.line, key, "expected a string in quotes, got \(entry.value.typeName)")
+        }
+        var out = ""
+        var rest = Substring(raw)
+        while let start = rest.firstRange(of: "${") {
+            out += rest[..<start.lowerBound]
+            guard let end = rest[start.upperBound...].firstIndex(of: "}") else {
+                throw error(entry.line, key, "unterminated ${ in \"\(raw)\"")
+            }
+            let name = String(rest[start.upperBound..<end])
+            if name.hasPrefix("credential:") {
+                let credential = String(name.dropFirst("credential:".count))
+                guard let directory = environment["CREDENTIALS_DIRECTORY"], let value = Self.readText("\(directory)/\(credential)") else {
+                    throw error(entry.line, key, "systemd credential \"\(credential)\" is not available (is LoadCredential= set?)")
+                }
+                out += value.hasSuffix("\n") ? String(value.dropLast()) : value
+            } else {
+                guard !name.isEmpty, let value = environment[name] else {
+                    throw error(entry.line, key, "environment variable \(name.isEmpty ? "(empty name)" : name) is not set")
+                }
+                out += value
+            }
+            rest = rest[rest.index(after: end)...]
+        }
+        return out + rest
+    }
+
+    private func duration(_ entry: TOMLDocument.Entry, key: String, environment: [String: String]) throws -> MediaTime {
+        let text = try scalarText(entry, key: key, environment: environment)
+        var value = text
+        var days: Int64 = 0
+        if text.hasSuffix("d"), let d = Int64(text.dropLast()) {
+            days = d
+            value = ""
+        }
+        if days > 0 { return MediaTime(value: days * 86_400, timescale: 1) }
+        do {
+            return try Values.duration(value, option: key)
+        } catch let e as ValueError {
+            throw error(entry.line, key, e.description.replacingFirst("invalid \(key) ", with: ""))
+        }
+    }
+
+    /// "10G", "500M", "64k", "1000000": bytes (powers of 1024 for the suffixes).
+    static func byteCount(_ text: String) -> Int64? {
+        let units: [Character: Int64] = ["k": 1 << 10, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40]
+        if let last = text.last, let unit = units[last], let n = Double(text.dropLast()), n > 0 {
+            return Int64(n * Double(unit))
+        }
+        if let n = Int64(text), n > 0 { return n }
+        return nil
+    }
+
+    /// Runs the shared option parsing on what the config said; errors point back at the config.
+    private func check() throws {
+        _ = try sourceOptions()
+        _ = try encoderOptions()
+    }
+
+    func sourceOptions() throws -> SourceOptions {
+        try parse(SourceOptions.self, sourceArguments)
+    }
+
+    func encoderOptions() throws -> EncoderOptions {
+        try parse(EncoderOptions.self, encoderArguments)
+    }
+
+    private func parse<T: ParsableArguments>(_ type: T.Type, _ arguments: [String]) throws -> T {
+        do {
+            let options = try T.parse(arguments)
+            if let sources = options as? SourceOptions {
+                _ = try sources.videoSize()
+                _ = try sources.frameRate()
+                _ = try sources.makeSources()
+            }
+            if let encoder = options as? EncoderOptions {
+                _ = try encoder.videoSettings(width: 1280, height: 720, frameRate: (30, 1), live: true)
+                _ = try encoder.audioSettings()
+            }
+            return options
+        } catch {
+            let text = (error as? ValueError)?.description ?? T.message(for: error)
+            // Name the config key instead of the flag it stands for.
+            if let (flag, origin) = flagOrigins.first(where: { text.contains($0.key) }) {
+                let message = text.replacingFirst("invalid \(flag) ", with: "invalid value ").replacingFirst(flag, with: origin.key)
+                throw self.error(origin.line, origin.key, message)
+            }
+            throw self.error(0, nil, text)
+        }
+    }
+}
+
+extension String {
+    func replacingFirst(_ target: String, with replacement: String) -> String {
+        replacing(target, with: replacement, maxReplacements: 1)
+    }
+}
