@@ -1,0 +1,116 @@
+import BroadcastKit
+import BroadcastService
+import Foundation
+import Logging
+import Synchronization
+import Testing
+
+@Suite(.serialized) struct ControlServerTests {
+    final class Counter: Sendable {
+        let value = Mutex(0)
+    }
+
+    /// A server whose handler counts valid POST /v1/count requests and answers GET /v1/count.
+    func withServer(_ body: (String, Counter) throws -> Void) throws {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("ctl-\(UUID().uuidString.prefix(8)).sock").path
+        let counter = Counter()
+        let server = try ControlServer(socketPath: path, logger: Logger(label: "test")) { request in
+            switch (request.method, request.path) {
+            case ("POST", "/v1/count"):
+                let n = counter.value.withLock { $0 += 1; return $0 }
+                return .json(200, .object([("count", .number(Double(n)))]))
+            case ("GET", "/v1/count"):
+                return .json(200, .object([("count", .number(Double(counter.value.withLock { $0 })))]))
+            default:
+                return .error(404, "no such endpoint")
+            }
+        }
+        defer { server.stop() }
+        try body(path, counter)
+    }
+
+    @Test func servesRequestsAndSetsTheSocketMode() throws {
+        try withServer { path, counter in
+            var info = stat()
+            #expect(stat(path, &info) == 0)
+            #expect(info.st_mode & 0o777 == 0o660)
+            let client = ControlClient(socketPath: path)
+            let (status, body) = try client.send(method: "POST", path: "/v1/count")
+            #expect(status == 200)
+            #expect(String(decoding: body, as: UTF8.self).contains("\"count\":1"))
+            #expect(try client.send(method: "GET", path: "/nope").status == 404)
+            #expect(counter.value.withLock { $0 } == 1)
+        }
+    }
+
+    /// Sends raw bytes, returns the status code of the answer (0 when there was none).
+    static func raw(_ path: String, _ bytes: [UInt8], closeEarly: Bool = false) -> Int {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            raw.copyBytes(from: path.utf8)
+            raw[path.utf8.count] = 0
+        }
+        let ok = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard ok == 0 else { return -1 }
+        _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        if closeEarly { shutdown(fd, Int32(SHUT_WR)) }
+        var answer: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if n <= 0 { break }
+            answer += chunk[0..<n]
+        }
+        let text = String(decoding: answer.prefix(16), as: UTF8.self)
+        guard text.hasPrefix("HTTP/1.1 "), let code = Int(text.dropFirst(9).prefix(3)) else { return 0 }
+        return code
+    }
+
+    /// 10 000 random and malformed requests: the server never crashes, answers every complete one
+    /// with a 4xx (never a 200 for garbage), and the state it guards is intact afterwards.
+    @Test func fuzzedRequestsGetClientErrorsAndLeaveStateIntact() throws {
+        try withServer { path, counter in
+            var generator = SystemRandomNumberGenerator()
+            let pieces: [String] = [
+                "GET", "POST", "PUT", "get", "", " ", "/v1/count", "/v1/status", "//", "/%zz", "/v1/count?x=%", "*",
+                "HTTP/1.1", "HTTP/2", "HTTP/1.1\r\n", "\r\n", "\r\n\r\n", "Content-Length: 5", "Content-Length: -1",
+                "Content-Length: 999999999", "Transfer-Encoding: chunked", "Host: x", ":", "X:\u{0}", "\u{FF}\u{FE}", "\n",
+            ]
+            var answered4xx = 0
+            for i in 0..<10_000 {
+                var bytes: [UInt8]
+                switch i % 4 {
+                case 0:  // random bytes
+                    bytes = (0..<Int.random(in: 0...300, using: &generator)).map { _ in UInt8.random(in: 0...255, using: &generator) }
+                    bytes += Array("\r\n\r\n".utf8)
+                case 1:  // random pieces of HTTP
+                    bytes = Array((0..<Int.random(in: 1...8, using: &generator)).map { _ in pieces.randomElement(using: &generator)! }
+                        .joined(separator: ["", " ", "\r\n"].randomElement(using: &generator)!).utf8) + Array("\r\n\r\n".utf8)
+                case 2:  // a valid request with one byte flipped, never a valid POST
+                    var request = Array("POST /v1/count HTTP/1.1\r\nContent-Length: 0\r\n\r\n".utf8)
+                    let at = Int.random(in: 0..<14, using: &generator)
+                    request[at] = request[at] == UInt8(ascii: "_") ? UInt8(ascii: "-") : UInt8(ascii: "_")
+                    bytes = request
+                default:  // oversized or truncated
+                    bytes = Bool.random(using: &generator)
+                        ? Array("GET /v1/count HTTP/1.1\r\nX: \(String(repeating: "a", count: 9000))\r\n\r\n".utf8)
+                        : Array("POST /v1/count HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc".utf8)
+                }
+                let code = Self.raw(path, bytes, closeEarly: i % 4 == 3)
+                #expect(code == 0 || (400..<600).contains(code), "request \(i) got \(code): \(String(decoding: bytes.prefix(60), as: UTF8.self))")
+                if (400..<500).contains(code) { answered4xx += 1 }
+            }
+            #expect(answered4xx > 5_000)
+            #expect(counter.value.withLock { $0 } == 0, "a malformed request changed state")
+            // Still serving, state intact.
+            let (status, body) = try ControlClient(socketPath: path).send(method: "GET", path: "/v1/count")
+            #expect(status == 200)
+            #expect(String(decoding: body, as: UTF8.self).contains("\"count\":0"))
+        }
+    }
+}
