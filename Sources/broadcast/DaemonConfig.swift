@@ -314,13 +314,32 @@ struct DaemonConfig {
             return options
         } catch {
             let text = (error as? ValueError)?.description ?? T.message(for: error)
-            // Name the config key instead of the flag it stands for.
-            if let (flag, origin) = flagOrigins.first(where: { text.contains($0.key) }) {
-                let message = text.replacingFirst("invalid \(flag) ", with: "invalid value ").replacingFirst(flag, with: origin.key)
-                throw self.error(origin.line, origin.key, message)
+            // Name the config keys instead of the flags they stand for; point at the first one named.
+            var message = text
+            var first: (position: Int, key: String, line: Int)?
+            for (flag, origin) in flagOrigins.sorted(by: { $0.key.count > $1.key.count }) {
+                guard let range = Self.flagRange(flag, in: message) else { continue }
+                let position = message.distance(from: message.startIndex, to: range.lowerBound)
+                message = message.replacingFirst("invalid \(flag) ", with: "invalid value ")
+                if let again = Self.flagRange(flag, in: message) { message.replaceSubrange(again, with: origin.key) }
+                if first == nil || position < first!.position { first = (position, origin.key, origin.line) }
             }
+            if let first { throw self.error(first.line, first.key, message) }
             throw self.error(0, nil, text)
         }
+    }
+}
+
+extension DaemonConfig {
+    /// Where `flag` stands as a whole flag in `text` (not as the start of a longer one).
+    static func flagRange(_ flag: String, in text: String) -> Range<String.Index>? {
+        var searchStart = text.startIndex
+        while let range = text[searchStart...].firstRange(of: flag) {
+            let next = range.upperBound < text.endIndex ? text[range.upperBound] : " "
+            if !(next.isLetter || next == "-") { return range }
+            searchStart = range.upperBound
+        }
+        return nil
     }
 }
 
