@@ -140,6 +140,14 @@ public final class Recording {
             throw BroadcastError(.outputFailed, "recording \(path): \(error)")
         }
         guard container.isFinalizedByRemux else { return }
+        try Self.finalize(path: path, container: container, logger: logger)
+    }
+
+    /// Rewrites a fragmented MP4/MOV at `path` as a regular file with its index at the front,
+    /// through a temporary file in the same directory renamed over the original. If that fails,
+    /// the fragmented file stays (it plays) and the error says so. Also used to repair recordings
+    /// a crash left fragmented.
+    public static func finalize(path: String, container: Container, logger: Logger) throws(BroadcastError) {
         let name = path.split(separator: "/").last.map(String.init) ?? path
         let temporary = "\(Self.directory(of: path))/.\(name).finalizing.\(container.rawValue)"
         do {

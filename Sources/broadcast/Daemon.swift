@@ -44,6 +44,11 @@ struct Daemon: AsyncParsableCommand {
         let logger = Logging.bootstrap(level: level)
         FFmpegLog.install(logger)
 
+        let recordingDirectories = configuration.outputs.compactMap { output -> String? in
+            guard case .recording(let template) = output.kind, let slash = template.lastIndex(of: "/") else { return nil }
+            return String(template[..<slash])
+        }
+        RecordingRecovery.finalizeOrphans(in: recordingDirectories, logger: logger)
         let notifier = SystemdNotifier.fromProcessEnvironment()
         let controller = BroadcastController(config: configuration, logger: logger)
         let metrics = DaemonMetrics()
@@ -169,16 +174,18 @@ final class BroadcastController: Sendable {
         let recordings: [(name: String, path: String)]
     }
 
-    private let state: Mutex<(config: DaemonConfig, running: Running?, failure: String?)>
+    private let state: Mutex<(config: DaemonConfig, running: Running?)>
+    /// Why the last broadcast ended with an error; set by the broadcast's thread.
+    private let failure = Mutex<String?>(nil)
     private let logger: Logger
     let startedAt = MonotonicClock().now()
 
     init(config: DaemonConfig, logger: Logger) {
-        self.state = Mutex((config, nil, nil))
+        self.state = Mutex((config, nil))
         self.logger = logger
     }
 
-    var lastFailure: String? { state.withLock { $0.failure } }
+    var lastFailure: String? { failure.withLock { $0 } }
 
     /// Builds sources, the encoding handler and a new session from the config and runs it.
     func start() throws {
@@ -222,11 +229,20 @@ final class BroadcastController: Sendable {
                     logger.notice("broadcast finished: \(summary.reason.rawValue)")
                 } catch {
                     logger.error("broadcast failed: \(error)")
-                    self?.state.withLock { $0.failure = "\(error)" }
+                    self?.failure.withLock { $0 = "\(error)" }
                 }
             }
-            // Wait until the session is past broadcastStarted (outputs up) or has failed.
-            while session.state == .idle { usleep(1000) }
+            // Outputs are up once the first buffer went through the handler (or the start failed).
+            let deadline = MonotonicClock().now() + 10_000_000_000
+            while session.state != .finished && !session.statistics().values.contains(where: { $0.delivered > 0 })
+                && MonotonicClock().now() < deadline
+            {
+                usleep(2000)
+            }
+            if session.state == .finished {
+                thread.join()
+                throw BroadcastError(.outputFailed, failure.withLock { $0 } ?? "the broadcast ended as soon as it started")
+            }
             state.running = Running(
                 session: session,
                 counters: counters,
@@ -235,7 +251,7 @@ final class BroadcastController: Sendable {
                 primaryType: hasVideo ? .video : captureSources[0].type,
                 recordings: recordings
             )
-            state.failure = nil
+            failure.withLock { $0 = nil }
             logger.notice("broadcast started: \(recordings.count) recording(s)")
         }
     }
@@ -290,7 +306,8 @@ final class BroadcastController: Sendable {
     }
 
     func status() -> JSONValue {
-        let (running, failure) = state.withLock { ($0.running, $0.failure) }
+        let running = state.withLock { $0.running }
+        let failure = lastFailure
         let uptime = Double(MonotonicClock().now() - startedAt) / 1e9
         guard let running else {
             let fields: [(String, JSONValue)] = [

@@ -72,3 +72,165 @@ import Testing
         #expect(r.stderr.contains("/nonexistent/broadcast.toml:0: cannot read the config file"))
     }
 }
+
+/// A datagram socket standing in for systemd's $NOTIFY_SOCKET: collects what the daemon reports.
+final class NotifyListener: @unchecked Sendable {
+    let path: String
+    private let fd: Int32
+
+    init(directory: TemporaryDirectory) throws {
+        path = directory.path("notify.sock")
+        fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            raw.copyBytes(from: path.utf8)
+            raw[path.utf8.count] = 0
+        }
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard bound == 0 else { throw ProbeError(message: "cannot bind \(path)") }
+    }
+
+    deinit { close(fd) }
+
+    /// Messages received within `seconds`.
+    func receive(for seconds: Double) -> [String] {
+        var messages: [String] = []
+        let deadline = Date().addingTimeInterval(seconds)
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while Date() < deadline {
+            var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            let ms = Int32(max(1, deadline.timeIntervalSinceNow * 1000))
+            guard poll(&pfd, 1, ms) > 0 else { continue }
+            let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n > 0 { messages.append(String(decoding: buffer[0..<n], as: UTF8.self)) }
+        }
+        return messages
+    }
+
+    /// Waits until a message containing `needle` arrives (at most `seconds`); returns all received.
+    func wait(for needle: String, seconds: Double) -> [String] {
+        var all: [String] = []
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            all += receive(for: 0.2)
+            if all.contains(where: { $0.contains(needle) }) { break }
+        }
+        return all
+    }
+}
+
+@Suite(.serialized) struct DaemonLifecycleTests {
+    static let frame = 1.0 / 30
+
+    func config(_ dir: TemporaryDirectory, output: String = "rec.mkv", video: String = "test") -> String {
+        """
+        [video]
+        source = "\(video)"
+        size = "320x180"
+        fps = 30
+        [audio]
+        mic = "test"
+        [control]
+        socket = "\(dir.path("control.sock"))"
+        [[output]]
+        name = "rec"
+        path = "\(dir.path(output))"
+        """
+    }
+
+    func startDaemon(_ dir: TemporaryDirectory, config: String, notify: NotifyListener?, watchdogMicroseconds: Int? = nil) throws -> Child {
+        let file = dir.path("daemon.toml")
+        try config.write(toFile: file, atomically: true, encoding: .utf8)
+        var environment: [String: String] = [:]
+        if let notify { environment["NOTIFY_SOCKET"] = notify.path }
+        if let watchdogMicroseconds { environment["WATCHDOG_USEC"] = String(watchdogMicroseconds) }
+        return try Child(broadcastBinary, ["daemon", "--config", file], environment: environment)
+    }
+
+    func control(_ dir: TemporaryDirectory, _ verb: String) throws -> ProcessResult {
+        try broadcast([verb, "--socket", dir.path("control.sock")], timeout: 30)
+    }
+
+    /// READY=1 once up, WATCHDOG=1 while frames flow, STOPPING=1 and a finalized file on SIGTERM.
+    @Test func notifiesSystemdAndFinishesCleanlyOnSigterm() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let notify = try NotifyListener(directory: dir)
+        let daemon = try startDaemon(dir, config: config(dir, output: "rec.mp4"), notify: notify, watchdogMicroseconds: 1_000_000)
+        let early = notify.wait(for: "READY=1", seconds: 20)
+        #expect(early.contains { $0.contains("READY=1") }, "no READY=1: \(early)")
+        let later = notify.receive(for: 3)
+        let pings = later.filter { $0 == "WATCHDOG=1" }.count
+        #expect(pings >= 4, "expected a ping every 0.5 s while frames flow, got \(pings): \(later)")
+        var info = stat()
+        #expect(stat(dir.path("control.sock"), &info) == 0 && info.st_mode & 0o777 == 0o660, "control socket mode")
+        daemon.signal(SIGTERM)
+        let result = daemon.wait(timeout: 30)
+        #expect(result.status == 0, "exit \(result.status): \(result.stderr)")
+        #expect(notify.receive(for: 0.3).contains { $0.contains("STOPPING=1") } || result.stderr.contains("SIGTERM"))
+        let boxes = try mp4TopLevelBoxes(dir.path("rec.mp4"))
+        #expect(!boxes.contains("moof") && boxes.contains("moov"), "not finalized: \(boxes)")
+        #expect(try decodeErrors(dir.path("rec.mp4")) == "")
+        #expect(!FileManager.default.fileExists(atPath: dir.path("control.sock")), "socket removed on exit")
+    }
+
+    /// status, pause, resume, stop over the control socket; the recording has no gap.
+    @Test func controlRoundTrips() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let daemon = try startDaemon(dir, config: config(dir), notify: nil)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        var status = ProcessResult(status: -1, reason: .exit, stdout: "", stderr: "")
+        for _ in 0..<100 {
+            status = try control(dir, "status")
+            if status.status == 0 && status.stdout.contains("\"state\":\"started\"") { break }
+            usleep(200_000)
+        }
+        #expect(status.stdout.contains("\"state\":\"started\""), "\(status.stdout) \(status.stderr)")
+        usleep(2_000_000)
+        let paused = try control(dir, "pause")
+        #expect(paused.status == 0 && paused.stdout.contains("\"state\":\"paused\""), "\(paused.stdout) \(paused.stderr)")
+        let again = try control(dir, "pause")
+        #expect(again.status == 1 && again.stderr.contains("already paused"), "second pause: \(again.stderr)")
+        usleep(2_000_000)
+        let resumed = try control(dir, "resume")
+        #expect(resumed.status == 0 && resumed.stdout.contains("\"state\":\"started\""), "\(resumed.stdout) \(resumed.stderr)")
+        usleep(2_000_000)
+        let metrics = try run("/usr/bin/curl", ["-s", "--unix-socket", dir.path("control.sock"), "http://localhost/metrics"])
+        #expect(metrics.stdout.contains("broadcast_running 1"), "\(metrics.stdout)")
+        let stopped = try control(dir, "stop")
+        #expect(stopped.status == 0 && stopped.stdout.contains("\"state\":\"finished\""), "\(stopped.stdout) \(stopped.stderr)")
+        // About 4 s recorded around a 2 s pause: no gap between frames, audio continuous.
+        let video = try packetTimes(dir.path("rec.mkv"), stream: "v:0")
+        #expect(video.count > 90, "\(video.count) frames")
+        let gaps = zip(video, video.dropFirst()).map { $1 - $0 }
+        #expect((gaps.max() ?? 1) < 2 * Self.frame, "a gap of \(gaps.max() ?? 0) s")
+        #expect(try decodeErrors(dir.path("rec.mkv")) == "")
+    }
+
+    /// SIGKILL leaves a fragmented MP4; the next start finalizes it.
+    @Test func orphanedRecordingIsRepairedAtStartup() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let first = try startDaemon(dir, config: config(dir, output: "crash-%H%M%S.mp4"), notify: nil)
+        usleep(5_000_000)
+        first.signal(SIGKILL)
+        _ = first.wait(timeout: 10)
+        let orphan = try #require(dir.contents.first { $0.hasPrefix("crash-") })
+        #expect(try mp4TopLevelBoxes(dir.path(orphan)).contains("moof"), "expected a fragmented file after SIGKILL")
+        usleep(1_100_000)  // the next recording gets another name
+        let second = try startDaemon(dir, config: config(dir, output: "crash-%H%M%S.mp4"), notify: nil)
+        for _ in 0..<100 where (try? mp4TopLevelBoxes(dir.path(orphan)).contains("moof")) ?? true { usleep(100_000) }
+        second.signal(SIGTERM)
+        let result = second.wait(timeout: 30)
+        #expect(result.status == 0)
+        #expect(result.stderr.contains("recovering \(dir.path(orphan))"), "\(result.stderr)")
+        let boxes = try mp4TopLevelBoxes(dir.path(orphan))
+        #expect(!boxes.contains("moof") && boxes.contains("moov"), "not repaired: \(boxes)")
+        #expect(try decodeErrors(dir.path(orphan)) == "")
+        #expect(try probe(dir.path(orphan)).video?.frames ?? 0 >= 90)
+    }
+}

@@ -25,7 +25,7 @@ final class Child: @unchecked Sendable {
     private let outURL: URL
     private let errURL: URL
 
-    init(_ executable: String, _ arguments: [String], directory: URL? = nil) throws {
+    init(_ executable: String, _ arguments: [String], directory: URL? = nil, environment: [String: String] = [:]) throws {
         let tmp = FileManager.default.temporaryDirectory.appendingPathComponent("broadcast-child-\(UUID().uuidString)")
         outURL = tmp.appendingPathExtension("out")
         errURL = tmp.appendingPathExtension("err")
@@ -34,6 +34,9 @@ final class Child: @unchecked Sendable {
         process.executableURL = URL(fileURLWithPath: executable)
         process.arguments = arguments
         if let directory { process.currentDirectoryURL = directory }
+        if !environment.isEmpty {
+            process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        }
         process.standardOutput = try FileHandle(forWritingTo: outURL)
         process.standardError = try FileHandle(forWritingTo: errURL)
         process.standardInput = FileHandle.nullDevice
