@@ -234,3 +234,50 @@ final class NotifyListener: @unchecked Sendable {
         #expect(try probe(dir.path(orphan)).video?.frames ?? 0 >= 90)
     }
 }
+
+@Suite struct SystemdUnitTests {
+    static let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+
+    /// The unit passes `systemd-analyze verify` (with ExecStart pointed at the built binary).
+    @Test func unitVerifies() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let unit = try String(contentsOf: Self.repository.appendingPathComponent("systemd/broadcast.service"), encoding: .utf8)
+        for needle in ["Type=notify", "WatchdogSec=", "Restart=on-failure", "ProtectSystem=strict", "ProtectHome=yes",
+                       "PrivateTmp=yes", "NoNewPrivileges=yes", "RestrictAddressFamilies=", "DeviceAllow=char-video4linux",
+                       "DeviceAllow=char-alsa", "SupplementaryGroups=video audio", "StateDirectory=", "RuntimeDirectory="] {
+            #expect(unit.contains(needle), "the unit should have \(needle)")
+        }
+        let local = dir.path("broadcast.service")
+        try unit.replacingOccurrences(of: "/usr/local/bin/broadcast", with: broadcastBinary).write(toFile: local, atomically: true, encoding: .utf8)
+        let r = try run("/usr/bin/systemd-analyze", ["verify", local])
+        #expect(r.status == 0, "systemd-analyze verify: \(r.stdout) \(r.stderr)")
+        #expect(r.stderr.trimmingCharacters(in: .whitespacesAndNewlines).isEmpty, "warnings: \(r.stderr)")
+    }
+
+    /// The example configs are valid: the daemon gets past loading them (then fails only to bind
+    /// /run/broadcast when that is not writable, or starts; either way not exit 2).
+    @Test(arguments: ["systemd/broadcast.toml", "samples/daemon.toml"])
+    func exampleConfigLoads(path: String) throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        var text = try String(contentsOf: Self.repository.appendingPathComponent(path), encoding: .utf8)
+        // Keep the test's files in its own directory.
+        text = text.replacingOccurrences(of: "/run/broadcast/control.sock", with: dir.path("c.sock"))
+            .replacingOccurrences(of: "/tmp/broadcast-sample.sock", with: dir.path("c.sock"))
+            .replacingOccurrences(of: "/var/lib/broadcast/", with: dir.path(""))
+            .replacingOccurrences(of: "/tmp/broadcast-sample-", with: dir.path("sample-"))
+        let file = dir.path("config.toml")
+        try text.write(toFile: file, atomically: true, encoding: .utf8)
+        let daemon = try Child(broadcastBinary, ["daemon", "--config", file])
+        var up = false
+        for _ in 0..<100 {
+            if FileManager.default.fileExists(atPath: dir.path("c.sock")) { up = true; break }
+            usleep(100_000)
+        }
+        daemon.signal(SIGTERM)
+        let r = daemon.wait(timeout: 30)
+        #expect(up, "the daemon never opened its control socket: \(r.stderr)")
+        #expect(r.status == 0, "exit \(r.status): \(r.stderr)")
+    }
+}
