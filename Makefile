@@ -12,7 +12,7 @@ OUT ?= out
 APT_PACKAGES := pkg-config libavcodec-dev libavformat-dev libavutil-dev libswscale-dev \
                 libswresample-dev libv4l-dev libasound2-dev ffmpeg
 
-.PHONY: deps build release demo test test-unit clean
+.PHONY: deps build release demo test test-unit clean vm-deps vm-test
 
 deps:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
@@ -44,6 +44,27 @@ demo: release
 test: deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build 2>&1 | tee .test-output.log; exit $${PIPESTATUS[0]}
+	$(MAKE) vm-test
 
 clean:
 	rm -rf .build $(OUT)
+
+# Device tests against real kernel drivers (vivid, snd-aloop) in a qemu VM: see vm/README.md.
+# The kernel package is cached in $(VM_CACHE) between runs; the VM runs the host-built binary.
+VM_APT_PACKAGES := qemu-system-x86 busybox-static cpio bc python3 kmod alsa-utils v4l-utils
+VM_CACHE ?= /var/cache/broadcast-vm
+VM_OUT ?= $(abspath $(OUT))/vm
+
+vm-deps:
+	@missing=$$(for p in $(VM_APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing: $$missing"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+vm-test: deps vm-deps
+	$(SWIFT) build -c release --product broadcast
+	VMH=$(VM_CACHE) OUT=$(VM_OUT) LIVE=1 QEMU_TIMEOUT=1200 \
+		GUEST_ENV="BROADCAST=$$($(SWIFT) build -c release --show-bin-path)/broadcast" \
+		vm/run-guest.sh vm/guest-tests.sh

@@ -58,7 +58,7 @@ let package = Package(
         .target(
             name: "BroadcastCapture",
             dependencies: [
-                "BroadcastKit",
+                "BroadcastKit", "CV4L2", "CALSA", "CBroadcastShim",
                 .product(name: "Atomics", package: "swift-atomics"),
                 .product(name: "Logging", package: "swift-log"),
             ],

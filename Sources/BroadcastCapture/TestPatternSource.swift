@@ -22,13 +22,23 @@ public final class TestPatternSource: CaptureSource, @unchecked Sendable {
     let droppedFrames = ManagedAtomic<Int>(0)
     public var droppedCount: Int { droppedFrames.load(ordering: .relaxed) }
 
-    public init(width: Int, height: Int, frameRate: (numerator: Int, denominator: Int), realtime: Bool = true) {
+    /// Media time after which the source hangs without producing (a wedged device), for tests.
+    public let stallAfterNanoseconds: Int64?
+
+    public init(
+        width: Int,
+        height: Int,
+        frameRate: (numerator: Int, denominator: Int),
+        realtime: Bool = true,
+        stallAfter: MediaTime? = nil
+    ) {
         precondition(width >= 16 && height >= 16 && width % 2 == 0 && height % 2 == 0, "test pattern size must be even and at least 16x16")
         precondition(frameRate.numerator > 0 && frameRate.denominator > 0, "frame rate must be positive")
         self.width = width
         self.height = height
         self.frameRate = frameRate
         self.isRealtime = realtime
+        self.stallAfterNanoseconds = stallAfter?.nanoseconds
         self.format = VideoFormat(pixelFormat: .yuv420p, width: width, height: height)
     }
 
@@ -76,6 +86,11 @@ public final class TestPatternSource: CaptureSource, @unchecked Sendable {
         var index: Int64 = 0
         while running.load(ordering: .acquiring) && !sink.isStopping {
             let captureTime = sink.startTime + frameTime(index)
+            if let stall = stallAfterNanoseconds, frameTime(index) >= stall {
+                // Hang like a wedged device: produce nothing more, but still stop when asked.
+                MonotonicClock.sleep(until: MonotonicClock().now() + 50_000_000)
+                continue
+            }
             if isRealtime { MonotonicClock.sleep(until: captureTime) }
             guard
                 let buffer = pool.acquire(

@@ -46,6 +46,10 @@ struct SourceOptions: ParsableArguments {
         switch video {
         case "test":
             sources.append((.video, TestPatternSource(width: width, height: height, frameRate: rate, realtime: !noRealtime)))
+        case let spec where spec.hasPrefix("test:stall-after="):
+            // A capture that hangs after a while, as a wedged device does (for watchdog tests).
+            let after = try Values.duration(String(spec.dropFirst("test:stall-after=".count)), option: "--video test:stall-after")
+            sources.append((.video, TestPatternSource(width: width, height: height, frameRate: rate, realtime: !noRealtime, stallAfter: after)))
         case "none":
             break
         default:

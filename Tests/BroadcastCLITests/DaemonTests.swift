@@ -177,6 +177,26 @@ final class NotifyListener: @unchecked Sendable {
         #expect(!FileManager.default.fileExists(atPath: dir.path("control.sock")), "socket removed on exit")
     }
 
+    /// The watchdog is fed only while frames flow: a capture that hangs stops the pings, so systemd
+    /// would restart the service.
+    @Test func watchdogStopsWhenCaptureStalls() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let notify = try NotifyListener(directory: dir)
+        let daemon = try startDaemon(dir, config: config(dir, video: "test:stall-after=4s"), notify: notify, watchdogMicroseconds: 1_000_000)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        let start = Date()
+        let early = notify.wait(for: "READY=1", seconds: 20)
+        #expect(early.contains { $0.contains("READY=1") })
+        let flowing = notify.receive(for: 2.5).filter { $0 == "WATCHDOG=1" }.count
+        #expect(flowing >= 3, "pings while frames flow: \(flowing)")
+        // Capture hangs 4 s in; leave a second for the last ping in flight.
+        let wait = 5.5 - Date().timeIntervalSince(start)
+        if wait > 0 { _ = notify.receive(for: wait) }
+        let stalled = notify.receive(for: 3).filter { $0 == "WATCHDOG=1" }.count
+        #expect(stalled == 0, "pings after capture stalled: \(stalled)")
+    }
+
     /// status, pause, resume, stop over the control socket; the recording has no gap.
     @Test func controlRoundTrips() throws {
         let dir = try TemporaryDirectory()

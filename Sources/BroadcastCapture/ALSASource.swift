@@ -1,0 +1,269 @@
+import Atomics
+public import BroadcastKit
+internal import CALSA
+internal import CBroadcastShim
+public import Logging
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// What to ask an ALSA PCM for. The device may answer with something near it (a `hw:` device
+/// offers what its hardware does; `plughw:` and `default` convert).
+public struct ALSAOptions: Sendable {
+    public var sampleRate: Int
+    public var channels: Int
+    /// Frames per period: one buffer handed to the session per period (1024 = 21 ms at 48 kHz).
+    public var periodFrames: Int
+
+    public init(sampleRate: Int = 48_000, channels: Int = 2, periodFrames: Int = 1024) {
+        self.sampleRate = sampleRate
+        self.channels = channels
+        self.periodFrames = periodFrames
+    }
+}
+
+/// Audio from an ALSA capture PCM (`hw:1,0`, `plughw:CARD=Loopback,DEV=1`, `default`), read a
+/// period at a time on a thread of its own. Serves `.audioMic` and `.audioApp` alike.
+///
+/// Timestamps: the PCM's status timestamp (htstamp, CLOCK_MONOTONIC) gives the capture time of
+/// each period; buffers are stamped by sample count from the first one, so audio has no jitter
+/// gaps, and re-anchored when the two part by more than 30 ms (an xrun). The drift of the device's
+/// clock against the monotonic clock is measured (`driftPPM`); correcting it by resampling is
+/// not done yet, so over long runs the timeline is re-anchored instead.
+public final class ALSASource: CaptureSource, @unchecked Sendable {
+    public let pcmName: String
+    public let isRealtime = true
+    public var name: String { pcmName }
+    /// The format the PCM was configured to, e.g. s16 48000 Hz 2 ch.
+    public let format: AudioFormat
+    public let periodFrames: Int
+
+    private let logger: Logger
+    private var pcm: OpaquePointer?
+    private var thread: OSThread?
+    private let running = ManagedAtomic<Bool>(false)
+    let xruns = ManagedAtomic<Int>(0)
+    let periodsCaptured = ManagedAtomic<Int>(0)
+    /// Drift in millionths of a ppm (an Int so it can be atomic); Int64.min = not measured yet.
+    let driftMicroPPM = ManagedAtomic<Int>(Int.min)
+
+    public struct Statistics: Sendable, Hashable {
+        public var periodsCaptured: Int
+        /// Overruns recovered with snd_pcm_recover.
+        public var xruns: Int
+        /// The device clock against CLOCK_MONOTONIC (positive: the device runs fast); nil until measured.
+        public var driftPPM: Double?
+    }
+
+    public var statistics: Statistics {
+        let drift = driftMicroPPM.load(ordering: .relaxed)
+        return Statistics(
+            periodsCaptured: periodsCaptured.load(ordering: .relaxed),
+            xruns: xruns.load(ordering: .relaxed),
+            driftPPM: drift == Int.min ? nil : Double(drift) / 1e6
+        )
+    }
+
+    /// Opens and configures `pcmName` at once, so a bad name is reported before anything starts.
+    public init(pcmName: String, options: ALSAOptions = ALSAOptions(), logger: Logger) throws(BroadcastError) {
+        self.pcmName = pcmName
+        self.logger = logger
+        CBroadcast_alsa_silence_errors()
+        let opened = try Self.open(pcmName, options: options)
+        pcm = opened.pcm
+        format = opened.format
+        periodFrames = opened.periodFrames
+    }
+
+    deinit {
+        if let pcm { snd_pcm_close(pcm) }
+    }
+
+    static func message(_ code: Int32) -> String { String(cString: snd_strerror(code)) }
+
+    /// Opens the PCM for capture and negotiates sample format (S16_LE, S32_LE, FLOAT_LE, in that
+    /// order), channels, rate and period near what `options` asks.
+    static func open(_ name: String, options: ALSAOptions) throws(BroadcastError) -> (pcm: OpaquePointer, format: AudioFormat, periodFrames: Int) {
+        var handle: OpaquePointer?
+        let rc = snd_pcm_open(&handle, name, SND_PCM_STREAM_CAPTURE, 0)
+        guard rc == 0, let pcm = handle else {
+            if rc == -EBUSY {
+                throw BroadcastError(.invalidArgument, "ALSA device '\(name)' is busy: another program is capturing from it")
+            }
+            let devices = DeviceDiscovery.audioCaptureDevices()
+            let list = devices.isEmpty
+                ? "no ALSA capture devices found"
+                : "capture devices: " + devices.map { "\($0.pcm) (\($0.numericPCM), \($0.name))" }.joined(separator: ", ")
+            throw BroadcastError(.invalidArgument, "cannot open ALSA capture device '\(name)': \(message(rc)) (\(list))")
+        }
+        func fail(_ what: String, _ code: Int32) -> BroadcastError {
+            snd_pcm_close(pcm)
+            return BroadcastError(.invalidArgument, "ALSA device '\(name)': \(what): \(message(code))")
+        }
+        var hw: OpaquePointer?
+        snd_pcm_hw_params_malloc(&hw)
+        defer { snd_pcm_hw_params_free(hw) }
+        var code = snd_pcm_hw_params_any(pcm, hw)
+        if code < 0 { throw fail("no hardware configuration", code) }
+        code = snd_pcm_hw_params_set_access(pcm, hw, SND_PCM_ACCESS_RW_INTERLEAVED)
+        if code < 0 { throw fail("interleaved read access not supported", code) }
+        let candidates: [(snd_pcm_format_t, AudioSampleFormat)] = [
+            (SND_PCM_FORMAT_S16_LE, .s16), (SND_PCM_FORMAT_S32_LE, .s32), (SND_PCM_FORMAT_FLOAT_LE, .f32),
+        ]
+        guard let chosen = candidates.first(where: { snd_pcm_hw_params_test_format(pcm, hw, $0.0) == 0 }) else {
+            throw fail("offers none of S16_LE, S32_LE, FLOAT_LE", -EINVAL)
+        }
+        code = snd_pcm_hw_params_set_format(pcm, hw, chosen.0)
+        if code < 0 { throw fail("setting the sample format", code) }
+        var channels = UInt32(options.channels)
+        code = snd_pcm_hw_params_set_channels_near(pcm, hw, &channels)
+        if code < 0 { throw fail("setting \(options.channels) channels", code) }
+        var rate = UInt32(options.sampleRate)
+        var dir: Int32 = 0
+        code = snd_pcm_hw_params_set_rate_near(pcm, hw, &rate, &dir)
+        if code < 0 { throw fail("setting \(options.sampleRate) Hz", code) }
+        var period = snd_pcm_uframes_t(options.periodFrames)
+        code = snd_pcm_hw_params_set_period_size_near(pcm, hw, &period, &dir)
+        if code < 0 { throw fail("setting a period of \(options.periodFrames) frames", code) }
+        var bufferSize = period * 8
+        code = snd_pcm_hw_params_set_buffer_size_near(pcm, hw, &bufferSize)
+        if code < 0 { throw fail("setting a buffer of \(period * 8) frames", code) }
+        code = snd_pcm_hw_params(pcm, hw)
+        if code < 0 {
+            throw fail("configuring \(chosen.1.rawValue) \(rate) Hz \(channels) ch", code)
+        }
+        snd_pcm_hw_params_get_period_size(hw, &period, &dir)
+
+        var sw: OpaquePointer?
+        snd_pcm_sw_params_malloc(&sw)
+        defer { snd_pcm_sw_params_free(sw) }
+        snd_pcm_sw_params_current(pcm, sw)
+        snd_pcm_sw_params_set_tstamp_mode(pcm, sw, SND_PCM_TSTAMP_ENABLE)
+        snd_pcm_sw_params_set_tstamp_type(pcm, sw, SND_PCM_TSTAMP_TYPE_MONOTONIC)
+        snd_pcm_sw_params_set_avail_min(pcm, sw, period)
+        code = snd_pcm_sw_params(pcm, sw)
+        if code < 0 { throw fail("setting software parameters", code) }
+        code = snd_pcm_prepare(pcm)
+        if code < 0 { throw fail("preparing", code) }
+        return (pcm, AudioFormat(sampleFormat: chosen.1, sampleRate: Int(rate), channels: Int(channels)), Int(period))
+    }
+
+    public func start(into sink: SourceSink) throws {
+        guard let pcm else { throw BroadcastError(.sourceFailed, "ALSA device '\(pcmName)': the source was already started") }
+        self.pcm = nil
+        let code = snd_pcm_start(pcm)
+        if code < 0 {
+            snd_pcm_close(pcm)
+            throw BroadcastError(.sourceFailed, "ALSA device '\(pcmName)': cannot start capture: \(Self.message(code))")
+        }
+        logger.info("\(pcmName): capturing \(format), \(periodFrames) frames a period")
+        running.store(true, ordering: .releasing)
+        let handle = PCMHandle(pcm)
+        thread = OSThread { [self] in capture(handle, into: sink) }
+    }
+
+    public func stop() {
+        running.store(false, ordering: .releasing)
+        thread?.join()
+        thread = nil
+    }
+
+    /// The PCM moved to the capture thread, which closes it.
+    private struct PCMHandle: @unchecked Sendable {
+        let pointer: OpaquePointer
+        init(_ pointer: OpaquePointer) { self.pointer = pointer }
+    }
+
+    private func capture(_ handle: PCMHandle, into sink: SourceSink) {
+        var pcm: OpaquePointer? = handle.pointer
+        let bytes = periodFrames * format.bytesPerFrame
+        let pool = BufferPool(count: 32, byteCount: bytes, planeLayout: [(0, bytes, bytes)])
+        var timeline = AudioTimeline(sampleRate: format.sampleRate)
+        let mediaFormat = MediaFormat.audio(format)
+        var nextReopen: Int64 = 0
+
+        while running.load(ordering: .acquiring) && !sink.isStopping {
+            guard let device = pcm else {
+                // The device went away: try to get it back twice a second.
+                let now = sink.clock.now()
+                if now >= nextReopen {
+                    nextReopen = now + 500_000_000
+                    if let reopened = try? Self.open(pcmName, options: ALSAOptions(sampleRate: format.sampleRate, channels: format.channels, periodFrames: periodFrames)),
+                        reopened.format == format, reopened.periodFrames == periodFrames, snd_pcm_start(reopened.pcm) >= 0
+                    {
+                        pcm = reopened.pcm
+                        timeline.restart()
+                        logger.notice("\(pcmName): back")
+                        continue
+                    }
+                }
+                usleep(50_000)
+                continue
+            }
+            let waited = snd_pcm_wait(device, 200)
+            if waited == 0 { continue }
+            guard let buffer = pool.acquire(wait: false, shouldStop: { false }) else {
+                // Every buffer is still with the session: let the driver hold the samples (an xrun
+                // if this goes on, which is then counted and recovered).
+                usleep(2_000)
+                continue
+            }
+            let read = snd_pcm_readi(device, buffer.memory, snd_pcm_uframes_t(periodFrames))
+            if read < 0 {
+                buffer.release()
+                let code = Int32(read)
+                if code == -EAGAIN { continue }
+                if code == -EPIPE || code == -ESTRPIPE {
+                    xruns.wrappingIncrement(ordering: .relaxed)
+                    logger.debug("\(pcmName): overrun, recovering")
+                }
+                if snd_pcm_recover(device, code, 1) < 0 || code == -ENODEV {
+                    logger.warning("\(pcmName): device lost (\(Self.message(code))); retrying")
+                    snd_pcm_close(device)
+                    pcm = nil
+                } else {
+                    snd_pcm_start(device)
+                }
+                continue
+            }
+            let frames = Int(read)
+            if frames == 0 {
+                buffer.release()
+                continue
+            }
+            var available: snd_pcm_uframes_t = 0
+            var stamp = timespec()
+            let now = sink.clock.now()
+            var observed = now - Int64(frames) * 1_000_000_000 / Int64(format.sampleRate)
+            if sink.clock is MonotonicClock, snd_pcm_htimestamp(device, &available, &stamp) == 0, stamp.tv_sec > 0 {
+                let statusTime = Int64(stamp.tv_sec) * 1_000_000_000 + Int64(stamp.tv_nsec)
+                if abs(statusTime - now) < 1_000_000_000 {
+                    observed = DeviceTimestamps.audioCaptureTime(
+                        statusTime: statusTime, framesRead: frames, framesAvailable: Int(available), sampleRate: format.sampleRate
+                    )
+                }
+            }
+            let captureTime = timeline.place(frames: frames, observedTime: observed)
+            if let drift = timeline.driftPPM { driftMicroPPM.store(Int(drift * 1e6), ordering: .relaxed) }
+            periodsCaptured.wrappingIncrement(ordering: .relaxed)
+            let plane = Plane(base: UnsafeRawPointer(buffer.memory), count: frames * format.bytesPerFrame, bytesPerRow: frames * format.bytesPerFrame)
+            sink.offer(
+                CapturedBuffer(
+                    format: mediaFormat,
+                    captureTime: captureTime,
+                    duration: MediaTime(value: Int64(frames), timescale: Int32(format.sampleRate)),
+                    planes: [plane],
+                    frameCount: frames,
+                    backing: buffer
+                )
+            )
+        }
+        if let pcm {
+            snd_pcm_drop(pcm)
+            snd_pcm_close(pcm)
+        }
+        let stats = statistics
+        logger.info("\(pcmName): \(stats.periodsCaptured) periods, \(stats.xruns) overruns, drift \(stats.driftPPM.map { "\(($0 * 10).rounded() / 10) ppm" } ?? "not measured")")
+    }
+}

@@ -1,0 +1,81 @@
+/// Mapping device timestamps onto the session clock (CLOCK_MONOTONIC nanoseconds). Pure, so the
+/// rules are pinned by unit tests without a device.
+public enum DeviceTimestamps {
+    /// The session-clock capture time of a V4L2 buffer. V4L2 stamps buffers on CLOCK_MONOTONIC
+    /// (V4L2_BUF_FLAG_TIMESTAMP_MONOTONIC), the session's clock, so such a stamp is used as is; a
+    /// stamp of another kind, or one that cannot be right (in the future, more than a second old),
+    /// falls back to the time the buffer was dequeued.
+    public static func videoCaptureTime(bufferTimestamp: Int64, isMonotonic: Bool, dequeuedAt now: Int64) -> Int64 {
+        guard isMonotonic, bufferTimestamp > 0, bufferTimestamp <= now + 1_000_000,
+            now - bufferTimestamp < 1_000_000_000
+        else { return now }
+        return bufferTimestamp
+    }
+
+    /// The capture time of the first of `framesRead` frames just read from an ALSA PCM, from the
+    /// PCM's status timestamp `statusTime` (taken when `framesAvailable` more frames were waiting).
+    public static func audioCaptureTime(statusTime: Int64, framesRead: Int, framesAvailable: Int, sampleRate: Int) -> Int64 {
+        statusTime - Int64(framesRead + framesAvailable) * 1_000_000_000 / Int64(sampleRate)
+    }
+}
+
+/// The timeline of one audio device: buffers are stamped by sample count from an anchor, so audio
+/// is continuous (no gaps or overlaps from timestamp jitter), and re-anchored on the observed
+/// device time when the two part by more than `tolerance` (an xrun lost samples, the device
+/// stalled). Meanwhile it measures how fast the device's clock runs against the monotonic clock.
+public struct AudioTimeline: Sendable {
+    public let sampleRate: Int
+    /// Largest difference between counted and observed time before re-anchoring.
+    public let toleranceNanoseconds: Int64
+    /// Measurement needs at least this much time since the anchor before it reports a drift.
+    public let minimumMeasurementNanoseconds: Int64
+
+    private var anchorTime: Int64?
+    private var samplesSinceAnchor: Int64 = 0
+    /// Times the timeline jumped to the observed time.
+    public private(set) var reanchorCount = 0
+    /// The device clock against the monotonic clock, in parts per million (positive: the device
+    /// delivers more samples per second than its nominal rate). nil until measured.
+    public private(set) var driftPPM: Double?
+
+    public init(sampleRate: Int, toleranceNanoseconds: Int64 = 30_000_000, minimumMeasurementNanoseconds: Int64 = 4_000_000_000) {
+        precondition(sampleRate > 0)
+        self.sampleRate = sampleRate
+        self.toleranceNanoseconds = toleranceNanoseconds
+        self.minimumMeasurementNanoseconds = minimumMeasurementNanoseconds
+    }
+
+    /// Nanoseconds `samples` last at the nominal rate.
+    func nanoseconds(_ samples: Int64) -> Int64 { samples * 1_000_000_000 / Int64(sampleRate) }
+
+    /// The capture time to give a run of `frames` frames whose first frame the device says was
+    /// captured at `observedTime`; advances the timeline past it.
+    public mutating func place(frames: Int, observedTime: Int64) -> Int64 {
+        defer { samplesSinceAnchor += Int64(frames) }
+        guard let anchor = anchorTime else {
+            anchorTime = observedTime
+            samplesSinceAnchor = 0
+            return observedTime
+        }
+        let counted = anchor + nanoseconds(samplesSinceAnchor)
+        let deviation = counted - observedTime
+        let elapsed = observedTime - anchor
+        if elapsed >= minimumMeasurementNanoseconds {
+            // Counted time runs ahead of observed time when the device delivers samples faster.
+            driftPPM = Double(deviation) / Double(elapsed) * 1e6
+        }
+        if abs(deviation) > toleranceNanoseconds {
+            anchorTime = observedTime
+            samplesSinceAnchor = 0
+            reanchorCount += 1
+            return observedTime
+        }
+        return counted
+    }
+
+    /// Forget the anchor (after the stream restarted): the next run starts a new timeline.
+    public mutating func restart() {
+        anchorTime = nil
+        samplesSinceAnchor = 0
+    }
+}

@@ -1,0 +1,643 @@
+import Atomics
+public import BroadcastKit
+internal import CV4L2
+public import Logging
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// What to ask a V4L2 device for.
+public struct V4L2Options: Sendable {
+    /// Capture size (ignored on DV-timings inputs such as HDMI, which take the size of their signal).
+    public var width: Int
+    public var height: Int
+    public var frameRate: (numerator: Int, denominator: Int)
+    /// The input to select (VIDIOC_S_INPUT); nil keeps the device's current one.
+    public var input: Int?
+    /// The pixel format; nil picks the first of `V4L2PixelFormats.preferred` the device offers.
+    public var pixelFormat: FourCC?
+
+    public init(width: Int, height: Int, frameRate: (numerator: Int, denominator: Int), input: Int? = nil, pixelFormat: FourCC? = nil) {
+        self.width = width
+        self.height = height
+        self.frameRate = frameRate
+        self.input = input
+        self.pixelFormat = pixelFormat
+    }
+}
+
+/// Video from a V4L2 capture device (webcam, HDMI grabber, vivid), mmap streaming on a thread of
+/// its own, frames handed to the session without a copy.
+///
+/// - Each mmap'd buffer goes to the session as is; when the session releases it, the release only
+///   marks it and wakes the capture thread, which gives it back to the driver (VIDIOC_QBUF): every
+///   ioctl stays on the capture thread, and no lock is taken.
+/// - A source change (V4L2_EVENT_SOURCE_CHANGE, e.g. new HDMI timings) renegotiates: stream off,
+///   wait for the session to give every buffer back, take the new timings and format, stream on.
+/// - When the device disappears (unplugged, driver unbound or unloaded) the source keeps the
+///   session going with a "no signal" slate at the frame rate, tries to reopen the device twice a
+///   second, and resumes capture when it is back.
+public final class V4L2Source: CaptureSource, @unchecked Sendable {
+    public let path: String
+    public let options: V4L2Options
+    public let isRealtime = true
+    public var name: String { path }
+
+    private let logger: Logger
+    /// The device opened and configured by `init`, handed to the capture thread by `start`.
+    private var configured: (device: V4L2Device, negotiated: V4L2Negotiation)?
+    private var thread: OSThread?
+    private let running = ManagedAtomic<Bool>(false)
+    private let wake = WakePipe()
+
+    /// Frames delivered from the device.
+    let framesCaptured = ManagedAtomic<Int>(0)
+    /// "No signal" frames delivered while the device was gone.
+    let slateFrames = ManagedAtomic<Int>(0)
+    /// Times the device disappeared.
+    let deviceLosses = ManagedAtomic<Int>(0)
+    /// Times the format was renegotiated after a source change.
+    let renegotiations = ManagedAtomic<Int>(0)
+    /// Frames the driver flagged as damaged (V4L2_BUF_FLAG_ERROR), given back unused.
+    let corruptFrames = ManagedAtomic<Int>(0)
+
+    public struct Statistics: Sendable, Hashable {
+        public var framesCaptured: Int
+        public var slateFrames: Int
+        public var deviceLosses: Int
+        public var renegotiations: Int
+        public var corruptFrames: Int
+    }
+
+    /// A snapshot of the counters, readable from any thread.
+    public var statistics: Statistics {
+        Statistics(
+            framesCaptured: framesCaptured.load(ordering: .relaxed),
+            slateFrames: slateFrames.load(ordering: .relaxed),
+            deviceLosses: deviceLosses.load(ordering: .relaxed),
+            renegotiations: renegotiations.load(ordering: .relaxed),
+            corruptFrames: corruptFrames.load(ordering: .relaxed)
+        )
+    }
+
+    /// What was negotiated at open time, e.g. "YUYV 320x180 @ 25 fps (input 0: Webcam 0)".
+    public let negotiatedDescription: String
+
+    /// Opens and configures `path` at once, so a bad device, size or format is reported before
+    /// anything else starts. Throws `.invalidArgument` with a message naming the device and what it supports.
+    public init(path: String, options: V4L2Options, logger: Logger) throws(BroadcastError) {
+        self.path = path
+        self.options = options
+        self.logger = logger
+        let device: V4L2Device
+        do {
+            device = try V4L2Device(path: path)
+        } catch {
+            throw V4L2Negotiation.openError(error, path: path)
+        }
+        let negotiated = try V4L2Negotiation.configure(device, options: options, logger: logger)
+        configured = (device, negotiated)
+        negotiatedDescription = negotiated.description
+    }
+
+    public func start(into sink: SourceSink) throws {
+        guard let (device, negotiated) = configured else {
+            throw BroadcastError(.sourceFailed, "\(path): the source was already started")
+        }
+        configured = nil
+        let stream: V4L2Stream
+        do {
+            stream = try V4L2Stream(device: device, negotiated: negotiated, wake: wake)
+        } catch {
+            throw BroadcastError(.sourceFailed, "\(path): cannot start streaming: \(error)")
+        }
+        logger.info("\(path): capturing \(negotiated.description)")
+        running.store(true, ordering: .releasing)
+        thread = OSThread { [self] in capture(into: sink, stream: stream) }
+    }
+
+    public func stop() {
+        running.store(false, ordering: .releasing)
+        wake.wake()
+        thread?.join()
+        thread = nil
+    }
+
+    private var shouldRun: Bool { running.load(ordering: .acquiring) }
+
+    // MARK: The capture thread
+
+    private func capture(into sink: SourceSink, stream initial: V4L2Stream) {
+        var stream: V4L2Stream? = initial
+        var lastFormat = initial.negotiated
+        var lastFrameAt = sink.clock.now()
+        var failures = 0
+        var slate: SlateGenerator?
+        var nextRetry: Int64 = 0
+
+        while shouldRun && !sink.isStopping {
+            guard let current = stream else {
+                // The device is gone: a slate at the frame rate, and a reopen twice a second.
+                if slate == nil {
+                    slate = SlateGenerator(width: lastFormat.pixFormat.width, height: lastFormat.pixFormat.height,
+                                           frameDuration: lastFormat.frameDurationNanoseconds, start: sink.clock.now())
+                }
+                let now = sink.clock.now()
+                if now >= nextRetry {
+                    nextRetry = now + 500_000_000
+                    if let reopened = reopen() {
+                        stream = reopened
+                        lastFormat = reopened.negotiated
+                        slate = nil
+                        lastFrameAt = sink.clock.now()
+                        failures = 0
+                        logger.notice("\(path): back, capturing \(reopened.negotiated.description)")
+                        continue
+                    }
+                }
+                slate!.deliverDue(into: sink, now: now, counter: slateFrames)
+                MonotonicClock.sleep(until: min(nextRetry, slate!.nextDue))
+                continue
+            }
+
+            do {
+                try current.requeueReturned()
+            } catch {
+                lose(&stream, because: "\(error)")
+                continue
+            }
+
+            var fds = [
+                pollfd(fd: current.hasQueuedBuffers ? current.device.fd : -1, events: Int16(POLLIN | POLLPRI), revents: 0),
+                pollfd(fd: wake.readFD, events: Int16(POLLIN), revents: 0),
+            ]
+            let ready = poll(&fds, 2, 200)
+            wake.drain()
+            if ready < 0 { continue }
+            let events = Int32(fds[0].revents)
+
+            if events & Int32(POLLPRI) != 0, current.device.takeEvents() {
+                renegotiate(&stream, sink: sink)
+                if let s = stream { lastFormat = s.negotiated }
+                continue
+            }
+            if events & Int32(POLLIN | POLLERR | POLLHUP) != 0 {
+                // One buffer per wake-up: asking until EAGAIN would make libv4l2 print an error line each time.
+                do {
+                    if let frame = try current.device.dequeue() {
+                        failures = 0
+                        lastFrameAt = sink.clock.now()
+                        deliver(frame, of: current, into: sink)
+                    }
+                } catch {
+                    failures += 1
+                    if current.device.isGone || failures > 20 {
+                        lose(&stream, because: "\(error)")
+                        continue
+                    }
+                }
+            }
+            // A device that stops answering without an error (no frame for 2 s) is checked for loss.
+            if sink.clock.now() - lastFrameAt > 2_000_000_000 {
+                if current.device.isGone {
+                    lose(&stream, because: "no frames, and the device no longer answers")
+                } else {
+                    lastFrameAt = sink.clock.now()
+                    logger.warning("\(path): no frame for 2 s (input without signal?)")
+                }
+            }
+        }
+        stream?.device.streamOff()
+        stream = nil
+    }
+
+    private func deliver(_ frame: V4L2Device.Dequeued, of stream: V4L2Stream, into sink: SourceSink) {
+        let backing = stream.backings[frame.index]
+        let now = sink.clock.now()
+        let captureTime = DeviceTimestamps.videoCaptureTime(
+            bufferTimestamp: frame.timestampNanoseconds,
+            isMonotonic: frame.monotonicTimestamp && sink.clock is MonotonicClock,
+            dequeuedAt: now
+        )
+        stream.markWithSession(frame.index)
+        if frame.error || captureTime < sink.startTime {
+            if frame.error { corruptFrames.wrappingIncrement(ordering: .relaxed) }
+            backing.release()
+            return
+        }
+        framesCaptured.wrappingIncrement(ordering: .relaxed)
+        sink.offer(
+            CapturedBuffer(
+                format: .video(stream.negotiated.videoFormat),
+                captureTime: captureTime,
+                duration: MediaTime(nanoseconds: stream.negotiated.frameDurationNanoseconds),
+                planes: stream.planes[frame.index],
+                backing: backing
+            )
+        )
+    }
+
+    private func lose(_ stream: inout V4L2Stream?, because reason: String) {
+        deviceLosses.wrappingIncrement(ordering: .relaxed)
+        logger.warning("\(path): device lost (\(reason)); sending a no-signal slate and retrying")
+        stream?.device.streamOff()
+        // Buffers still with the session keep the mapping (and so the file) open until released.
+        stream = nil
+    }
+
+    private func reopen() -> V4L2Stream? {
+        do {
+            let device = try V4L2Device(path: path)
+            let negotiated = try V4L2Negotiation.configure(device, options: options, logger: logger)
+            return try V4L2Stream(device: device, negotiated: negotiated, wake: wake)
+        } catch {
+            logger.debug("\(path): reopen failed: \(error)")
+            return nil
+        }
+    }
+
+    /// Waits (up to 2 s) until the session has released every buffer of `stream`.
+    private func waitForSessionBuffers(_ stream: V4L2Stream) {
+        let deadline = MonotonicClock().now() + 2_000_000_000
+        while stream.buffersWithSession > 0 && MonotonicClock().now() < deadline && shouldRun {
+            var fd = pollfd(fd: wake.readFD, events: Int16(POLLIN), revents: 0)
+            _ = poll(&fd, 1, 50)
+            wake.drain()
+            stream.collectReturned()
+        }
+    }
+
+    /// Stream off, wait until the session gave every buffer back, free them, negotiate again, stream on.
+    private func renegotiate(_ stream: inout V4L2Stream?, sink: SourceSink) {
+        guard let device = stream?.device else { return }
+        renegotiations.wrappingIncrement(ordering: .relaxed)
+        device.streamOff()
+        if let old = stream { waitForSessionBuffers(old) }
+        stream = nil
+        // The mapping is unmapped once its last reference (ours, now dropped) is gone; REQBUFS 0
+        // fails with EBUSY until then.
+        var freed = false
+        for _ in 0..<100 where shouldRun {
+            if (try? device.requestBuffers(0)) != nil {
+                freed = true
+                break
+            }
+            usleep(10_000)
+        }
+        do {
+            guard freed else { throw BroadcastError(.sourceFailed, "buffers still in use") }
+            let negotiated = try V4L2Negotiation.configure(device, options: options, logger: logger)
+            stream = try V4L2Stream(device: device, negotiated: negotiated, wake: wake)
+            logger.notice("\(path): source changed, now capturing \(negotiated.description)")
+        } catch {
+            lose(&stream, because: "renegotiation after a source change failed: \(error)")
+        }
+    }
+}
+
+/// What a device was configured to.
+struct V4L2Negotiation: Sendable, CustomStringConvertible {
+    var pixFormat: V4L2Device.PixFormat
+    var pixelFormat: PixelFormat
+    var frameDurationNanoseconds: Int64
+    var inputDescription: String
+    var rateText: String
+
+    var videoFormat: VideoFormat { VideoFormat(pixelFormat: pixelFormat, width: pixFormat.width, height: pixFormat.height) }
+
+    var description: String {
+        "\(pixFormat.fourcc) \(pixFormat.width)x\(pixFormat.height) @ \(rateText) fps (\(inputDescription))"
+    }
+
+    static func openError(_ error: SystemCallError, path: String) -> BroadcastError {
+        let others = DeviceDiscovery.videoCaptureDevices().map(\.path).filter { $0 != path }
+        let list = others.isEmpty ? "no V4L2 capture devices found" : "capture devices: \(others.joined(separator: ", "))"
+        switch error.errno {
+        case ENOENT, ENODEV, ENXIO:
+            return BroadcastError(.invalidArgument, "no video device \(path) (\(list))")
+        case EACCES, EPERM:
+            return BroadcastError(.invalidArgument, "permission denied opening \(path): join the 'video' group")
+        case EBUSY:
+            return busy(path)
+        case ENOTTY, EINVAL:
+            return BroadcastError(.invalidArgument, "\(path) is not a V4L2 device (\(list))")
+        default:
+            return BroadcastError(.invalidArgument, "cannot open \(path): \(String(cString: strerror(error.errno)))")
+        }
+    }
+
+    static func busy(_ path: String) -> BroadcastError {
+        BroadcastError(.invalidArgument, "\(path) is busy: another program is capturing from it")
+    }
+
+    /// Selects the input, format, size and rate `options` ask for, checking each against what the
+    /// device offers; every error names the device and what it supports.
+    static func configure(_ device: V4L2Device, options: V4L2Options, logger: Logger) throws(BroadcastError) -> V4L2Negotiation {
+        let path = device.path
+        func fail(_ error: SystemCallError) -> BroadcastError {
+            error.errno == EBUSY ? busy(path) : BroadcastError(.invalidArgument, "\(error)")
+        }
+        let caps: V4L2Device.Capabilities
+        do { caps = try device.capabilities() } catch { throw fail(error) }
+        guard caps.isVideoCapture else {
+            let others = DeviceDiscovery.videoCaptureDevices().map(\.path).filter { $0 != path }
+            throw BroadcastError(
+                .invalidArgument,
+                "\(path) (\(caps.card), driver \(caps.driver)) is not a video capture device: it is \(caps.kind); "
+                    + (others.isEmpty ? "no V4L2 capture devices found" : "capture devices: \(others.joined(separator: ", "))")
+            )
+        }
+        guard caps.canStream else {
+            throw BroadcastError(.invalidArgument, "\(path) (\(caps.card)) cannot stream (no V4L2_CAP_STREAMING)")
+        }
+
+        let inputs = device.inputs()
+        if let wanted = options.input {
+            guard inputs.indices.contains(wanted) else {
+                let list = inputs.map { "\($0.index) (\($0.name))" }.joined(separator: ", ")
+                throw BroadcastError(.invalidArgument, "\(path) has no input \(wanted): inputs are \(list.isEmpty ? "none" : list)")
+            }
+            if device.currentInput() != wanted {
+                do { try device.setInput(wanted) } catch { throw fail(error) }
+            }
+        }
+        let inputIndex = device.currentInput() ?? 0
+        let input = inputs.first { $0.index == inputIndex }
+        let inputDescription = input.map { "input \($0.index): \($0.name)" } ?? "input \(inputIndex)"
+
+        let offered = device.formats()
+        let usable = offered.filter { V4L2PixelFormats.isSupported($0.fourcc) }.map(\.fourcc)
+        let usableText = usable.map(\.description).joined(separator: ", ")
+        let fourcc: FourCC
+        if let wanted = options.pixelFormat {
+            guard offered.contains(where: { $0.fourcc == wanted }) else {
+                throw BroadcastError(.invalidArgument, "\(path) (\(inputDescription)) does not offer pixel format \(wanted); usable formats: \(usableText)")
+            }
+            guard V4L2PixelFormats.isSupported(wanted) else {
+                let reason = V4L2PixelFormats.pixelFormat(for: wanted) == .mjpeg
+                    ? "compressed (MJPEG) capture needs a decoder, which broadcast does not have yet"
+                    : "broadcast cannot convert \(wanted)"
+                throw BroadcastError(.invalidArgument, "\(path): \(reason); usable formats: \(usableText)")
+            }
+            fourcc = wanted
+        } else {
+            guard let first = V4L2PixelFormats.preferred.first(where: usable.contains) else {
+                let all = offered.map(\.fourcc.description).joined(separator: ", ")
+                throw BroadcastError(.invalidArgument, "\(path) offers no pixel format broadcast can use (it offers \(all))")
+            }
+            fourcc = first
+        }
+
+        var width = options.width
+        var height = options.height
+        var dvRate: Int?
+        if input?.hasDVTimings == true {
+            // An HDMI-style input: the size is the signal's. Take what the receiver detects.
+            let timings: V4L2Device.DVTimings
+            do {
+                timings = try device.applyDetectedDVTimings()
+            } catch {
+                if error.errno == EBUSY { throw busy(path) }
+                guard let current = device.currentDVTimings() else { throw fail(error) }
+                logger.warning("\(path): no stable signal detected (\(error)); using the set timings \(current)")
+                timings = current
+            }
+            width = timings.width
+            height = timings.height
+            dvRate = timings.millihertz
+        } else {
+            let sizes = device.frameSizes(fourcc)
+            if !sizes.isEmpty && !sizes.contains(where: { $0.contains(width: width, height: height) }) {
+                throw BroadcastError(
+                    .invalidArgument,
+                    "\(path) (\(inputDescription)) does not capture \(fourcc) at \(width)x\(height); sizes: \(sizes.map(\.description).joined(separator: ", "))"
+                )
+            }
+        }
+        let pix: V4L2Device.PixFormat
+        do { pix = try device.setFormat(fourcc, width: width, height: height) } catch { throw fail(error) }
+        guard pix.fourcc == fourcc, pix.width == width, pix.height == height else {
+            throw BroadcastError(
+                .invalidArgument,
+                "\(path) (\(inputDescription)) gave \(pix.fourcc) \(pix.width)x\(pix.height) when asked for \(fourcc) \(width)x\(height)"
+            )
+        }
+        guard let pixelFormat = V4L2PixelFormats.pixelFormat(for: fourcc) else {
+            throw BroadcastError(.invalidArgument, "\(path): cannot use \(fourcc)")
+        }
+
+        var frameDuration: Int64
+        var rateText: String
+        if let millihertz = dvRate, millihertz > 0 {
+            frameDuration = 1_000_000_000_000 / Int64(millihertz)
+            rateText = millihertz % 1000 == 0 ? "\(millihertz / 1000)" : String(Double(millihertz) / 1000)
+        } else {
+            let (num, den) = options.frameRate
+            let interval = device.setFrameRate(numerator: num, denominator: den) ?? device.frameInterval()
+            if let interval, interval.denominator > 0, interval.numerator > 0 {
+                frameDuration = Int64(interval.numerator) * 1_000_000_000 / Int64(interval.denominator)
+                rateText = interval.rateText
+                let asked = Double(num) / Double(den)
+                if abs(interval.framesPerSecond - asked) / asked > 0.01 {
+                    let offeredRates = device.frameIntervals(fourcc, width: width, height: height).map(\.rateText)
+                    logger.warning(
+                        "\(path) captures \(width)x\(height) at \(rateText) fps, not \(V4L2Fraction(den, num).rateText) (offered: \(offeredRates.joined(separator: ", ")))"
+                    )
+                }
+            } else {
+                frameDuration = Int64(den) * 1_000_000_000 / Int64(num)
+                rateText = V4L2Fraction(den, num).rateText
+            }
+        }
+        _ = device.subscribeSourceChange()
+        return V4L2Negotiation(
+            pixFormat: pix,
+            pixelFormat: pixelFormat,
+            frameDurationNanoseconds: frameDuration,
+            inputDescription: inputDescription,
+            rateText: rateText
+        )
+    }
+}
+
+extension V4L2Device {
+    /// True once the device node is gone (unplugged, driver unbound): its ioctls answer ENODEV.
+    var isGone: Bool {
+        do {
+            _ = try capabilities()
+            return false
+        } catch {
+            return error.errno == ENODEV || error.errno == ENXIO || error.errno == EIO
+        }
+    }
+}
+
+/// One streaming setup on the capture thread: the mapped buffers, one backing each, and which of
+/// them the session holds. Made on the thread that starts the source, then used by the capture
+/// thread alone (hence unchecked Sendable).
+final class V4L2Stream: @unchecked Sendable {
+    let device: V4L2Device
+    let negotiated: V4L2Negotiation
+    let mapping: V4L2Mapping
+    let backings: [V4L2FrameBacking]
+    let planes: [[Plane]]
+    private var withSession: [Bool]
+
+    static let bufferCount = 6
+
+    init(device: V4L2Device, negotiated: V4L2Negotiation, wake: WakePipe) throws(SystemCallError) {
+        self.device = device
+        self.negotiated = negotiated
+        let count = try device.requestBuffers(Self.bufferCount)
+        var buffers: [(address: UnsafeMutableRawPointer, length: Int)] = []
+        do {
+            for index in 0..<count { buffers.append(try device.map(index)) }
+        } catch {
+            for buffer in buffers { _ = v4l2_munmap(buffer.address, buffer.length) }
+            throw error
+        }
+        let mapping = V4L2Mapping(device: device, buffers: buffers)
+        self.mapping = mapping
+        self.backings = (0..<count).map { V4L2FrameBacking(index: $0, mapping: mapping, wake: wake) }
+        let pix = negotiated.pixFormat
+        let layout = V4L2PixelFormats.planeLayout(
+            negotiated.pixelFormat, width: pix.width, height: pix.height, bytesPerLine: pix.bytesPerLine, sizeImage: pix.sizeImage
+        )
+        self.planes = buffers.map { buffer in
+            layout.map { Plane(base: UnsafeRawPointer(buffer.address + $0.offset), count: min($0.count, buffer.length - $0.offset), bytesPerRow: $0.bytesPerRow) }
+        }
+        withSession = Array(repeating: false, count: count)
+        for index in 0..<count { try device.queue(index) }
+        try device.streamOn()
+    }
+
+    var hasQueuedBuffers: Bool { withSession.contains(false) }
+    var buffersWithSession: Int { withSession.filter { $0 }.count }
+
+    func markWithSession(_ index: Int) { withSession[index] = true }
+
+    /// Gives the buffers the session released back to the driver.
+    func requeueReturned() throws(SystemCallError) {
+        for index in withSession.indices where withSession[index] {
+            if backings[index].takeReturned() {
+                withSession[index] = false
+                try device.queue(index)
+            }
+        }
+    }
+
+    /// Notes released buffers without queueing them (while renegotiating).
+    func collectReturned() {
+        for index in withSession.indices where withSession[index] && backings[index].takeReturned() {
+            withSession[index] = false
+        }
+    }
+}
+
+/// One V4L2 buffer as the session sees it. `release()` (session thread) only marks it returned
+/// and wakes the capture thread, which re-queues it.
+final class V4L2FrameBacking: SampleBufferBacking, @unchecked Sendable {
+    let index: Int
+    /// Keeps the memory mapped (and the device open) while the session holds the frame.
+    let mapping: V4L2Mapping
+    private let returned = ManagedAtomic<Bool>(false)
+    private let wake: WakePipe
+
+    init(index: Int, mapping: V4L2Mapping, wake: WakePipe) {
+        self.index = index
+        self.mapping = mapping
+        self.wake = wake
+    }
+
+    func release() {
+        returned.store(true, ordering: .releasing)
+        wake.wake()
+    }
+
+    /// True (once) after a release.
+    func takeReturned() -> Bool {
+        returned.exchange(false, ordering: .acquiringAndReleasing)
+    }
+}
+
+/// Wakes a thread blocked in poll: a non-blocking pipe it includes in its poll set.
+final class WakePipe: @unchecked Sendable {
+    let readFD: Int32
+    private let writeFD: Int32
+
+    init() {
+        var fds: [Int32] = [-1, -1]
+        let rc = pipe(&fds)
+        precondition(rc == 0, "pipe failed: errno \(errno)")
+        for end in fds {
+            _ = fcntl(end, F_SETFL, fcntl(end, F_GETFL) | O_NONBLOCK)
+            _ = fcntl(end, F_SETFD, FD_CLOEXEC)
+        }
+        readFD = fds[0]
+        writeFD = fds[1]
+    }
+
+    deinit {
+        close(readFD)
+        close(writeFD)
+    }
+
+    func wake() {
+        var one: UInt8 = 1
+        _ = write(writeFD, &one, 1)
+    }
+
+    func drain() {
+        var bytes = (UInt64(0), UInt64(0), UInt64(0), UInt64(0))
+        while withUnsafeMutableBytes(of: &bytes, { read(readFD, $0.baseAddress, $0.count) }) > 0 {}
+    }
+}
+
+/// "No signal": a blue yuv420p frame at the frame rate while a device is gone.
+struct SlateGenerator {
+    let pool: BufferPool
+    let format: VideoFormat
+    let frameDuration: Int64
+    private(set) var nextDue: Int64
+
+    init(width: Int, height: Int, frameDuration: Int64, start: Int64) {
+        let w = max(16, width & ~1)
+        let h = max(16, height & ~1)
+        format = VideoFormat(pixelFormat: .yuv420p, width: w, height: h)
+        self.frameDuration = max(frameDuration, 1_000_000)
+        let luma = w * h
+        let chroma = (w / 2) * (h / 2)
+        pool = BufferPool(count: 4, byteCount: luma + 2 * chroma, planeLayout: [(0, luma, w), (luma, chroma, w / 2), (luma + chroma, chroma, w / 2)])
+        // Fill every pooled buffer once: BT.601 blue.
+        var filled: [BufferPool.Buffer] = []
+        while let buffer = pool.acquire(wait: false, shouldStop: { false }) {
+            let bytes = buffer.memory.assumingMemoryBound(to: UInt8.self)
+            bytes.update(repeating: 41, count: luma)
+            (bytes + luma).update(repeating: 240, count: chroma)
+            (bytes + luma + chroma).update(repeating: 110, count: chroma)
+            filled.append(buffer)
+        }
+        for buffer in filled { buffer.release() }
+        nextDue = start
+    }
+
+    mutating func deliverDue(into sink: SourceSink, now: Int64, counter: ManagedAtomic<Int>) {
+        if now - nextDue > 1_000_000_000 { nextDue = now }
+        while nextDue <= now {
+            if let buffer = pool.acquire(wait: false, shouldStop: { false }) {
+                sink.offer(
+                    CapturedBuffer(
+                        format: .video(format),
+                        captureTime: nextDue,
+                        duration: MediaTime(nanoseconds: frameDuration),
+                        planes: buffer.planes,
+                        backing: buffer
+                    )
+                )
+                counter.wrappingIncrement(ordering: .relaxed)
+            }
+            nextDue += frameDuration
+        }
+    }
+}

@@ -1,0 +1,134 @@
+import ArgumentParser
+import BroadcastCapture
+
+/// `broadcast devices`: what can be captured here.
+struct Devices: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "List V4L2 video capture devices and ALSA capture devices.",
+        discussion: """
+            For each V4L2 capture node: its stable links (/dev/v4l/by-id, by-path), card, driver, bus,
+            inputs, and the pixel formats, frame sizes and frame rates of its current input. For ALSA:
+            every capture PCM, by name (hw:CARD=Loopback,DEV=1) and number (hw:0,1).
+
+            Use them as:  broadcast record out.mp4 --video /dev/video0 --audio-mic hw:1,0
+            """
+    )
+
+    @Flag(help: "Print JSON instead of text.")
+    var json = false
+
+    func run() throws {
+        let video = DeviceDiscovery.videoCaptureDevices(details: true)
+        let audio = DeviceDiscovery.audioCaptureDevices()
+        print(json ? Self.json(video: video, audio: audio) : Self.text(video: video, audio: audio), terminator: "")
+    }
+
+    static func text(video: [DeviceDiscovery.VideoDevice], audio: [DeviceDiscovery.AudioCaptureDevice]) -> String {
+        var out = "V4L2 video capture devices:\n"
+        if video.isEmpty { out += "  (none)\n" }
+        for device in video {
+            out += "  \(device.path)  \(device.card)  (driver \(device.driver), \(device.bus))\n"
+            for link in device.links { out += "    \(link)\n" }
+            for input in device.inputs {
+                var line = "    input \(input.index): \(input.name) (\(input.type)"
+                if input.dvTimings { line += ", DV timings" + (input.timings.map { " \($0)" } ?? "") }
+                line += input.current ? ", current)" : ")"
+                out += line + "\n"
+            }
+            for format in device.formats {
+                let usable = format.usable ? "" : "  [not usable by broadcast]"
+                out += "      \(format.fourcc.padding(4))  \(format.description)\(usable)\n"
+                let sizes = format.sizes.map { size in
+                    size.frameRates.isEmpty ? size.size : "\(size.size) @ \(size.frameRates.joined(separator: "/")) fps"
+                }
+                if !sizes.isEmpty { out += "            \(sizes.joined(separator: ", "))\n" }
+            }
+        }
+        out += "ALSA capture devices:\n"
+        if audio.isEmpty { out += "  (none)\n" }
+        for pcm in audio {
+            out += "  \(pcm.pcm)  (\(pcm.numericPCM))  \(pcm.name)  [card \(pcm.card): \(pcm.cardName)], \(pcm.subdevices) subdevice\(pcm.subdevices == 1 ? "" : "s")\n"
+        }
+        return out
+    }
+
+    static func json(video: [DeviceDiscovery.VideoDevice], audio: [DeviceDiscovery.AudioCaptureDevice]) -> String {
+        let videoJSON = video.map { device in
+            JSON.object([
+                ("path", .string(device.path)),
+                ("links", .array(device.links.map(JSON.string))),
+                ("card", .string(device.card)),
+                ("driver", .string(device.driver)),
+                ("bus", .string(device.bus)),
+                ("inputs", .array(device.inputs.map { input in
+                    var fields: [(String, JSON)] = [
+                        ("index", .number(input.index)), ("name", .string(input.name)), ("type", .string(input.type)),
+                        ("current", .bool(input.current)), ("dvTimings", .bool(input.dvTimings)),
+                    ]
+                    if let timings = input.timings { fields.append(("timings", .string(timings))) }
+                    return .object(fields)
+                })),
+                ("formats", .array(device.formats.map { format in
+                    .object([
+                        ("fourcc", .string(format.fourcc)), ("description", .string(format.description)),
+                        ("compressed", .bool(format.compressed)), ("usable", .bool(format.usable)),
+                        ("sizes", .array(format.sizes.map { size in
+                            .object([("size", .string(size.size)), ("frameRates", .array(size.frameRates.map(JSON.string)))])
+                        })),
+                    ])
+                })),
+            ])
+        }
+        let audioJSON = audio.map { pcm in
+            JSON.object([
+                ("pcm", .string(pcm.pcm)), ("numeric", .string(pcm.numericPCM)), ("card", .number(pcm.card)),
+                ("cardID", .string(pcm.cardID)), ("cardName", .string(pcm.cardName)), ("device", .number(pcm.device)),
+                ("name", .string(pcm.name)), ("subdevices", .number(pcm.subdevices)),
+            ])
+        }
+        return JSON.object([("video", .array(videoJSON)), ("audio", .array(audioJSON))]).text + "\n"
+    }
+}
+
+/// Just enough JSON to print: objects keep their key order.
+enum JSON {
+    case string(String)
+    case number(Int)
+    case bool(Bool)
+    case array([JSON])
+    case object([(String, JSON)])
+
+    var text: String {
+        switch self {
+        case .string(let s): Self.quote(s)
+        case .number(let n): String(n)
+        case .bool(let b): b ? "true" : "false"
+        case .array(let items): "[" + items.map(\.text).joined(separator: ",") + "]"
+        case .object(let fields): "{" + fields.map { Self.quote($0.0) + ":" + $0.1.text }.joined(separator: ",") + "}"
+        }
+    }
+
+    static func quote(_ s: String) -> String {
+        var out = "\""
+        for scalar in s.unicodeScalars {
+            switch scalar {
+            case "\"": out += "\\\""
+            case "\\": out += "\\\\"
+            case "\n": out += "\\n"
+            case "\r": out += "\\r"
+            case "\t": out += "\\t"
+            case _ where scalar.value < 0x20:
+                let hex = String(scalar.value, radix: 16)
+                out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
+            default: out.unicodeScalars.append(scalar)
+            }
+        }
+        return out + "\""
+    }
+}
+
+extension String {
+    fileprivate func padding(_ width: Int) -> String {
+        count >= width ? self : self + String(repeating: " ", count: width - count)
+    }
+}

@@ -1,0 +1,122 @@
+import BroadcastCapture
+import BroadcastKit
+import Testing
+
+/// Pure parts of the V4L2 and ALSA sources: format mapping, plane layout, clock mapping, drift.
+/// The devices themselves are tested in the VM (vm/guest-tests.sh, `make vm-test`).
+@Suite struct V4L2FormatTests {
+    @Test func fourCCRoundTrips() {
+        #expect(FourCC("YUYV")!.rawValue == 0x5659_5559)
+        #expect(FourCC.yuyv.description == "YUYV")
+        #expect(FourCC("Y10")!.description == "Y10")
+        #expect(FourCC("TOOLONG") == nil)
+        #expect(FourCC("") == nil)
+    }
+
+    @Test func pixelFormatsMapOntoSampleBufferFormats() {
+        #expect(V4L2PixelFormats.pixelFormat(for: .yuyv) == .yuyv422)
+        #expect(V4L2PixelFormats.pixelFormat(for: .uyvy) == .uyvy422)
+        #expect(V4L2PixelFormats.pixelFormat(for: .nv12) == .nv12)
+        #expect(V4L2PixelFormats.pixelFormat(for: .yu12) == .yuv420p)
+        #expect(V4L2PixelFormats.pixelFormat(for: .rgb3) == .rgb24)
+        #expect(V4L2PixelFormats.pixelFormat(for: .bgr3) == .bgr24)
+        // XR24 (V4L2_PIX_FMT_XBGR32) is B G R X in memory: FFmpeg's bgr0.
+        #expect(V4L2PixelFormats.pixelFormat(for: .xr24) == .bgr0)
+        #expect(V4L2PixelFormats.pixelFormat(for: .grey) == .gray8)
+        #expect(V4L2PixelFormats.pixelFormat(for: .mjpg) == .mjpeg)
+        #expect(V4L2PixelFormats.pixelFormat(for: FourCC("NV21")!) == nil)
+        // MJPEG maps, but is not captured until something decodes it.
+        #expect(!V4L2PixelFormats.isSupported(.mjpg))
+        #expect(V4L2PixelFormats.preferred.allSatisfy(V4L2PixelFormats.isSupported))
+        #expect(V4L2PixelFormats.preferred.first == .yuyv)
+    }
+
+    @Test func formatNamesParse() {
+        #expect(V4L2PixelFormats.parse("yuyv") == .yuyv)
+        #expect(V4L2PixelFormats.parse("I420") == .yu12)
+        #expect(V4L2PixelFormats.parse("rgb24") == .rgb3)
+        #expect(V4L2PixelFormats.parse("XRGB32") == .xr24)
+        #expect(V4L2PixelFormats.parse("MJPEG") == .mjpg)
+        #expect(V4L2PixelFormats.parse("NV21") == FourCC("NV21"))
+        #expect(V4L2PixelFormats.parse("not a format") == nil)
+    }
+
+    @Test func planarLayoutsFollowTheDriversStride() {
+        // YU12 320x180 with a padded 384-byte luma stride: chroma stride is half, rows half.
+        let yu12 = V4L2PixelFormats.planeLayout(.yuv420p, width: 320, height: 180, bytesPerLine: 384, sizeImage: 384 * 270)
+        #expect(yu12.map(\.offset) == [0, 384 * 180, 384 * 180 + 192 * 90])
+        #expect(yu12.map(\.bytesPerRow) == [384, 192, 192])
+        #expect(yu12.map(\.count) == [384 * 180, 192 * 90, 192 * 90])
+        let nv12 = V4L2PixelFormats.planeLayout(.nv12, width: 320, height: 180, bytesPerLine: 320, sizeImage: 320 * 270)
+        #expect(nv12.map(\.offset) == [0, 320 * 180])
+        #expect(nv12.map(\.bytesPerRow) == [320, 320])
+        #expect(nv12.map(\.count) == [320 * 180, 320 * 90])
+        let yuyv = V4L2PixelFormats.planeLayout(.yuyv422, width: 320, height: 180, bytesPerLine: 640, sizeImage: 640 * 180)
+        #expect(yuyv.count == 1 && yuyv[0].count == 640 * 180 && yuyv[0].bytesPerRow == 640)
+    }
+
+    @Test func frameSizesMatchDiscreteAndStepwise() {
+        #expect(V4L2FrameSize.discrete(width: 320, height: 180).contains(width: 320, height: 180))
+        #expect(!V4L2FrameSize.discrete(width: 320, height: 180).contains(width: 320, height: 240))
+        let stepwise = V4L2FrameSize.stepwise(minWidth: 16, maxWidth: 1920, stepWidth: 2, minHeight: 16, maxHeight: 1080, stepHeight: 2)
+        #expect(stepwise.contains(width: 1000, height: 1000))
+        #expect(!stepwise.contains(width: 1001, height: 1000))
+        #expect(!stepwise.contains(width: 4096, height: 1000))
+        #expect(stepwise.description == "16x16 to 1920x1080 in steps of 2x2")
+        #expect(V4L2Fraction(2, 25).rateText == "12.5")
+        #expect(V4L2Fraction(1, 25).rateText == "25")
+    }
+}
+
+@Suite struct DeviceClockTests {
+    @Test func monotonicBufferStampsAreUsedAsIs() {
+        let now: Int64 = 50_000_000_000
+        #expect(DeviceTimestamps.videoCaptureTime(bufferTimestamp: now - 30_000_000, isMonotonic: true, dequeuedAt: now) == now - 30_000_000)
+        // Not monotonic, from the future, too old, or missing: the dequeue time stands in.
+        #expect(DeviceTimestamps.videoCaptureTime(bufferTimestamp: now - 30_000_000, isMonotonic: false, dequeuedAt: now) == now)
+        #expect(DeviceTimestamps.videoCaptureTime(bufferTimestamp: now + 50_000_000, isMonotonic: true, dequeuedAt: now) == now)
+        #expect(DeviceTimestamps.videoCaptureTime(bufferTimestamp: now - 2_000_000_000, isMonotonic: true, dequeuedAt: now) == now)
+        #expect(DeviceTimestamps.videoCaptureTime(bufferTimestamp: 0, isMonotonic: true, dequeuedAt: now) == now)
+    }
+
+    @Test func audioStatusStampGivesTheFirstFramesTime() {
+        // 1024 frames read, 512 more waiting, status taken at t: the first frame was 1536 frames before t.
+        let t: Int64 = 10_000_000_000
+        #expect(DeviceTimestamps.audioCaptureTime(statusTime: t, framesRead: 1024, framesAvailable: 512, sampleRate: 48_000) == t - 32_000_000)
+    }
+
+    @Test func timelineCountsSamplesThroughJitter() {
+        var timeline = AudioTimeline(sampleRate: 48_000)
+        let start: Int64 = 1_000_000_000
+        #expect(timeline.place(frames: 480, observedTime: start) == start)
+        // Observed stamps jitter by ±2 ms; the timeline stays on the sample count.
+        #expect(timeline.place(frames: 480, observedTime: start + 12_000_000) == start + 10_000_000)
+        #expect(timeline.place(frames: 480, observedTime: start + 18_000_000) == start + 20_000_000)
+        #expect(timeline.reanchorCount == 0)
+    }
+
+    @Test func timelineReanchorsAfterAnOverrun() {
+        var timeline = AudioTimeline(sampleRate: 48_000)
+        _ = timeline.place(frames: 480, observedTime: 0)
+        _ = timeline.place(frames: 480, observedTime: 10_000_000)
+        // 100 ms of samples were lost: the next run starts where the device says it does.
+        #expect(timeline.place(frames: 480, observedTime: 120_000_000) == 120_000_000)
+        #expect(timeline.reanchorCount == 1)
+        #expect(timeline.place(frames: 480, observedTime: 130_000_000) == 130_000_000)
+    }
+
+    @Test func driftIsMeasuredInPartsPerMillion() {
+        // A device 100 ppm fast: 48 004.8 frames per monotonic second.
+        var timeline = AudioTimeline(sampleRate: 48_000, toleranceNanoseconds: 1_000_000_000)
+        var frames: Int64 = 0
+        var measured: Double?
+        for _ in 0..<1000 {
+            let observed = frames * 1_000_000_000_000 / 48_004_800  // when this frame really happened
+            _ = timeline.place(frames: 480, observedTime: observed)
+            frames += 480
+            measured = timeline.driftPPM
+        }
+        let drift = try! #require(measured)
+        #expect(abs(drift - 100) < 2, "measured \(drift) ppm")
+    }
+}

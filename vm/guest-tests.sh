@@ -1,0 +1,171 @@
+#!/bin/sh
+# vm/guest-tests.sh - broadcast's device tests, run INSIDE the VM by vm/run-guest.sh (chrooted into
+# an overlay of the host's /, cwd /tmp/out = the host's $OUT) against the kernel's vivid (V4L2) and
+# snd-aloop (ALSA loopback) drivers, with the host-built binary $BROADCAST (from env.sh).
+# Every check can fail; the script ends with "N passed, N failed" and exits non-zero on any failure.
+set -u
+. ./env.sh
+B=${BROADCAST:?BROADCAST (the host-built binary) is not set}
+# Under emulation (TCG) the CPU is slow: encode with the cheapest x264 preset so capture, not
+# encoding, is what is measured.
+record() { "$B" record "$@" --preset ultrafast; }
+passed=0
+failed=0
+ts() { echo "=== [$(cut -d' ' -f1 /proc/uptime)s] $*"; }
+ok() { passed=$((passed + 1)); echo "PASS: $*"; }
+ko() { failed=$((failed + 1)); echo "FAIL: $*"; }
+check() { name=$1; shift; if "$@"; then ok "$name"; else ko "$name"; fi; }
+contains() { grep -q -- "$2" "$1"; }
+
+# Frames in a file's video stream (decoded), 0 when there is none.
+frames() { ffprobe -v error -count_frames -select_streams v:0 -show_entries stream=nb_read_frames -of csv=p=0 "$1" 2>/dev/null | head -1 | tr -dc 0-9; }
+# ffprobe-clean: the whole file decodes without one error line.
+clean() { ffmpeg -nostdin -v error -i "$1" -f null - > "$1.decode.log" 2>&1 && [ ! -s "$1.decode.log" ]; }
+# The loudest sample in dB (e.g. -6.0), "-inf" for silence / no audio.
+loudness() { ffmpeg -nostdin -hide_banner -i "$1" -vn -af volumedetect -f null - 2>&1 | sed -n 's/.*max_volume: \(-*[0-9.]*\) dB.*/\1/p'; }
+# Mean Y, U, V of the frame at $2 seconds (one 1x1 yuv444p pixel).
+yuv_at() { ffmpeg -nostdin -v error -ss "$2" -i "$1" -frames:v 1 -vf scale=1:1:flags=area,format=yuv444p -f rawvideo - 2>/dev/null | od -An -tu1 | tr -s ' ' | sed 's/^ //'; }
+ge() { [ "${1:-0}" -ge "$2" ]; }
+
+# snd-aloop: the capture side follows the playback side, so start playing first.
+wait_playback() {
+    for _ in $(seq 300); do
+        awk '/running:/{ if ($2 % 2 == 1) f = 1; exit } END { exit !f }' '/proc/asound/Loopback/cable#0' && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+ts "kernel $(uname -r); modules: $(cut -d' ' -f1 /proc/modules | tr '\n' ' ')"
+ls /dev/video* /dev/snd/ 2>&1 | tr '\n' ' '; echo
+echo "binary: $B"
+
+# ---------------------------------------------------------------------------------------------
+ts "1. broadcast devices --json lists /dev/video0 with its formats and the Loopback card"
+"$B" devices --json > devices.json 2> devices.err
+echo "rc=$? $(wc -c < devices.json) bytes"
+check "devices --json lists /dev/video0" contains devices.json '"path":"/dev/video0"'
+check "devices --json lists YUYV with sizes and rates" contains devices.json '"fourcc":"YUYV","description":"YUYV 4:2:2","compressed":false,"usable":true,"sizes":\[{"size":"320x180","frameRates":\['
+check "devices --json lists the HDMI input with DV timings" contains devices.json '"name":"HDMI 0","type":"camera","current":false,"dvTimings":true'
+check "devices --json lists the Loopback capture PCM" contains devices.json '"pcm":"hw:CARD=Loopback,DEV=1"'
+check "devices --json does not list the output node /dev/video1" sh -c '! grep -q "\"path\":\"/dev/video1\"" devices.json'
+"$B" devices > devices.txt 2>&1
+sed -n '1,6p' devices.txt
+
+# ---------------------------------------------------------------------------------------------
+ts "2. 8 s from vivid's webcam (320x180 @ 25) with a 1 kHz tone through snd-aloop as --audio-mic"
+ffmpeg -hide_banner -nostdin -loglevel error -re -f lavfi -i "sine=frequency=1000:sample_rate=48000:duration=120" \
+    -ac 2 -c:a pcm_s16le -f alsa hw:Loopback,0,0 &
+player=$!
+check "tone playing into hw:Loopback,0,0" wait_playback
+t0=$(cut -d' ' -f1 /proc/uptime)
+record webcam.mp4 --video /dev/video0 --video-input 0 --size 320x180 --fps 25 \
+    --audio-mic hw:Loopback,1,0 --duration 8s --quiet --log-level info > webcam.log 2>&1
+rc=$?
+t1=$(cut -d' ' -f1 /proc/uptime)
+kill $player 2>/dev/null; wait $player 2>/dev/null
+echo "rc=$rc in $(echo "$t1 - $t0" | bc) s"; tail -5 webcam.log
+n=$(frames webcam.mp4); v=$(loudness webcam.mp4)
+echo "frames=$n (expected 200), max_volume=$v dB"
+check "webcam record exits 0" [ "$rc" = 0 ]
+check "webcam: >= 95% of 200 frames ($n)" ge "$n" 190
+check "webcam: ffprobe-clean" clean webcam.mp4
+check "webcam: audio is not silent ($v dB)" sh -c "[ -n '$v' ] && echo '$v > -30' | bc | grep -q 1"
+check "webcam: negotiated YUYV 320x180 at 25 fps" contains webcam.log 'YUYV 320x180 @ 25 fps'
+
+# ---------------------------------------------------------------------------------------------
+ts "3. pixel formats: each gives a recording that looks like the YUYV one"
+ref=$(yuv_at webcam.mp4 1)
+echo "YUYV reference Y U V at 1 s: $ref"
+for f in NV12 YU12 UYVY RGB3 BGR3 XR24 GREY; do
+    record "fmt-$f.mp4" --video /dev/video0 --video-input 0 --video-format $f --size 320x180 --fps 25 \
+        --audio-mic none --duration 2s --quiet > "fmt-$f.log" 2>&1
+    rc=$?
+    n=$(frames "fmt-$f.mp4"); got=$(yuv_at "fmt-$f.mp4" 1)
+    echo "$f: rc=$rc frames=$n Y U V=$got"
+    check "$f: record exits 0 with >= 45 of 50 frames ($n)" sh -c "[ $rc = 0 ] && [ ${n:-0} -ge 45 ]"
+    check "$f: ffprobe-clean" clean "fmt-$f.mp4"
+    # Same picture: mean luma within 12; chroma too, except GREY (no chroma: 128).
+    check "$f: picture matches the YUYV capture ($got vs $ref)" awk -v a="$ref" -v b="$got" -v f=$f 'BEGIN {
+        split(a, x, " "); split(b, y, " "); if (length(y) < 3) exit 1
+        d = x[1] - y[1]; if (d < 0) d = -d; if (d > 12) exit 1
+        if (f == "GREY") exit 0
+        for (i = 2; i <= 3; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 12) exit 1 }
+        exit 0 }'
+done
+
+# ---------------------------------------------------------------------------------------------
+ts "4. clear errors (exit 2, one line naming the device and what it supports)"
+record err.mp4 --video /dev/video1 --audio-mic none --duration 1s > err-output.txt 2>&1; rc=$?
+cat err-output.txt
+check "non-capture node: exit 2, names /dev/video1, says what it is and lists /dev/video0" sh -c \
+    "[ $rc = 2 ] && grep -q '/dev/video1.*not a video capture device.*output.*/dev/video0' err-output.txt && [ \$(wc -l < err-output.txt) = 1 ]"
+record err.mp4 --video /dev/video0 --video-input 0 --size 1000x1000 --audio-mic none --duration 1s > err-size.txt 2>&1; rc=$?
+cat err-size.txt
+check "unsupported size: exit 2, lists the sizes" sh -c "[ $rc = 2 ] && grep -q '/dev/video0.*1000x1000.*320x180, 640x360, 640x480' err-size.txt"
+record err.mp4 --video none --audio-mic hw:7,0 --duration 1s > err-alsa.txt 2>&1; rc=$?
+cat err-alsa.txt
+check "nonexistent ALSA device: exit 2, names it and lists Loopback" sh -c "[ $rc = 2 ] && grep -q \"'hw:7,0'.*hw:CARD=Loopback,DEV=1\" err-alsa.txt && [ \$(wc -l < err-alsa.txt) = 1 ]"
+record err.mp4 --video /dev/video0 --video-input 0 --video-format MJPG --size 320x180 --audio-mic none --duration 1s > err-fmt.txt 2>&1; rc=$?
+cat err-fmt.txt
+check "pixel format the device lacks: exit 2, lists usable formats" sh -c "[ $rc = 2 ] && grep -q 'does not offer.*MJPG.*YUYV' err-fmt.txt"
+v4l2-ctl -d /dev/video0 -i 0 --set-fmt-video=width=320,height=180,pixelformat=YUYV --stream-mmap --stream-count=2000 > /dev/null 2>&1 &
+streamer=$!
+sleep 3
+record err.mp4 --video /dev/video0 --video-input 0 --size 320x180 --audio-mic none --duration 1s > err-busy.txt 2>&1; rc=$?
+kill $streamer 2>/dev/null; wait $streamer 2>/dev/null
+cat err-busy.txt
+check "busy device: exit 2, says busy" sh -c "[ $rc = 2 ] && grep -q '/dev/video0.*busy' err-busy.txt"
+
+# ---------------------------------------------------------------------------------------------
+ts "5. HDMI input: DV timings change mid-recording (source-change event, renegotiation)"
+v4l2-ctl -d /dev/video0 -i 3 > /dev/null
+v4l2-ctl -d /dev/video0 -L > controls.txt 2>&1
+# The "DV Timings" menu: pick 640x480p59.94 to start, 720x480p59.94 after the change.
+idx() { awk -v want="$1" '/dv_timings /{m=1; next} m && /^[[:space:]]+[0-9]+:/ { if (index($0, want)) { sub(":", "", $1); print $1; exit } } m && /^[[:space:]]*[a-z_]+ 0x/{m=0}' controls.txt; }
+first=$(idx 640x480p59); second=$(idx 720x480p59)
+echo "dv_timings menu entries: 640x480p59 = $first, 720x480p59 = $second"
+v4l2-ctl -d /dev/video0 -c dv_timings_signal_mode=4 -c dv_timings=${first:-0}
+record hdmi.mp4 --video /dev/video0 --video-input 3 --size 320x180 --fps 30 --audio-mic none \
+    --duration 8s --quiet --log-level info > hdmi.log 2>&1 &
+rec=$!
+sleep 5
+v4l2-ctl -d /dev/video0 -c dv_timings=${second:-1}; echo "switched timings (rc=$?)"
+wait $rec; rc=$?
+grep -E 'capturing|source changed|lost|back|error' hdmi.log | head
+n=$(frames hdmi.mp4)
+echo "rc=$rc frames=$n"
+check "HDMI: record exits 0" [ "$rc" = 0 ]
+check "HDMI: started at 640x480" contains hdmi.log 'capturing .* 640x480'
+check "HDMI: renegotiated to 720x480 after the source change" contains hdmi.log 'source changed, now capturing .* 720x480'
+check "HDMI: ffprobe-clean, output 320x180" sh -c "clean hdmi.mp4 2>/dev/null; ffprobe -v error -select_streams v:0 -show_entries stream=width,height -of csv=p=0 hdmi.mp4 | grep -q '^320,180'"
+check "HDMI: frames before and after the change (>= 60 of 8 s)" ge "$n" 60
+v4l2-ctl -d /dev/video0 -i 0 > /dev/null
+
+# ---------------------------------------------------------------------------------------------
+ts "6. vivid unloaded and loaded again mid-recording"
+record reload.mp4 --video /dev/video0 --video-input 0 --size 320x180 --fps 25 --audio-mic none \
+    --duration 14s --quiet --log-level info > reload.log 2>&1 &
+rec=$!
+sleep 5
+echo vivid.0 > /sys/bus/platform/drivers/vivid/unbind; echo "unbound vivid.0 (rc=$?)"
+unloaded=no
+for _ in $(seq 50); do rmmod vivid 2>/dev/null && { unloaded=yes; break; }; sleep 0.1; done
+echo "rmmod vivid: $unloaded; nodes: $(ls /dev/video* 2>/dev/null | tr '\n' ' ')"
+sleep 2
+modprobe vivid n_devs=1 || modprobe -d /run/kroot vivid n_devs=1; echo "modprobe vivid rc=$?"
+wait $rec; rc=$?
+grep -E 'capturing|lost|back|error' reload.log | head
+n=$(frames reload.mp4); late=$(yuv_at reload.mp4 12.5)
+echo "rc=$rc frames=$n; Y U V at 12.5 s: $late (the no-signal slate is 41 240 110)"
+check "reload: record exits 0" [ "$rc" = 0 ]
+check "reload: vivid was unloaded while recording" [ "$unloaded" = yes ]
+check "reload: the loss was noticed" contains reload.log 'device lost'
+check "reload: capture resumed when the device returned" contains reload.log 'back, capturing'
+check "reload: ffprobe-clean with frames throughout (>= 300 of 350: slate while gone)" sh -c "clean reload.mp4 && [ ${n:-0} -ge 300 ]"
+check "reload: camera picture again at the end, not the slate" awk -v a="$late" 'BEGIN { split(a, x, " "); exit !(length(x) == 3 && x[2] < 200) }'
+
+echo
+ts "done"
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
