@@ -8,10 +8,10 @@ struct SourceOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp("Video source: 'test' (built-in pattern) or 'none'.", valueName: "source"))
     var video: String = "test"
 
-    @Option(name: .customLong("audio-mic"), help: ArgumentHelp("Microphone audio (.audioMic): 'test' (built-in tone) or 'none'.", valueName: "source"))
+    @Option(name: .customLong("audio-mic"), help: ArgumentHelp("Microphone audio (.audioMic): 'test' (built-in tone), an ALSA capture device (hw:1,0, plughw:CARD=Loopback,DEV=1, default) or 'none'.", valueName: "source"))
     var audioMic: String = "test"
 
-    @Option(name: .customLong("audio-app"), help: ArgumentHelp("Application audio (.audioApp): 'test' or 'none'.", valueName: "source"))
+    @Option(name: .customLong("audio-app"), help: ArgumentHelp("Application audio (.audioApp): 'test', an ALSA capture device (a loopback or monitor, e.g. hw:Loopback,1,0) or 'none'.", valueName: "source"))
     var audioApp: String = "none"
 
     @Option(help: ArgumentHelp("Video size, WIDTHxHEIGHT (even numbers).", valueName: "WxH"))
@@ -19,6 +19,12 @@ struct SourceOptions: ParsableArguments {
 
     @Option(help: ArgumentHelp("Frames per second: 30, 29.97 or 30000/1001.", valueName: "rate"))
     var fps: String = "30"
+
+    @Option(name: .customLong("video-input"), help: ArgumentHelp("With --video /dev/videoN (or a /dev/v4l/by-id link): the input to capture, by number (e.g. vivid's HDMI input is 3; 'broadcast devices' lists them). Default: the device's current input.", valueName: "n"))
+    var videoInput: Int?
+
+    @Option(name: .customLong("video-format"), help: ArgumentHelp("With --video /dev/videoN: the pixel format to capture, a V4L2 FourCC: YUYV, UYVY, NV12, YU12, RGB3, BGR3, XR24 or GREY. Default: the first of these the device offers.", valueName: "fourcc"))
+    var videoFormat: String?
 
     @Flag(name: .customLong("no-realtime"), help: "Test sources run as fast as the pipeline takes them, not at clock speed (needs --duration).")
     var noRealtime = false
@@ -52,9 +58,11 @@ struct SourceOptions: ParsableArguments {
             sources.append((.video, TestPatternSource(width: width, height: height, frameRate: rate, realtime: !noRealtime, stallAfter: after)))
         case "none":
             break
+        case let path where Self.isV4L2Path(path):
+            sources.append((.video, try v4l2Source(path: path, width: width, height: height, rate: rate)))
         default:
             throw ValueError(
-                "unsupported --video '\(video)': accepted are 'test' and 'none' (V4L2 devices are not supported yet)"
+                "unsupported --video '\(video)': accepted are 'test' and 'none' or a V4L2 device such as /dev/video0"
             )
         }
         for (type, value, option) in [(SampleBufferType.audioMic, audioMic, "--audio-mic"), (.audioApp, audioApp, "--audio-app")] {
@@ -64,9 +72,7 @@ struct SourceOptions: ParsableArguments {
             case "none":
                 break
             default:
-                throw ValueError(
-                    "unsupported \(option) '\(value)': accepted are 'test' and 'none' (ALSA devices are not supported yet)"
-                )
+                sources.append((type, try alsaSource(name: value, option: option)))
             }
         }
         if sources.isEmpty {
