@@ -26,6 +26,8 @@ loudness() { ffmpeg -nostdin -hide_banner -i "$1" -vn -af volumedetect -f null -
 # Mean Y, U, V of the frame at $2 seconds (one 1x1 yuv444p pixel).
 yuv_at() { ffmpeg -nostdin -v error -ss "$2" -i "$1" -frames:v 1 -vf scale=1:1:flags=area,format=yuv444p -f rawvideo - 2>/dev/null | od -An -tu1 | tr -s ' ' | sed 's/^ //'; }
 ge() { [ "${1:-0}" -ge "$2" ]; }
+# Waits (up to 90 s: a process starts slowly under emulation) until $1 contains $2.
+wait_log() { for _ in $(seq 900); do grep -q -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done; return 1; }
 
 # snd-aloop: the capture side follows the playback side, so start playing first.
 wait_playback() {
@@ -129,7 +131,7 @@ v4l2-ctl -d /dev/video0 -c dv_timings_signal_mode=4 -c dv_timings=${first:-0}
 record hdmi.mp4 --video /dev/video0 --video-input 3 --size 320x180 --fps 30 --audio-mic none \
     --duration 8s --quiet --log-level info > hdmi.log 2>&1 &
 rec=$!
-sleep 5
+wait_log hdmi.log 'capturing' && sleep 3
 v4l2-ctl -d /dev/video0 -c dv_timings=${second:-1}; echo "switched timings (rc=$?)"
 wait $rec; rc=$?
 grep -E 'capturing|source changed|lost|back|error' hdmi.log | head
@@ -147,7 +149,7 @@ ts "6. vivid unloaded and loaded again mid-recording"
 record reload.mp4 --video /dev/video0 --video-input 0 --size 320x180 --fps 25 --audio-mic none \
     --duration 14s --quiet --log-level info > reload.log 2>&1 &
 rec=$!
-sleep 5
+wait_log reload.log 'capturing' && sleep 3
 echo vivid.0 > /sys/bus/platform/drivers/vivid/unbind; echo "unbound vivid.0 (rc=$?)"
 unloaded=no
 for _ in $(seq 50); do rmmod vivid 2>/dev/null && { unloaded=yes; break; }; sleep 0.1; done
