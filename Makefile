@@ -10,7 +10,8 @@ OUT ?= out
 
 # Build needs: the C libraries' -dev packages. Tests and demo need: ffmpeg/ffprobe to check outputs.
 APT_PACKAGES := pkg-config libavcodec-dev libavformat-dev libavutil-dev libswscale-dev \
-                libswresample-dev libv4l-dev libasound2-dev ffmpeg
+                libswresample-dev libv4l-dev libasound2-dev ffmpeg \
+                libxcb1-dev libxcb-shm0-dev libxcb-xfixes0-dev libxcb-damage0-dev xvfb x11-apps
 
 .PHONY: deps build release demo test test-unit clean vm-deps vm-test
 

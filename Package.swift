@@ -40,6 +40,11 @@ let package = Package(
         systemLibrary("CSwResample", pkgConfig: "libswresample", apt: ["libswresample-dev"]),
         systemLibrary("CV4L2", pkgConfig: "libv4l2", apt: ["libv4l-dev"]),
         systemLibrary("CALSA", pkgConfig: "alsa", apt: ["libasound2-dev"]),
+        // X11 screen capture: xcb core, MIT-SHM, XFixes (cursor), DAMAGE (xcb-damage's .pc requires the others).
+        systemLibrary(
+            "CXCB", pkgConfig: "xcb-damage",
+            apt: ["libxcb1-dev", "libxcb-shm0-dev", "libxcb-xfixes0-dev", "libxcb-damage0-dev"]
+        ),
         // The one C target: what Swift cannot import (macros, variadic functions, ioctl numbers).
         .target(
             name: "CBroadcastShim",
@@ -58,7 +63,7 @@ let package = Package(
         .target(
             name: "BroadcastCapture",
             dependencies: [
-                "BroadcastKit", "CV4L2", "CALSA", "CBroadcastShim",
+                "BroadcastKit", "CXCB", "CV4L2", "CALSA", "CBroadcastShim",
                 .product(name: "Atomics", package: "swift-atomics"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -129,6 +134,11 @@ let package = Package(
         .testTarget(
             name: "BroadcastServiceTests",
             dependencies: ["BroadcastService"],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "BroadcastX11Tests",
+            dependencies: ["BroadcastKit", "BroadcastCapture"],
             swiftSettings: swiftSettings
         ),
         .testTarget(

@@ -4,7 +4,7 @@ import BroadcastCapture
 /// `broadcast devices`: what can be captured here.
 struct Devices: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "List V4L2 video capture devices and ALSA capture devices.",
+        abstract: "List V4L2 video capture devices, ALSA capture devices and reachable X11 screens.",
         discussion: """
             For each V4L2 capture node: its stable links (/dev/v4l/by-id, by-path), card, driver, bus,
             inputs, and the pixel formats, frame sizes and frame rates of its current input. For ALSA:
@@ -20,10 +20,11 @@ struct Devices: ParsableCommand {
     func run() throws {
         let video = DeviceDiscovery.videoCaptureDevices(details: true)
         let audio = DeviceDiscovery.audioCaptureDevices()
-        print(json ? Self.json(video: video, audio: audio) : Self.text(video: video, audio: audio), terminator: "")
+        let screens = X11ScreenSource.reachableScreens()
+        print(json ? Self.json(video: video, audio: audio, screens: screens) : Self.text(video: video, audio: audio, screens: screens), terminator: "")
     }
 
-    static func text(video: [DeviceDiscovery.VideoDevice], audio: [DeviceDiscovery.AudioCaptureDevice]) -> String {
+    static func text(video: [DeviceDiscovery.VideoDevice], audio: [DeviceDiscovery.AudioCaptureDevice], screens: [X11ScreenInfo] = []) -> String {
         var out = "V4L2 video capture devices:\n"
         if video.isEmpty { out += "  (none)\n" }
         for device in video {
@@ -49,10 +50,13 @@ struct Devices: ParsableCommand {
         for pcm in audio {
             out += "  \(pcm.pcm)  (\(pcm.numericPCM))  \(pcm.name)  [card \(pcm.card): \(pcm.cardName)], \(pcm.subdevices) subdevice\(pcm.subdevices == 1 ? "" : "s")\n"
         }
+        out += "X11 screens (--video x11:DISPLAY):\n"
+        if screens.isEmpty { out += "  (none reachable)\n" }
+        for screen in screens { out += "  \(screen)\n" }
         return out
     }
 
-    static func json(video: [DeviceDiscovery.VideoDevice], audio: [DeviceDiscovery.AudioCaptureDevice]) -> String {
+    static func json(video: [DeviceDiscovery.VideoDevice], audio: [DeviceDiscovery.AudioCaptureDevice], screens: [X11ScreenInfo] = []) -> String {
         let videoJSON = video.map { device in
             JSON.object([
                 ("path", .string(device.path)),
@@ -86,7 +90,13 @@ struct Devices: ParsableCommand {
                 ("name", .string(pcm.name)), ("subdevices", .number(pcm.subdevices)),
             ])
         }
-        return JSON.object([("video", .array(videoJSON)), ("audio", .array(audioJSON))]).text + "\n"
+        let screensJSON = screens.map { screen in
+            JSON.object([
+                ("display", .string(screen.display)), ("width", .number(screen.width)), ("height", .number(screen.height)),
+                ("depth", .number(screen.depth)),
+            ])
+        }
+        return JSON.object([("video", .array(videoJSON)), ("audio", .array(audioJSON)), ("x11", .array(screensJSON))]).text + "\n"
     }
 }
 

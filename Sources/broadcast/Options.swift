@@ -5,7 +5,7 @@ import Logging
 
 /// Where media comes from: shared by every command that captures.
 struct SourceOptions: ParsableArguments {
-    @Option(name: .long, help: ArgumentHelp("Video source: 'test' (built-in pattern) or 'none'.", valueName: "source"))
+    @Option(name: .long, help: ArgumentHelp("Video source: 'test' (built-in pattern), 'x11:DISPLAY[+X,Y/WxH][?window=ID|title=TEXT,cursor=off,window-gone=keep]' (an X11 screen, region or window) or 'none'.", valueName: "source"))
     var video: String = "test"
 
     @Option(name: .customLong("audio-mic"), help: ArgumentHelp("Microphone audio (.audioMic): 'test' (built-in tone), an ALSA capture device (hw:1,0, plughw:CARD=Loopback,DEV=1, default) or 'none'.", valueName: "source"))
@@ -14,8 +14,8 @@ struct SourceOptions: ParsableArguments {
     @Option(name: .customLong("audio-app"), help: ArgumentHelp("Application audio (.audioApp): 'test', an ALSA capture device (a loopback or monitor, e.g. hw:Loopback,1,0) or 'none'.", valueName: "source"))
     var audioApp: String = "none"
 
-    @Option(help: ArgumentHelp("Video size, WIDTHxHEIGHT (even numbers).", valueName: "WxH"))
-    var size: String = "1280x720"
+    @Option(help: ArgumentHelp("Video size, WIDTHxHEIGHT (even numbers; default 1280x720, or the captured X11 area's size).", valueName: "WxH"))
+    var size: String?
 
     @Option(help: ArgumentHelp("Frames per second: 30, 29.97 or 30000/1001.", valueName: "rate"))
     var fps: String = "30"
@@ -32,7 +32,18 @@ struct SourceOptions: ParsableArguments {
     @Option(name: .customLong("setup"), help: ArgumentHelp("A KEY=VALUE for the handler's setup info; repeatable.", valueName: "key=value"))
     var setup: [String] = []
 
-    func videoSize() throws -> (width: Int, height: Int) { try Values.size(size) }
+    func videoSize() throws -> (width: Int, height: Int) { try Values.size(size ?? "1280x720") }
+
+    /// The encoder's size: --size when given, else an X11 source's current size (rounded down to
+    /// even numbers), else 1280x720.
+    func outputSize(for sources: [(type: SampleBufferType, source: any CaptureSource)]) throws -> (width: Int, height: Int) {
+        if size == nil, let x11 = sources.first(where: { $0.source is X11ScreenSource })?.source as? X11ScreenSource,
+            let native = try? x11.currentSize()
+        {
+            return (max(16, native.width & ~1), max(16, native.height & ~1))
+        }
+        return try videoSize()
+    }
     func frameRate() throws -> (numerator: Int, denominator: Int) { try Values.frameRate(fps) }
 
     func setupInfo() throws -> SetupInfo {
@@ -45,7 +56,7 @@ struct SourceOptions: ParsableArguments {
     }
 
     /// The capture sources these options name, one per buffer type.
-    func makeSources() throws -> [(type: SampleBufferType, source: any CaptureSource)] {
+    func makeSources(logger: Logger? = nil) throws -> [(type: SampleBufferType, source: any CaptureSource)] {
         let (width, height) = try videoSize()
         let rate = try frameRate()
         var sources: [(type: SampleBufferType, source: any CaptureSource)] = []
@@ -58,11 +69,14 @@ struct SourceOptions: ParsableArguments {
             sources.append((.video, TestPatternSource(width: width, height: height, frameRate: rate, realtime: !noRealtime, stallAfter: after)))
         case "none":
             break
+        case let spec where spec.hasPrefix("x11:"):
+            let x11 = try X11CaptureSpec(parsing: spec)
+            sources.append((.video, X11ScreenSource(spec: x11, frameRate: rate, logger: logger ?? Logger(label: "broadcast.x11"))))
         case let path where Self.isV4L2Path(path):
             sources.append((.video, try v4l2Source(path: path, width: width, height: height, rate: rate)))
         default:
             throw ValueError(
-                "unsupported --video '\(video)': accepted are 'test' and 'none' or a V4L2 device such as /dev/video0"
+                "unsupported --video '\(video)': accepted are 'test', 'x11:DISPLAY' and 'none' or a V4L2 device such as /dev/video0"
             )
         }
         for (type, value, option) in [(SampleBufferType.audioMic, audioMic, "--audio-mic"), (.audioApp, audioApp, "--audio-app")] {

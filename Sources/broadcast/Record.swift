@@ -43,8 +43,9 @@ struct Record: ParsableCommand {
         if sources.noRealtime && duration == nil {
             throw ValueError("--no-realtime needs --duration: the test sources would run as fast as possible forever")
         }
-        let captureSources = try sources.makeSources()
-        let size = try sources.videoSize()
+        let logger = Logging.bootstrap(level: level)
+        let captureSources = try sources.makeSources(logger: logger)
+        let size = try sources.outputSize(for: captureSources)
         let rate = try sources.frameRate()
         let hasVideo = captureSources.contains { $0.type == .video }
         let hasAudio = captureSources.contains { $0.type.isAudio }
@@ -56,7 +57,6 @@ struct Record: ParsableCommand {
         try configuration.validate()
         let setupInfo = try sources.setupInfo()
 
-        let logger = Logging.bootstrap(level: level)
         FFmpegLog.install(logger)
         let handler = EncodingHandler(configuration: configuration, logger: logger)
         let session = BroadcastSession(

@@ -1,0 +1,100 @@
+import Foundation
+import Testing
+
+/// An Xvfb server on a free display number, with X clients drawing known content; everything
+/// started here is stopped by its PID in `stop()`.
+///
+/// Xvfb and the clients (xlogo, ico from x11-apps) are Debian packages that `make test` installs
+/// (APT_PACKAGES); a missing one fails the test with the package to install rather than skipping it.
+final class VirtualDisplay: @unchecked Sendable {
+    let number: Int
+    let width: Int
+    let height: Int
+    var name: String { ":\(number)" }
+    private let server: Process
+    private var clients: [Process] = []
+
+    /// - Parameter extensions: e.g. ["-extension", "MIT-SHM"] to start without MIT-SHM.
+    init(width: Int = 320, height: Int = 240, arguments extra: [String] = []) throws {
+        for tool in ["/usr/bin/Xvfb", "/usr/bin/xlogo", "/usr/bin/ico"] where !FileManager.default.isExecutableFile(atPath: tool) {
+            throw VirtualDisplayError("\(tool) is missing: install xvfb and x11-apps (make deps does)")
+        }
+        self.width = width
+        self.height = height
+        // A number no server uses: neither its lock file nor its socket exists. Tests run in
+        // parallel, so the process id spreads them apart.
+        var candidate = 100 + Int(getpid() % 200) * 4 + Int.random(in: 0..<4)
+        while FileManager.default.fileExists(atPath: "/tmp/.X\(candidate)-lock")
+            || FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\(candidate)")
+        {
+            candidate += 1
+        }
+        number = candidate
+        server = Process()
+        server.executableURL = URL(fileURLWithPath: "/usr/bin/Xvfb")
+        server.arguments = [":\(number)", "-screen", "0", "\(width)x\(height)x24", "-nolisten", "tcp", "-noreset"] + extra
+        server.standardOutput = FileHandle.nullDevice
+        server.standardError = FileHandle.nullDevice
+        try server.run()
+        let deadline = Date().addingTimeInterval(10)
+        while !FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\(number)") {
+            guard server.isRunning, Date() < deadline else {
+                stop()
+                throw VirtualDisplayError("Xvfb :\(number) did not start")
+            }
+            usleep(20_000)
+        }
+        usleep(100_000)
+    }
+
+    /// Starts an X client on this display; it is stopped with the display.
+    @discardableResult
+    func client(_ tool: String, _ arguments: [String]) throws -> Process {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: tool)
+        process.arguments = arguments
+        process.environment = ["DISPLAY": name, "PATH": "/usr/bin:/bin"]
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        clients.append(process)
+        return process
+    }
+
+    /// A window filled with one colour (xlogo with foreground = background), titled `title`.
+    @discardableResult
+    func solidWindow(_ colour: String, x: Int, y: Int, width: Int, height: Int, title: String) throws -> Process {
+        let process = try client(
+            "/usr/bin/xlogo",
+            ["-bw", "0", "-bg", colour, "-fg", colour, "-geometry", "\(width)x\(height)+\(x)+\(y)", "-title", title, "-name", title])
+        // Mapped and painted: xlogo draws at once; give the server a moment.
+        usleep(500_000)
+        return process
+    }
+
+    /// Kills one client now (SIGKILL) and waits for it.
+    func kill(_ process: Process) {
+        Foundation.kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+    }
+
+    func stop() {
+        for process in clients where process.isRunning { kill(process) }
+        clients = []
+        if server.isRunning {
+            // SIGKILL: a process started from a test's (dispatch) thread inherits its blocked
+            // signals, and Xvfb does not unblock SIGTERM. So the lock file and socket are ours to remove.
+            Foundation.kill(server.processIdentifier, SIGKILL)
+            server.waitUntilExit()
+            try? FileManager.default.removeItem(atPath: "/tmp/.X\(number)-lock")
+            try? FileManager.default.removeItem(atPath: "/tmp/.X11-unix/X\(number)")
+        }
+    }
+
+    deinit { stop() }
+}
+
+struct VirtualDisplayError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
