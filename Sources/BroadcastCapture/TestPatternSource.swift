@@ -65,8 +65,11 @@ public final class TestPatternSource: CaptureSource, @unchecked Sendable {
         let lumaSize = width * height
         let chromaWidth = width / 2
         let chromaSize = chromaWidth * (height / 2)
+        // Room for up to a second of frames while the encoder catches up, within about 16 MB.
+        let frameBytes = lumaSize + 2 * chromaSize
+        let framesPerSecond = (frameRate.numerator + frameRate.denominator - 1) / frameRate.denominator
         let pool = BufferPool(
-            count: 6,
+            count: max(6, min(framesPerSecond, 16 << 20 / frameBytes)),
             byteCount: lumaSize + 2 * chromaSize,
             planeLayout: [
                 (0, lumaSize, width),

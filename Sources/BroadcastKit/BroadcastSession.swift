@@ -30,6 +30,8 @@ public struct SampleBufferStatistics: Sendable, Hashable {
     public var delivered: Int = 0
     /// Dropped by the source because the session had not taken earlier buffers yet.
     public var droppedQueueFull: Int = 0
+    /// Not delivered by the source itself (its buffers all in use, a device overrun).
+    public var droppedBySource: Int = 0
     /// Captured while the broadcast was paused.
     public var droppedPaused: Int = 0
     /// Arrived with a timestamp not after the last one delivered of the same type.
@@ -186,6 +188,7 @@ public final class BroadcastSession: @unchecked Sendable {
             if ready, let sink = sinks.first(where: { $0.type == type }) {
                 s.droppedQueueFull = sink.droppedFull.load(ordering: .relaxed)
             }
+            s.droppedBySource = sources.first(where: { $0.type == type })?.source.droppedCount ?? 0
             result[type] = s
         }
         return result

@@ -40,6 +40,13 @@ public protocol CaptureSource: AnyObject, Sendable {
     func start(into sink: SourceSink) throws
     /// Stops capturing and waits for the source's thread to end. Afterwards the source pushes nothing.
     func stop()
+    /// Frames or periods the source itself could not deliver (its buffers were all still in use,
+    /// the device overran). Read from any thread.
+    var droppedCount: Int { get }
+}
+
+extension CaptureSource {
+    public var droppedCount: Int { 0 }
 }
 
 /// Where one source delivers its buffers: a lock-free ring the session drains.

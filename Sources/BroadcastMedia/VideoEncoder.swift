@@ -30,7 +30,7 @@ public final class VideoEncoder {
     private var lastPTS: Int64?
     private var keyframeRequested = false
     private var flushed = false
-    /// Frames dropped because their timestamp was not after the previous frame's.
+    /// Frames dropped because their timestamp was not at least 1 ms after the previous frame's.
     public private(set) var droppedFrames = 0
     /// Frames handed to the encoder.
     public private(set) var framesEncoded = 0
@@ -172,10 +172,12 @@ public final class VideoEncoder {
             )
         }
         let pts = buffer.presentationTime.rescaled(to: Self.timeBase.denominator).value
-        if let last = lastPTS, pts <= last {
+        // Matroska and FLV count in milliseconds: a frame less than 1 ms after the previous one would
+        // share its timestamp there (a device delivering two buffers back to back), so it goes.
+        if let last = lastPTS, pts < last + Int64(Self.timeBase.denominator) / 1000 {
             droppedFrames += 1
             logger.debug(
-                "dropping a video frame whose timestamp is not after the previous one", metadata: ["pts": "\(pts)"])
+                "dropping a video frame less than 1 ms after the previous one", metadata: ["pts": "\(pts)"])
             return []
         }
         lastPTS = pts

@@ -326,6 +326,7 @@ final class BroadcastController: Sendable {
         for (type, s) in stats.sorted(by: { $0.key.rawValue < $1.key.rawValue }) {
             let dropped: [(String, JSONValue)] = [
                 ("queue_full", .number(Double(s.droppedQueueFull))),
+                ("source", .number(Double(s.droppedBySource))),
                 ("paused", .number(Double(s.droppedPaused))),
                 ("out_of_order", .number(Double(s.droppedOutOfOrder))),
             ]

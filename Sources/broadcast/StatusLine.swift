@@ -57,9 +57,9 @@ final class StatusLine: Sendable {
 
     static func format(_ s: Snapshot, fps: Double, wallNanoseconds: Int64) -> String {
         let media = s.session.values.map(\.mediaTimeNanoseconds).max() ?? 0
-        let dropped = s.session.values.reduce(0) { $0 + $1.droppedQueueFull }
+        let dropped = s.session.values.reduce(0) { $0 + $1.droppedQueueFull + $1.droppedBySource }
         let speed = wallNanoseconds > 0 ? Double(media) / Double(wallNanoseconds) : 0
-        var line = "frame=\(s.encoding.videoFramesEncoded) fps=\(fixed(fps, 1)) time=\(clock(media))"
+        var line = "elapsed=\(clock(wallNanoseconds)) frame=\(s.encoding.videoFramesEncoded) fps=\(fixed(fps, 1)) time=\(clock(media))"
         line += " bitrate=\(fixed(Double(s.encoding.bitrate) / 1000, 1))kbit/s size=\(bytes(s.encoding.bytesWritten))"
         line += " dropped=\(dropped) speed=\(fixed(speed, 2))x"
         if s.state == .paused { line += " [paused]" }
