@@ -12,7 +12,7 @@ OUT ?= out
 APT_PACKAGES := pkg-config libavcodec-dev libavformat-dev libavutil-dev libswscale-dev \
                 libswresample-dev libv4l-dev libasound2-dev ffmpeg
 
-.PHONY: deps build release demo test test-unit clean vm-deps vm-test
+.PHONY: deps build release demo test test-unit clean vm-deps vm-test install
 
 deps:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
@@ -67,3 +67,13 @@ vm-test: deps vm-deps
 	VMH=$(VM_CACHE) OUT=$(VM_OUT) LIVE=1 QEMU_TIMEOUT=1200 \
 		GUEST_ENV="BROADCAST=$$($(SWIFT) build -c release --show-bin-path)/broadcast" \
 		vm/run-guest.sh vm/guest-tests.sh
+
+# Puts the service in place: binary, unit, example config (kept if one exists), docs.
+install: release
+	install -D -m 0755 $$($(SWIFT) build -c release --show-bin-path)/broadcast $(DESTDIR)$(PREFIX)/bin/broadcast
+	install -D -m 0644 systemd/broadcast.service $(DESTDIR)/etc/systemd/system/broadcast.service
+	sed -i 's|/usr/local/bin/broadcast|$(PREFIX)/bin/broadcast|' $(DESTDIR)/etc/systemd/system/broadcast.service
+	@if [ -e $(DESTDIR)/etc/broadcast/broadcast.toml ]; then echo "keeping $(DESTDIR)/etc/broadcast/broadcast.toml"; \
+	else install -D -m 0644 systemd/broadcast.toml $(DESTDIR)/etc/broadcast/broadcast.toml; fi
+	install -D -m 0644 README.md $(DESTDIR)$(PREFIX)/share/doc/broadcast/README.md
+	@echo "installed; then: systemctl daemon-reload && systemctl enable --now broadcast"
