@@ -37,27 +37,30 @@ enum ControlAPI {
     }
 }
 
-/// Prometheus metrics through swift-metrics, refreshed from the status at each scrape.
+/// Prometheus metrics through swift-metrics: the process's MetricsSystem is bootstrapped with a
+/// Prometheus factory over one registry, so anything recorded with swift-metrics (ours or a
+/// library's) is exported at /metrics. The broadcast's figures are refreshed from the status at
+/// each scrape: nothing on the data path records metrics.
 final class DaemonMetrics: Sendable {
-    private let registry = PrometheusCollectorRegistry()
-    private let media: Prometheus.Gauge
-    private let frames: Prometheus.Gauge
-    private let bytes: Prometheus.Gauge
-    private let bitrate: Prometheus.Gauge
-    private let uptime: Prometheus.Gauge
-    private let failedOutputs: Prometheus.Gauge
-    private let running: Prometheus.Gauge
-    private let paused: Prometheus.Gauge
+    private let registry: PrometheusCollectorRegistry
+    private let media = Metrics.Gauge(label: "broadcast_media_seconds")
+    private let frames = Metrics.Gauge(label: "broadcast_video_frames_encoded")
+    private let bytes = Metrics.Gauge(label: "broadcast_bytes_written")
+    private let bitrate = Metrics.Gauge(label: "broadcast_bitrate_bits_per_second")
+    private let uptime = Metrics.Gauge(label: "broadcast_uptime_seconds")
+    private let failedOutputs = Metrics.Gauge(label: "broadcast_failed_outputs")
+    private let running = Metrics.Gauge(label: "broadcast_running")
+    private let paused = Metrics.Gauge(label: "broadcast_paused")
 
-    init() {
-        media = registry.makeGauge(name: "broadcast_media_seconds", help: "Media time delivered in the current broadcast.")
-        frames = registry.makeGauge(name: "broadcast_video_frames_encoded", help: "Video frames encoded in the current broadcast.")
-        bytes = registry.makeGauge(name: "broadcast_bytes_written", help: "Bytes written to all recordings.")
-        bitrate = registry.makeGauge(name: "broadcast_bitrate_bits_per_second", help: "Encoded bitrate over the last second.")
-        uptime = registry.makeGauge(name: "broadcast_uptime_seconds", help: "Seconds since the daemon started.")
-        failedOutputs = registry.makeGauge(name: "broadcast_failed_outputs", help: "Outputs that failed while the others went on.")
-        running = registry.makeGauge(name: "broadcast_running", help: "1 while a broadcast is running (started or paused).")
-        paused = registry.makeGauge(name: "broadcast_paused", help: "1 while the broadcast is paused.")
+    /// Call once, before any metric is made.
+    static func bootstrap() -> DaemonMetrics {
+        let registry = PrometheusCollectorRegistry()
+        MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
+        return DaemonMetrics(registry: registry)
+    }
+
+    private init(registry: PrometheusCollectorRegistry) {
+        self.registry = registry
     }
 
     func render(_ status: JSONValue) -> [UInt8] {
@@ -68,14 +71,14 @@ final class DaemonMetrics: Sendable {
         }
         var state = ""
         if case .string(let s)? = fields.first(where: { $0.0 == "state" })?.1 { state = s }
-        media.set(number("media_seconds"))
-        frames.set(number("video_frames_encoded"))
-        bytes.set(number("bytes_written"))
-        bitrate.set(number("bitrate"))
-        uptime.set(number("uptime_seconds"))
-        failedOutputs.set(number("failed_outputs"))
-        running.set(state == "started" || state == "paused" ? 1.0 : 0.0)
-        paused.set(state == "paused" ? 1.0 : 0.0)
+        media.record(number("media_seconds"))
+        frames.record(number("video_frames_encoded"))
+        bytes.record(number("bytes_written"))
+        bitrate.record(number("bitrate"))
+        uptime.record(number("uptime_seconds"))
+        failedOutputs.record(number("failed_outputs"))
+        running.record(state == "started" || state == "paused" ? 1.0 : 0.0)
+        paused.record(state == "paused" ? 1.0 : 0.0)
         var buffer: [UInt8] = []
         registry.emit(into: &buffer)
         return buffer

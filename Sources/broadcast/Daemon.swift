@@ -51,7 +51,7 @@ struct Daemon: AsyncParsableCommand {
         RecordingRecovery.finalizeOrphans(in: recordingDirectories, logger: logger)
         let notifier = SystemdNotifier.fromProcessEnvironment()
         let controller = BroadcastController(config: configuration, logger: logger)
-        let metrics = DaemonMetrics()
+        let metrics = DaemonMetrics.bootstrap()
         let server = try Self.controlServer(configuration, controller: controller, metrics: metrics, logger: logger)
         logger.notice("control API on \(configuration.socketPath)")
 
