@@ -8,9 +8,10 @@ SWIFT ?= swift
 PREFIX ?= /usr/local
 OUT ?= out
 
-# Build needs: the C libraries' -dev packages. Tests and demo need: ffmpeg/ffprobe to check outputs.
+# Build needs: the C libraries' -dev packages. Tests and demo need: ffmpeg/ffprobe to check outputs,
+# nginx with its RTMP module as a local streaming server.
 APT_PACKAGES := pkg-config libavcodec-dev libavformat-dev libavutil-dev libswscale-dev \
-                libswresample-dev libv4l-dev libasound2-dev ffmpeg
+                libswresample-dev libv4l-dev libasound2-dev ffmpeg nginx libnginx-mod-rtmp
 
 .PHONY: deps build release demo test test-unit clean vm-deps vm-test install
 
@@ -40,6 +41,9 @@ demo: release
 	@echo
 	@echo "Recorded $(abspath $(OUT))/demo.mp4"
 	@echo "Play it with:  ffplay $(abspath $(OUT))/demo.mp4   (or mpv, vlc, a browser)"
+	@echo
+	@echo "== streaming 10 s to a local nginx-rtmp (started here, stopped after) while recording =="
+	scripts/stream-demo.sh $$($(SWIFT) build -c release --show-bin-path)/broadcast $(OUT) 10
 
 test: deps
 	$(SWIFT) build --build-tests

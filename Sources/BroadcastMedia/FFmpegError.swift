@@ -45,6 +45,8 @@ public struct FFmpegError: Error, Sendable, Hashable, CustomStringConvertible {
     public static var again: Int32 { CBroadcast_AVERROR_EAGAIN() }
     /// AVERROR_EOF
     public static var endOfFile: Int32 { CBroadcast_AVERROR_EOF() }
+    /// AVERROR_EXIT: a blocking call ended by the interrupt callback (a deadline passed).
+    public static var interrupted: Int32 { CBroadcast_AVERROR_EXIT() }
     /// AVERROR(errno) for a POSIX errno.
     public static func posix(_ errno: Int32) -> Int32 { CBroadcast_AVERROR(errno) }
 

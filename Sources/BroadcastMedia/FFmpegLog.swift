@@ -15,7 +15,11 @@ public enum FFmpegLog {
     /// Holds the logger the C callback reaches through its context pointer.
     private final class Target: Sendable {
         let logger: Logger
-        init(logger: Logger) { self.logger = logger }
+        let redact: @Sendable (String) -> String
+        init(logger: Logger, redact: @escaping @Sendable (String) -> String) {
+            self.logger = logger
+            self.redact = redact
+        }
     }
 
     /// Sends FFmpeg's log lines to `logger`, dropping those below `logger.logLevel` before FFmpeg
@@ -23,15 +27,18 @@ public enum FFmpegLog {
     ///
     /// The logger's box is deliberately never freed: FFmpeg threads may be inside the callback at
     /// any moment, and one small object per call is the price of never racing a free.
-    public static func install(_ logger: Logger) {
-        let target = Unmanaged.passRetained(Target(logger: logger)).toOpaque()
+    ///
+    /// `redact` rewrites every line before it is logged: FFmpeg's protocols print the URLs they
+    /// open, and a stream URL carries its key.
+    public static func install(_ logger: Logger, redact: @escaping @Sendable (String) -> String = { $0 }) {
+        let target = Unmanaged.passRetained(Target(logger: logger, redact: redact)).toOpaque()
         CBroadcast_av_log_set_handler(
             { level, line, context in
                 guard let line, let context else { return }
                 let target = Unmanaged<Target>.fromOpaque(context).takeUnretainedValue()
                 target.logger.log(
                     level: FFmpegLog.loggerLevel(avLevel: level),
-                    "\(String(cString: line))",
+                    "\(target.redact(String(cString: line)))",
                     metadata: ["ffmpeg.level": "\(level)"]
                 )
             },

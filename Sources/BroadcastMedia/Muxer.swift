@@ -11,8 +11,10 @@ public import Logging
 /// Not thread-safe: one thread (an output's) calls it. Packets may come from encoders on another
 /// thread: each `write` takes its own reference to the shared payload.
 public final class Muxer {
-    /// Where the output goes, as given (a path or a URL); used in messages.
+    /// Where the output goes, as given (a path or a URL); opened, never printed.
     public let url: String
+    /// How messages name the output: `url`, or a redacted form of it (a stream URL without its key).
+    public let displayName: String
     /// The container format in use ("mp4", "matroska", "mpegts", "flv").
     public let formatName: String
     private let logger: Logger
@@ -21,19 +23,51 @@ public final class Muxer {
     private var headerWritten = false
     private var finished = false
     private var ioOpen = false
+    /// Keeps the interrupt check alive while FFmpeg may call it (until the context is freed).
+    private let interrupt: InterruptCheck?
 
-    /// Prepares an output. `formatName` nil: guessed from the extension of `url`.
-    public init(url: String, formatName: String? = nil, logger: Logger) throws(FFmpegError) {
+    /// The closure behind AVIOInterruptCB: FFmpeg polls it inside blocking I/O (connect, write).
+    private final class InterruptCheck {
+        let shouldInterrupt: @Sendable () -> Bool
+        init(_ shouldInterrupt: @escaping @Sendable () -> Bool) { self.shouldInterrupt = shouldInterrupt }
+    }
+
+    /// Prepares an output. `formatName` nil: guessed from the extension of `url`. `displayName`
+    /// names the output in messages (default: `url`). `shouldInterrupt`, when given, is polled by
+    /// FFmpeg during blocking I/O (about every 100 ms): returning true makes the call fail at once
+    /// (AVERROR_EXIT), so a dead connection never blocks the caller for ever.
+    public init(
+        url: String,
+        formatName: String? = nil,
+        displayName: String? = nil,
+        logger: Logger,
+        shouldInterrupt: (@Sendable () -> Bool)? = nil
+    ) throws(FFmpegError) {
+        let name = displayName ?? url
         var context: UnsafeMutablePointer<AVFormatContext>? = nil
         try check(
             avformat_alloc_output_context2(&context, nil, formatName, url),
-            "choosing a container for \(url)\(formatName.map { " (format \($0))" } ?? "")"
+            "choosing a container for \(name)\(formatName.map { " (format \($0))" } ?? "")"
         )
-        guard let context else { throw FFmpegError.outOfMemory("allocating an output for \(url)") }
+        guard let context else { throw FFmpegError.outOfMemory("allocating an output for \(name)") }
         self.context = context
         self.url = url
+        self.displayName = name
         self.formatName = String(cString: context.pointee.oformat.pointee.name)
         self.logger = logger
+        if let shouldInterrupt {
+            let check = InterruptCheck(shouldInterrupt)
+            interrupt = check
+            context.pointee.interrupt_callback = AVIOInterruptCB(
+                callback: { opaque in
+                    guard let opaque else { return 0 }
+                    return Unmanaged<InterruptCheck>.fromOpaque(opaque).takeUnretainedValue().shouldInterrupt() ? 1 : 0
+                },
+                opaque: Unmanaged.passUnretained(check).toOpaque()
+            )
+        } else {
+            interrupt = nil
+        }
     }
 
     deinit {
@@ -74,25 +108,32 @@ public final class Muxer {
     }
 
     /// Opens the file or connection and writes the header. `options` go to the muxer and the
-    /// format context (e.g. movflags, flush_packets); any not recognised are logged.
-    public func writeHeader(options: [String: String] = [:]) throws(FFmpegError) {
-        let what = "opening output \(url)"
+    /// format context (e.g. movflags, flush_packets); any not recognised are logged. `ioOptions` go
+    /// to the protocol (rw_timeout, send_buffer_size, tls_verify); the protocol ignores those it
+    /// does not know, silently, since which ones apply depends on the URL's scheme.
+    public func writeHeader(options: [String: String] = [:], ioOptions: [String: String] = [:]) throws(FFmpegError) {
+        let what = "opening output \(displayName)"
         if context.pointee.oformat.pointee.flags & AVFMT_NOFILE == 0 {
-            try check(avio_open2(&context.pointee.pb, url, AVIO_FLAG_WRITE, nil, nil), what)
+            var io = OptionDictionary(ioOptions)
+            try check(
+                avio_open2(&context.pointee.pb, url, AVIO_FLAG_WRITE, &context.pointee.interrupt_callback, &io.pointer),
+                what
+            )
             ioOpen = true
         }
         var dictionary = OptionDictionary(options)
-        try check(avformat_write_header(context, &dictionary.pointer), "writing the \(formatName) header of \(url)")
+        try check(
+            avformat_write_header(context, &dictionary.pointer), "writing the \(formatName) header of \(displayName)")
         headerWritten = true
         let unused = dictionary.keys
         if !unused.isEmpty {
-            logger.warning("\(formatName) muxer for \(url) ignored options: \(unused.joined(separator: ", "))")
+            logger.warning("\(formatName) muxer for \(displayName) ignored options: \(unused.joined(separator: ", "))")
         }
     }
 
     /// Writes one packet, interleaved with the other streams by dts (av_interleaved_write_frame).
     public func write(_ packet: EncodedPacket) throws(FFmpegError) {
-        let what = "writing a packet to \(url)"
+        let what = "writing a packet to \(displayName)"
         guard headerWritten, !finished else { throw FFmpegError.invalidArgument("the output is not open", what) }
         guard packet.streamIndex < sourceTimeBases.count else {
             throw FFmpegError.invalidArgument("no stream \(packet.streamIndex)", what)
@@ -121,7 +162,7 @@ public final class Muxer {
             }
         }
         if headerWritten {
-            try check(av_write_trailer(context), "writing the \(formatName) trailer of \(url)")
+            try check(av_write_trailer(context), "writing the \(formatName) trailer of \(displayName)")
         }
     }
 

@@ -11,13 +11,24 @@ public struct EncodingConfiguration: Sendable {
     public var audio: AudioEncoderSettings?
     /// Files to record into; every packet of the one encode goes to every recording.
     public var recordings: [String]
+    /// More outputs (live streams, files with a name): each gets every packet of the one encode.
+    public var outputs: [OutputConfiguration]
 
     public init(
-        video: VideoEncoderSettings?, audio: AudioEncoderSettings? = AudioEncoderSettings(), recordings: [String]
+        video: VideoEncoderSettings?,
+        audio: AudioEncoderSettings? = AudioEncoderSettings(),
+        recordings: [String],
+        outputs: [OutputConfiguration] = []
     ) {
         self.video = video
         self.audio = audio
         self.recordings = recordings
+        self.outputs = outputs
+    }
+
+    /// Every output: the recordings (named by their path), then `outputs`.
+    public var allOutputs: [OutputConfiguration] {
+        recordings.map { OutputConfiguration(destination: .file($0)) } + outputs
     }
 
     /// Checks everything that can be checked before a broadcast starts: encoder settings and
@@ -27,7 +38,9 @@ public struct EncodingConfiguration: Sendable {
             throw BroadcastError(.invalidArgument, "nothing to encode: neither video nor audio is configured")
         }
         if let problem = video?.problem() { throw BroadcastError(.invalidArgument, "video: \(problem)") }
-        for path in recordings { try Recording.validate(path: path) }
+        for output in allOutputs {
+            if case .file(let path) = output.destination { try Recording.validate(path: path) }
+        }
     }
 }
 
@@ -68,10 +81,12 @@ public final class EncodingCounters: Sendable {
 }
 
 /// The built-in handler: encodes video to H.264 and the mixed microphone + application audio to
-/// AAC, once, and writes every packet to every recording.
+/// AAC, once, and hands every packet to every output (recordings, live streams).
 ///
 /// It is a `BroadcastSampleHandler` like any user's: the session calls it serially, so its state
-/// needs no locks; only `counters` is read from other threads.
+/// needs no locks; only `counters` and `outputs` are read from other threads. Each output runs on
+/// a thread of its own behind a bounded lock-free queue: per packet, the session's thread only
+/// pushes a reference into each queue.
 public final class EncodingHandler: BroadcastSampleHandler {
     public let configuration: EncodingConfiguration
     /// Read from any thread: `counters.snapshot()`.
@@ -82,8 +97,10 @@ public final class EncodingHandler: BroadcastSampleHandler {
     private var audioEncoder: AudioEncoder?
     private var mixer: AudioMixer?
     private var resamplers: [SampleBufferType: Resampler] = [:]
-    private var recordings: [Recording] = []
-    private var failedRecordings: Set<String> = []
+    /// Every output, in configuration order, from init on (their threads start with the broadcast).
+    public let outputs: [Output]
+    /// Set by an output that needs a keyframe; taken before each video frame on the session's thread.
+    private let keyframeRequest = ManagedAtomic<Bool>(false)
     private var bitrateWindowStart: Double?
     private var bitrateWindowBytes = 0
     private var finished = false
@@ -94,17 +111,31 @@ public final class EncodingHandler: BroadcastSampleHandler {
     public init(configuration: EncodingConfiguration, logger: Logger) {
         self.configuration = configuration
         self.logger = logger
+        let keyframeRequest = self.keyframeRequest
+        let failed = counters.failedOutputs
+        outputs = configuration.allOutputs.map {
+            Output(configuration: $0, keyframeRequest: keyframeRequest, failedOutputs: failed, logger: logger)
+        }
     }
+
+    /// The output named `name`.
+    public func output(named name: String) -> Output? { outputs.first { $0.name == name } }
 
     public func statistics() -> EncodingStatistics { counters.snapshot() }
 
-    /// Makes the next video frame a keyframe.
+    /// Makes the next video frame a keyframe. Session thread only; from elsewhere, `requestKeyframe()`.
     public func forceKeyframe() { videoEncoder?.forceKeyframe() }
+
+    /// Asks for a keyframe from any thread: the next video frame the session hands over becomes one.
+    public func requestKeyframe() { keyframeRequest.store(true, ordering: .releasing) }
 
     public func broadcastStarted(setupInfo: SetupInfo) throws {
         try configuration.validate()
-        let globalHeader = configuration.recordings.contains {
-            (try? Recording.container(for: $0).needsGlobalHeader) ?? false
+        let globalHeader = configuration.allOutputs.contains {
+            switch $0.destination {
+            case .file(let path): (try? Recording.container(for: path).needsGlobalHeader) ?? false
+            case .live(let url): Muxer.formatNeedsGlobalHeader(formatName: url.scheme.formatName) ?? false
+            }
         }
         var streams: [StreamDescription] = []
         do {
@@ -124,15 +155,29 @@ public final class EncodingHandler: BroadcastSampleHandler {
         } catch {
             throw BroadcastError(.outputFailed, "\(error)")
         }
+        // Files are opened here, so a recording that cannot be created fails the start; live
+        // outputs connect on their own threads (a server that is down must not stop the recording).
+        var workers: [any OutputWorker] = []
+        var opened: [Recording] = []
+        let totalBitrate = (configuration.video?.bitrate ?? 0) + (configuration.audio?.bitrate ?? 0)
         do {
-            for path in configuration.recordings {
-                recordings.append(try Recording(path: path, streams: streams, logger: logger))
+            for output in outputs {
+                switch output.destination {
+                case .file(let path):
+                    let recording = try Recording(path: path, streams: streams, logger: logger)
+                    opened.append(recording)
+                    workers.append(RecordingWorker(output: output, recording: recording, hasVideo: videoEncoder != nil))
+                case .live(let url):
+                    workers.append(
+                        LiveStreamWorker(
+                            output: output, url: url, streams: streams, totalBitrate: totalBitrate, logger: logger))
+                }
             }
         } catch {
-            for recording in recordings { recording.discard() }
-            recordings = []
+            for recording in opened { recording.discard() }
             throw error
         }
+        for (output, worker) in zip(outputs, workers) { output.start(worker) }
     }
 
     public func processSampleBuffer(_ buffer: borrowing SampleBuffer, of type: SampleBufferType) throws {
@@ -140,6 +185,9 @@ public final class EncodingHandler: BroadcastSampleHandler {
         switch type {
         case .video:
             guard let videoEncoder else { return }
+            if keyframeRequest.load(ordering: .relaxed), keyframeRequest.exchange(false, ordering: .acquiring) {
+                videoEncoder.forceKeyframe()
+            }
             try route(media { () throws(FFmpegError) in try videoEncoder.encode(buffer) })
         case .audioMic, .audioApp:
             guard let audioEncoder, mixer != nil, let format = buffer.audioFormat else { return }
@@ -183,15 +231,17 @@ public final class EncodingHandler: BroadcastSampleHandler {
         } catch {
             record(BroadcastError(.outputFailed, "flushing the encoders: \(error)"))
         }
-        for recording in recordings where !failedRecordings.contains(recording.path) {
-            do {
-                try recording.finish()
-            } catch {
-                record(error)
+        // Every output sends what it has (a live one for at most its finish timeout) and closes;
+        // recordings are finalized on their own threads, together.
+        for output in outputs { output.end() }
+        for output in outputs {
+            output.join()
+            if let failure = output.failure, !failures.contains(failure) {
+                failures.append(failure)
+                if output.state != .failed { logger.error("\(failure)") }
             }
         }
         updateBytesWritten()
-        recordings = []
         videoEncoder = nil
         audioEncoder = nil
     }
@@ -201,8 +251,8 @@ public final class EncodingHandler: BroadcastSampleHandler {
         failures.append(error)
     }
 
-    /// Counts the packets and writes each to every recording. A recording that fails is dropped
-    /// loudly while the others go on; when none is left the broadcast cannot go on.
+    /// Counts the packets and hands each to every output. An output that fails reports it while
+    /// the others go on; when every output has failed the broadcast cannot go on.
     private func route(_ packets: [EncodedPacket]) throws {
         guard !packets.isEmpty else { return }
         for packet in packets {
@@ -214,19 +264,12 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 counters.keyframes.wrappingIncrement(ordering: .relaxed)
             }
             measureBitrate(packet)
-            for recording in recordings where !failedRecordings.contains(recording.path) {
-                do {
-                    try recording.write(packet)
-                } catch {
-                    failedRecordings.insert(recording.path)
-                    counters.failedOutputs.wrappingIncrement(ordering: .relaxed)
-                    record(error)
-                }
-            }
+            for output in outputs { output.offer(packet) }
         }
         updateBytesWritten()
-        if !recordings.isEmpty, failedRecordings.count == recordings.count {
-            throw BroadcastError(.outputFailed, "every recording failed; the last error: \(failures.last!)")
+        if !outputs.isEmpty, counters.failedOutputs.load(ordering: .relaxed) >= outputs.count {
+            let last = outputs.compactMap { $0.statistics().lastError }.last ?? "unknown error"
+            throw BroadcastError(.outputFailed, "every output failed; the last error: \(last)")
         }
     }
 
@@ -246,7 +289,10 @@ public final class EncodingHandler: BroadcastSampleHandler {
     }
 
     private func updateBytesWritten() {
-        let total = recordings.reduce(Int64(0)) { $0 + $1.bytesWritten }
+        var total: Int64 = 0
+        for output in outputs where !output.destination.isLive {
+            total += output.status.bytes.load(ordering: .relaxed)
+        }
         if total > counters.bytesWritten.load(ordering: .relaxed) {
             counters.bytesWritten.store(total, ordering: .relaxed)
         }

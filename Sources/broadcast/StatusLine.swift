@@ -13,6 +13,8 @@ final class StatusLine: Sendable {
         var session: [SampleBufferType: SampleBufferStatistics]
         var encoding: EncodingStatistics
         var state: SessionLifecycle.State
+        /// Per-output state; the line shows live outputs and any output that is not doing its job.
+        var outputs: [OutputStatistics] = []
     }
 
     private let running = ManagedAtomic<Bool>(true)
@@ -64,6 +66,36 @@ final class StatusLine: Sendable {
         line += " dropped=\(dropped) speed=\(fixed(speed, 2))x"
         if s.state == .paused { line += " [paused]" }
         if s.encoding.failedOutputs > 0 { line += " failed-outputs=\(s.encoding.failedOutputs)" }
+        for output in s.outputs where output.isLive || output.state == .failed || output.state == .paused {
+            line += " | " + outputPart(output)
+        }
+        return line
+    }
+
+    /// "rtmp://host/app/**** live 2510kbit/s backlog=120ms drops=backlog-ref:12,keyframe-wait:40"
+    static func outputPart(_ o: OutputStatistics) -> String {
+        var part = "\(o.target) \(o.state)"
+        if o.state == .reconnecting, o.attempt > 0 { part += " \(o.attempt)" }
+        if o.isLive {
+            part += " \(o.bitrate / 1000)kbit/s backlog=\(o.backlogMilliseconds)ms"
+        }
+        if !o.drops.isEmpty { part += " drops=" + dropList(o.drops) }
+        return part
+    }
+
+    static func dropList(_ drops: [DropReason: Int]) -> String {
+        drops.sorted { $0.key.rawValue < $1.key.rawValue }.map { "\($0.key):\($0.value)" }.joined(separator: ",")
+    }
+
+    /// The end-of-run line for one output: what it sent, dropped and went through.
+    static func summary(_ o: OutputStatistics) -> String {
+        var line = "\(o.target): \(o.state), \(o.videoPacketsSent) video and \(o.audioPacketsSent) audio packets, "
+        line += bytes(o.bytesSent)
+        if o.isLive {
+            line += ", reconnects=\(o.reconnects), max-backlog=\(o.maxBacklogMilliseconds)ms"
+            line += ", drops=\(o.drops.isEmpty ? "0" : dropList(o.drops))"
+        }
+        if let error = o.lastError, o.state == .failed || o.isLive { line += "; last error: \(error)" }
         return line
     }
 

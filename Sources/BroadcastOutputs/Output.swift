@@ -1,0 +1,375 @@
+import Atomics
+import BroadcastKit
+import BroadcastMedia
+import Logging
+
+/// What an output is doing.
+public enum OutputState: Int, Sendable, Hashable, CustomStringConvertible {
+    /// Not started yet.
+    case idle
+    /// A live output opening its first connection.
+    case connecting
+    /// A live output sending.
+    case live
+    /// A live output that lost its connection (or never got one) and is trying again.
+    case reconnecting
+    /// A file output writing.
+    case recording
+    /// Paused: packets are discarded until resume, which restarts on a keyframe.
+    case paused
+    /// Gave up (a failed write to a file, a stream the server refuses): the other outputs go on.
+    case failed
+    /// Finished cleanly.
+    case finished
+
+    public var description: String {
+        switch self {
+        case .idle: "idle"
+        case .connecting: "connecting"
+        case .live: "live"
+        case .reconnecting: "reconnecting"
+        case .recording: "recording"
+        case .paused: "paused"
+        case .failed: "failed"
+        case .finished: "finished"
+        }
+    }
+}
+
+/// A snapshot of one output, readable from any thread.
+public struct OutputStatistics: Sendable, Hashable {
+    public var name: String
+    /// The path or redacted URL.
+    public var target: String
+    public var isLive: Bool
+    public var state: OutputState
+    /// Failed connection attempts in a row (the n of "reconnecting n").
+    public var attempt: Int
+    /// Times the output came back after losing its connection.
+    public var reconnects: Int
+    public var videoPacketsSent: Int
+    public var audioPacketsSent: Int
+    public var bytesSent: Int64
+    /// Bits per second sent over the last second.
+    public var bitrate: Int
+    /// Media waiting to be sent (ms): the newest packet encoded minus the next to send.
+    public var backlogMilliseconds: Int
+    public var maxBacklogMilliseconds: Int
+    /// Packets not sent, by reason (only reasons that happened).
+    public var drops: [DropReason: Int]
+    /// The latest error (redacted), if any.
+    public var lastError: String?
+
+    public var totalDrops: Int { drops.values.reduce(0, +) }
+}
+
+/// An output's counters and state: written by its thread, read by any (atomics only).
+final class OutputStatus: Sendable {
+    final class Text: AtomicReference, Sendable {
+        let value: String
+        init(_ value: String) { self.value = value }
+    }
+
+    let state = ManagedAtomic<Int>(OutputState.idle.rawValue)
+    let attempt = ManagedAtomic<Int>(0)
+    let reconnects = ManagedAtomic<Int>(0)
+    let videoPackets = ManagedAtomic<Int>(0)
+    let audioPackets = ManagedAtomic<Int>(0)
+    let bytes = ManagedAtomic<Int64>(0)
+    let bitrate = ManagedAtomic<Int>(0)
+    let backlog = ManagedAtomic<Int64>(0)
+    let maxBacklog = ManagedAtomic<Int64>(0)
+    let drops: [ManagedAtomic<Int>] = DropReason.allCases.map { _ in ManagedAtomic<Int>(0) }
+    let lastError = ManagedAtomic<Text?>(nil)
+    /// Whether the output ever delivered anything (a live output that went live at least once).
+    let everDelivered = ManagedAtomic<Bool>(false)
+
+    var current: OutputState { OutputState(rawValue: state.load(ordering: .acquiring)) ?? .idle }
+    func set(_ s: OutputState) { state.store(s.rawValue, ordering: .releasing) }
+    func drop(_ reason: DropReason, count: Int = 1) {
+        drops[reason.rawValue].wrappingIncrement(by: count, ordering: .relaxed)
+    }
+    func setError(_ text: String) { lastError.store(Text(text), ordering: .releasing) }
+    func setBacklog(_ nanoseconds: Int64) {
+        backlog.store(nanoseconds, ordering: .relaxed)
+        if nanoseconds > maxBacklog.load(ordering: .relaxed) { maxBacklog.store(nanoseconds, ordering: .relaxed) }
+    }
+    func sent(_ packet: EncodedPacket) {
+        switch packet.mediaType {
+        case .video: videoPackets.wrappingIncrement(ordering: .relaxed)
+        case .audio: audioPackets.wrappingIncrement(ordering: .relaxed)
+        }
+    }
+}
+
+/// The hand-off from the session's thread (the producer) to an output's thread (the consumer):
+/// a bounded lock-free ring and two wake-ups, one per direction.
+final class PacketFeed: Sendable {
+    let ring: SPSCRing<EncodedPacket>
+    /// The output's thread sleeps here when the ring is empty.
+    let dataWakeup = Wakeup()
+    /// A lossless producer sleeps here when the ring is full.
+    let spaceWakeup = Wakeup()
+    /// No more packets will come.
+    let ended = ManagedAtomic<Bool>(false)
+    /// The consumer stopped taking packets (it failed or finished): the producer stops pushing.
+    let closed = ManagedAtomic<Bool>(false)
+    /// A lossy producer could not push: the consumer must restart on a keyframe.
+    let overflowed = ManagedAtomic<Bool>(false)
+    /// dts (ns) of the newest packet pushed: what the backlog is measured against.
+    let newestDTS = ManagedAtomic<Int64>(0)
+
+    init(capacity: Int) { ring = SPSCRing(capacity: capacity) }
+
+    /// Consumer: waits until a packet is there, the feed ended, or `timeoutNanoseconds` passed.
+    func waitForPackets(timeoutNanoseconds: Int64?) {
+        dataWakeup.prepareToSleep()
+        if !ring.isEmpty || ended.load(ordering: .acquiring) {
+            dataWakeup.cancelSleep()
+            return
+        }
+        dataWakeup.sleep(timeoutNanoseconds: timeoutNanoseconds)
+    }
+
+    /// Consumer: the next packet, telling a lossless producer there is room.
+    func pop() -> EncodedPacket? {
+        guard let p = ring.pop() else { return nil }
+        spaceWakeup.wake()
+        return p
+    }
+
+    func close() {
+        closed.store(true, ordering: .releasing)
+        spaceWakeup.wake()
+        while ring.pop() != nil {}
+    }
+}
+
+/// One output of the encode on a thread of its own behind a bounded queue, so a slow disk or a
+/// dead network never stalls capture or the other outputs.
+///
+/// The daemon's handle: `statistics()`, `pause()` and `resume()` may be called from any thread.
+/// Start, `offer` and finish are the encoding handler's, on the session's thread.
+public final class Output: @unchecked Sendable {
+    public let name: String
+    public let destination: OutputDestination
+    public let configuration: OutputConfiguration
+    let status = OutputStatus()
+    let feed: PacketFeed
+    /// Set by an output that needs a keyframe (after a reconnect, a resume); the encoding handler
+    /// checks it on the session's thread before every video frame.
+    let keyframeRequest: ManagedAtomic<Bool>
+    let paused = ManagedAtomic<Bool>(false)
+    /// Set when the output must give up whatever it is doing (the finish deadline passed).
+    /// When a finishing output must stop sending (CLOCK_MONOTONIC ns), 0: not finishing.
+    let finishBy = ManagedAtomic<Int64>(0)
+    private let failedOutputs: ManagedAtomic<Int>
+    let logger: Logger
+    /// Session thread only.
+    private var thread: OSThread?
+    private var worker: (any OutputWorker)?
+    private var lossless: Bool { !destination.isLive }
+
+    init(
+        configuration: OutputConfiguration,
+        keyframeRequest: ManagedAtomic<Bool>,
+        failedOutputs: ManagedAtomic<Int>,
+        logger: Logger
+    ) {
+        self.configuration = configuration
+        self.name = configuration.name
+        self.destination = configuration.destination
+        self.keyframeRequest = keyframeRequest
+        self.failedOutputs = failedOutputs
+        self.logger = logger
+        switch configuration.destination {
+        case .file: feed = PacketFeed(capacity: 8192)
+        case .live: feed = PacketFeed(capacity: configuration.live.queueCapacity)
+        }
+    }
+
+    /// The path or redacted URL.
+    public var target: String { destination.description }
+    public var state: OutputState { status.current }
+
+    public func statistics() -> OutputStatistics {
+        var drops: [DropReason: Int] = [:]
+        for reason in DropReason.allCases {
+            let n = status.drops[reason.rawValue].load(ordering: .relaxed)
+            if n > 0 { drops[reason] = n }
+        }
+        return OutputStatistics(
+            name: name,
+            target: target,
+            isLive: destination.isLive,
+            state: status.current,
+            attempt: status.attempt.load(ordering: .relaxed),
+            reconnects: status.reconnects.load(ordering: .relaxed),
+            videoPacketsSent: status.videoPackets.load(ordering: .relaxed),
+            audioPacketsSent: status.audioPackets.load(ordering: .relaxed),
+            bytesSent: status.bytes.load(ordering: .relaxed),
+            bitrate: status.bitrate.load(ordering: .relaxed),
+            backlogMilliseconds: Int(status.backlog.load(ordering: .relaxed) / 1_000_000),
+            maxBacklogMilliseconds: Int(status.maxBacklog.load(ordering: .relaxed) / 1_000_000),
+            drops: drops,
+            lastError: status.lastError.load(ordering: .acquiring)?.value
+        )
+    }
+
+    /// Discards packets until `resume()`.
+    public func pause() {
+        paused.store(true, ordering: .releasing)
+        feed.dataWakeup.wake()
+    }
+
+    /// Takes packets again from the next keyframe (asked of the encoder at once).
+    public func resume() {
+        paused.store(false, ordering: .releasing)
+        keyframeRequest.store(true, ordering: .releasing)
+        feed.dataWakeup.wake()
+    }
+
+    public var isPaused: Bool { paused.load(ordering: .acquiring) }
+
+    // MARK: Session thread
+
+    /// Starts the output's thread with `worker`.
+    func start(_ worker: any OutputWorker) {
+        self.worker = worker
+        thread = OSThread { worker.run() }
+    }
+
+    /// Hands a packet to the output's thread. A live output never waits: when its queue is full the
+    /// packet is dropped (and the output restarts on a keyframe). A file output never drops: it
+    /// waits for room, unless it has failed.
+    func offer(_ packet: EncodedPacket) {
+        if feed.closed.load(ordering: .relaxed) { return }
+        if feed.ring.push(packet) {
+            feed.newestDTS.store(packet.dtsNanoseconds, ordering: .relaxed)
+            feed.dataWakeup.wake()
+            return
+        }
+        if !lossless {
+            status.drop(.queueFull)
+            feed.overflowed.store(true, ordering: .releasing)
+            return
+        }
+        while !feed.closed.load(ordering: .acquiring) {
+            feed.spaceWakeup.prepareToSleep()
+            if feed.ring.push(packet) {
+                feed.spaceWakeup.cancelSleep()
+                feed.newestDTS.store(packet.dtsNanoseconds, ordering: .relaxed)
+                feed.dataWakeup.wake()
+                return
+            }
+            feed.spaceWakeup.sleep(timeoutNanoseconds: 100_000_000)
+        }
+    }
+
+    /// No more packets: the output sends what it has (a live one for at most its finish timeout)
+    /// and closes. Returns at once; `join()` waits.
+    func end() {
+        if case .live = destination {
+            finishBy.store(MonotonicClock().now() + Int64(configuration.live.finishTimeout * 1e9), ordering: .relaxed)
+        }
+        feed.ended.store(true, ordering: .releasing)
+        feed.dataWakeup.wake()
+    }
+
+    /// Waits for the output's thread to finish.
+    func join() {
+        thread?.join()
+        thread = nil
+        worker = nil
+    }
+
+    // MARK: Output thread
+
+    func failed(_ message: String) {
+        status.setError(message)
+        status.set(.failed)
+        failedOutputs.wrappingIncrement(ordering: .relaxed)
+        feed.close()
+        logger.error("\(message)")
+    }
+
+    /// The error to report after the broadcast, if this output did not do its job.
+    var failure: BroadcastError? {
+        let s = statistics()
+        switch s.state {
+        case .failed:
+            return BroadcastError(.outputFailed, s.lastError ?? "\(target) failed")
+        default:
+            if destination.isLive, !status.everDelivered.load(ordering: .acquiring) {
+                return BroadcastError(
+                    .outputFailed, "stream \(target) never went live\(s.lastError.map { ": \($0)" } ?? "")")
+            }
+            return nil
+        }
+    }
+}
+
+/// What runs on an output's thread.
+protocol OutputWorker: AnyObject, Sendable {
+    func run()
+}
+
+/// Writes every packet to a recording, in order, on the output's thread; finalizes it at the end.
+final class RecordingWorker: OutputWorker, @unchecked Sendable {
+    private let output: Output
+    /// Owned by the output's thread once started.
+    private let recording: Recording
+    private let hasVideo: Bool
+
+    init(output: Output, recording: Recording, hasVideo: Bool) {
+        self.output = output
+        self.recording = recording
+        self.hasVideo = hasVideo
+    }
+
+    func run() {
+        let status = output.status
+        let feed = output.feed
+        status.set(.recording)
+        status.everDelivered.store(true, ordering: .releasing)
+        var awaitingKeyframe = false
+        while true {
+            guard let packet = feed.pop() else {
+                if feed.ended.load(ordering: .acquiring), feed.ring.isEmpty { break }
+                feed.waitForPackets(timeoutNanoseconds: 200_000_000)
+                continue
+            }
+            if output.isPaused {
+                if status.current != .paused { status.set(.paused) }
+                status.drop(.paused)
+                awaitingKeyframe = true
+                continue
+            }
+            if awaitingKeyframe {
+                if packet.isKeyframe && (packet.mediaType == .video || !hasVideo) {
+                    awaitingKeyframe = false
+                    status.set(.recording)
+                } else {
+                    status.drop(.paused)
+                    continue
+                }
+            }
+            do {
+                try recording.write(packet)
+            } catch {
+                output.failed(error.message)
+                return
+            }
+            status.sent(packet)
+            status.bytes.store(recording.bytesWritten, ordering: .relaxed)
+            status.setBacklog(max(0, feed.newestDTS.load(ordering: .relaxed) - packet.dtsNanoseconds))
+        }
+        do {
+            try recording.finish()
+            status.set(.finished)
+        } catch {
+            output.failed(error.message)
+        }
+        feed.close()
+    }
+}

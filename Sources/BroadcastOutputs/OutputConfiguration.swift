@@ -1,0 +1,100 @@
+public import BroadcastKit
+
+/// Where one output of the encode goes.
+public enum OutputDestination: Sendable, Hashable, CustomStringConvertible {
+    /// A local recording; the container follows the extension.
+    case file(String)
+    /// A live stream.
+    case live(StreamURL)
+
+    /// A stream URL (anything with a scheme) or a file path. An unsupported scheme is an
+    /// `invalidArgument` error, never taken for a file name.
+    public static func parse(_ text: String) throws(BroadcastError) -> OutputDestination {
+        if StreamURL.looksLikeURL(text) { return .live(try StreamURL(text)) }
+        return .file(text)
+    }
+
+    /// Printable: a path, or the URL without its secrets.
+    public var description: String {
+        switch self {
+        case .file(let path): path
+        case .live(let url): url.redacted
+        }
+    }
+
+    public var isLive: Bool {
+        if case .live = self { return true }
+        return false
+    }
+}
+
+/// When and how often a live output reconnects: jittered exponential backoff.
+public struct ReconnectPolicy: Sendable, Hashable {
+    /// The first delay, before jitter; each attempt's delay is jittered to 0.5–1.5 times its value,
+    /// so many publishers cut off together do not come back in lockstep.
+    public var initialDelay: Double = 1
+    public var multiplier: Double = 1.5
+    /// The longest delay before jitter. Low on purpose: viewers are waiting, and an attempt costs
+    /// one TCP connect.
+    public var maxDelay: Double = 2.5
+    /// Failed attempts in a row before the output gives up; nil: never.
+    public var maxAttempts: Int?
+    /// Times in a row the server refuses the publish (or drops it at once) before the output gives
+    /// up: a wrong stream key does not fix itself.
+    public var maxRefusals: Int = 3
+
+    public init(initialDelay: Double = 1, multiplier: Double = 1.5, maxDelay: Double = 2.5, maxAttempts: Int? = nil) {
+        self.initialDelay = initialDelay
+        self.multiplier = multiplier
+        self.maxDelay = maxDelay
+        self.maxAttempts = maxAttempts
+    }
+
+    /// Seconds to wait after `failures` failed attempts in a row (0: the connection just broke);
+    /// `unit` is a random number in 0..<1.
+    public func delay(afterFailures failures: Int, unit: Double) -> Double {
+        var base = initialDelay
+        for _ in 0..<min(failures, 64) {
+            base *= multiplier
+            if base >= maxDelay { break }
+        }
+        base = min(base, maxDelay)
+        return base * (0.5 + unit)
+    }
+}
+
+/// How a live output behaves on a bad network.
+public struct LiveStreamSettings: Sendable, Hashable {
+    public var reconnect = ReconnectPolicy()
+    /// Seconds a connect or a single write may block before the connection counts as dead.
+    public var timeout: Double = 10
+    /// Backlog (seconds of media waiting to be sent) past which disposable (non-reference) video
+    /// frames are dropped. OBS's default.
+    public var dropThreshold: Double = 0.7
+    /// Backlog past which every video frame but keyframes is dropped. OBS's default.
+    public var referenceDropThreshold: Double = 0.9
+    /// Packets the queue between the encoder and the output holds; when full, packets are
+    /// dropped (counted as queue-full). About a minute of media at 30 fps.
+    public var queueCapacity = 4096
+    /// The socket's send buffer; nil: about half a second of the stream's bitrate (as the kernel counts), so the backlog
+    /// waits in our queue, where the drop policy sees it, rather than in the kernel.
+    public var sendBufferBytes: Int?
+    /// Seconds spent sending what is queued when the broadcast finishes.
+    public var finishTimeout: Double = 5
+
+    public init() {}
+}
+
+/// One output of the encode, named for the daemon's API.
+public struct OutputConfiguration: Sendable, Hashable {
+    public var name: String
+    public var destination: OutputDestination
+    /// Used when `destination` is live.
+    public var live: LiveStreamSettings
+
+    public init(name: String? = nil, destination: OutputDestination, live: LiveStreamSettings = LiveStreamSettings()) {
+        self.name = name ?? destination.description
+        self.destination = destination
+        self.live = live
+    }
+}

@@ -1,0 +1,162 @@
+public import BroadcastKit
+
+/// A live destination: rtmp://, rtmps:// (FLV) or srt:// (MPEG-TS), parsed once, with the form
+/// that may be printed.
+///
+/// The secret parts never leave this value except through `url` (which only the muxer opens):
+/// the stream key (an RTMP URL's last path element), a user's password, and query values other
+/// than a few known harmless ones. `redacted` shows `rtmp://host/app/****`.
+public struct StreamURL: Sendable, Hashable, CustomStringConvertible {
+    public enum Scheme: String, Sendable, Hashable, CaseIterable {
+        case rtmp, rtmps, srt
+
+        /// libavformat's muxer for the scheme.
+        public var formatName: String { self == .srt ? "mpegts" : "flv" }
+        public var defaultPort: Int {
+            switch self {
+            case .rtmp: 1935
+            case .rtmps: 443
+            case .srt: 0
+            }
+        }
+    }
+
+    /// The URL as given: open it, never print it.
+    public let url: String
+    public let scheme: Scheme
+    public let host: String
+    public let port: Int?
+    /// What may be printed: the key, password and query secrets replaced by `****`.
+    public let redacted: String
+    /// Every secret substring of `url` (key, password, query values), for scrubbing text that
+    /// others (FFmpeg's log) wrote.
+    public let secrets: [String]
+
+    /// Query keys whose values are settings, not secrets.
+    static let harmlessQueryKeys: Set<String> = [
+        "mode", "latency", "transtype", "timeout", "rw_timeout", "pkt_size", "payload_size", "maxbw",
+        "connect_timeout", "tlpktdrop", "nakreport", "rcvlatency", "peerlatency", "listen_timeout",
+    ]
+
+    public var description: String { redacted }
+
+    /// Parses `text`; a scheme other than rtmp, rtmps or srt, a missing host, or a bad port is an
+    /// `invalidArgument` error that names the URL (redacted) and what is accepted.
+    public init(_ text: String) throws(BroadcastError) {
+        guard let schemeEnd = text.firstRange(of: "://") else {
+            throw BroadcastError(.invalidArgument, "not a stream URL: expected rtmp://, rtmps:// or srt://")
+        }
+        let schemeText = text[..<schemeEnd.lowerBound].lowercased()
+        var rest = Substring(text[schemeEnd.upperBound...])
+        var query: Substring = ""
+        if let q = rest.firstIndex(of: "?") {
+            query = rest[rest.index(after: q)...]
+            rest = rest[..<q]
+        }
+        var authority = rest
+        var path: Substring = ""
+        if let slash = rest.firstIndex(of: "/") {
+            authority = rest[..<slash]
+            path = rest[rest.index(after: slash)...]
+        }
+        var secrets: [String] = []
+        var userPrefix = ""
+        if let at = authority.lastIndex(of: "@") {
+            let userInfo = authority[..<at]
+            authority = authority[authority.index(after: at)...]
+            if let colon = userInfo.firstIndex(of: ":") {
+                secrets.append(String(userInfo[userInfo.index(after: colon)...]))
+                userPrefix = "\(userInfo[..<colon]):****@"
+            } else {
+                userPrefix = "\(userInfo)@"
+            }
+        }
+        var host = String(authority)
+        var port: Int?
+        if let colon = authority.lastIndex(of: ":"), !authority.hasSuffix("]") {
+            host = String(authority[..<colon])
+            guard let p = Int(authority[authority.index(after: colon)...]), (1...65535).contains(p) else {
+                throw BroadcastError(
+                    .invalidArgument,
+                    "stream URL \(schemeText)://\(authority)/...: invalid port: expected a number from 1 to 65535")
+            }
+            port = p
+        }
+        // Path: every element but the last is shown; the last is the stream key (RTMP). SRT
+        // carries its stream id and passphrase in the query instead.
+        var elements = path.split(separator: "/", omittingEmptySubsequences: false).map(String.init)
+        if elements.last == "" { elements.removeLast() }
+        var shownPath = elements
+        if elements.count >= 2 || (schemeText != Scheme.srt.rawValue && elements.count == 1 && !query.isEmpty) {
+            secrets.append(elements.last!)
+            shownPath[shownPath.count - 1] = "****"
+        }
+        var shownQuery: [String] = []
+        for pair in query.split(separator: "&") {
+            if let eq = pair.firstIndex(of: "=") {
+                let key = String(pair[..<eq])
+                let value = String(pair[pair.index(after: eq)...])
+                if Self.harmlessQueryKeys.contains(key.lowercased()) {
+                    shownQuery.append("\(key)=\(value)")
+                } else {
+                    secrets.append(value)
+                    shownQuery.append("\(key)=****")
+                }
+            } else {
+                secrets.append(String(pair))
+                shownQuery.append("****")
+            }
+        }
+        var redacted = "\(schemeText)://\(userPrefix)\(authority)"
+        if !shownPath.isEmpty { redacted += "/" + shownPath.joined(separator: "/") }
+        if !shownQuery.isEmpty { redacted += "?" + shownQuery.joined(separator: "&") }
+
+        guard let scheme = Scheme(rawValue: schemeText) else {
+            throw BroadcastError(
+                .invalidArgument,
+                "unsupported stream URL scheme '\(schemeText)://' in \(redacted): accepted are rtmp://, rtmps:// and srt://"
+            )
+        }
+        guard !host.isEmpty else {
+            throw BroadcastError(.invalidArgument, "stream URL \(redacted) has no host: expected \(schemeText)://HOST[:PORT]/...")
+        }
+        if scheme == .srt, port == nil {
+            throw BroadcastError(.invalidArgument, "stream URL \(redacted) has no port: expected srt://HOST:PORT")
+        }
+        if scheme != .srt, elements.isEmpty {
+            throw BroadcastError(
+                .invalidArgument, "stream URL \(redacted) has no application: expected \(schemeText)://HOST/APP/KEY")
+        }
+        if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        self.url = text
+        self.scheme = scheme
+        self.host = host
+        self.port = port
+        self.redacted = redacted
+        // Longest first, so a secret containing another is replaced whole; tiny ones would
+        // mangle unrelated text and are not worth hiding.
+        self.secrets = Array(Set(secrets.filter { $0.count >= 3 })).sorted { $0.count > $1.count }
+    }
+
+    /// True when `text` looks like a URL (has a scheme), so a file path is not mistaken for one.
+    public static func looksLikeURL(_ text: String) -> Bool {
+        guard let r = text.firstRange(of: "://") else { return false }
+        let scheme = text[..<r.lowerBound]
+        guard !scheme.isEmpty else { return false }
+        return scheme.allSatisfy { (c: Character) -> Bool in c.isLetter || c.isNumber || c == "+" || c == "-" || c == "." }
+    }
+
+    /// `text` with every occurrence of this URL's secrets replaced by `****`.
+    public func scrub(_ text: String) -> String {
+        Self.scrub(text, secrets: secrets)
+    }
+
+    /// `text` with every stream URL in it redacted and every one of `secrets` replaced by `****`.
+    public static func scrub(_ text: String, secrets: [String]) -> String {
+        var result = text
+        for secret in secrets where result.contains(secret) {
+            result = result.replacing(secret, with: "****")
+        }
+        return result
+    }
+}

@@ -1,0 +1,145 @@
+import ArgumentParser
+import BroadcastKit
+import BroadcastMedia
+import BroadcastOutputs
+import Logging
+
+struct Stream: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Stream the sources live (RTMP, RTMPS, SRT), recording at the same time if asked.",
+        discussion: """
+            One encode feeds every output, each on a thread of its own behind a bounded queue: a slow
+            or dead server never stalls capture, the recording or the other streams.
+
+              rtmp://HOST[:PORT]/APP/KEY    FLV over RTMP (nginx-rtmp, YouTube, Twitch, ...)
+              rtmps://HOST[:PORT]/APP/KEY   FLV over RTMP in TLS
+              srt://HOST:PORT[?streamid=...&passphrase=...]   MPEG-TS over SRT (caller mode)
+
+            The stream key (an RTMP URL's last element) and any password or query secret are never
+            printed: messages show rtmp://HOST/APP/****.
+
+            When the network is slower than the encoder, a stream drops video by backlog, like OBS:
+            non-reference frames past --drop-threshold, every frame but keyframes past
+            --drop-threshold-ref; never audio or keyframes; after a drop it resumes on a keyframe.
+            A broken connection is retried with jittered exponential backoff (about 0.5-1.5 s at first,
+            x1.5 each time, up to --reconnect-max-delay) and restarts on a fresh keyframe with
+            continuous timestamps. A server that refuses the stream 3 times in a row (a wrong key)
+            is given up on.
+
+            Examples:
+              broadcast stream rtmp://127.0.0.1/live/demo --record demo.mp4
+              broadcast stream rtmp://a.example/live/KEY --output srt://b.example:9000 --output copy.mkv
+              broadcast stream srt://127.0.0.1:9000?mode=caller --duration 1m
+
+            While streaming: Ctrl-C (SIGINT) or SIGTERM stops cleanly (sends what is queued for up to
+            5 s); SIGUSR1 pauses and resumes. Exit status 1 when an output failed or a stream never
+            went live (the recording is still complete).
+            """
+    )
+
+    @Argument(help: ArgumentHelp("Where to stream: rtmp://, rtmps:// or srt://.", valueName: "url"))
+    var url: String
+
+    @Option(help: ArgumentHelp("Also record to this file (.mp4, .mov, .mkv, .ts, .flv).", valueName: "file"))
+    var record: String?
+
+    @Option(name: .customLong("output"), help: ArgumentHelp("Another output, a URL or a file; repeatable.", valueName: "url-or-file"))
+    var outputs: [String] = []
+
+    @Option(name: .customLong("reconnect-attempts"), help: ArgumentHelp("Failed connection attempts in a row before a stream gives up (default: unlimited).", valueName: "n"))
+    var reconnectAttempts: Int?
+
+    @Option(name: .customLong("reconnect-max-delay"), help: ArgumentHelp("Longest wait between attempts, before jitter.", valueName: "duration"))
+    var reconnectMaxDelay: String = "2.5s"
+
+    @Option(help: ArgumentHelp("How long a connect or a write may block before the connection counts as dead.", valueName: "duration"))
+    var timeout: String = "10s"
+
+    @Option(name: .customLong("drop-threshold"), help: ArgumentHelp("Backlog past which non-reference video frames are dropped.", valueName: "duration"))
+    var dropThreshold: String = "700ms"
+
+    @Option(name: .customLong("drop-threshold-ref"), help: ArgumentHelp("Backlog past which every video frame but keyframes is dropped.", valueName: "duration"))
+    var dropThresholdReference: String = "900ms"
+
+    @OptionGroup(title: "Sources") var sources: SourceOptions
+    @OptionGroup(title: "Encoding") var encoding: EncoderOptions
+    @OptionGroup(title: "Run") var runOptions: RunOptions
+
+    func liveSettings() throws -> LiveStreamSettings {
+        var live = LiveStreamSettings()
+        if let n = reconnectAttempts {
+            guard n > 0 else { throw ValueError("invalid --reconnect-attempts '\(n)': must be 1 or more (leave it out for unlimited)") }
+            live.reconnect.maxAttempts = n
+        }
+        live.reconnect.maxDelay = try Values.duration(reconnectMaxDelay, option: "--reconnect-max-delay").seconds
+        live.timeout = try Values.duration(timeout, option: "--timeout").seconds
+        live.dropThreshold = try Values.duration(dropThreshold, option: "--drop-threshold").seconds
+        live.referenceDropThreshold = try Values.duration(dropThresholdReference, option: "--drop-threshold-ref").seconds
+        guard live.referenceDropThreshold >= live.dropThreshold else {
+            throw ValueError("invalid --drop-threshold-ref '\(dropThresholdReference)': must be at least --drop-threshold")
+        }
+        return live
+    }
+
+    func run() throws {
+        // Everything the user typed is checked before anything is created: exit 2 on bad input.
+        let level = try runOptions.level()
+        let duration = try runOptions.mediaDuration()
+        if sources.noRealtime && duration == nil {
+            throw ValueError("--no-realtime needs --duration: the test sources would run as fast as possible forever")
+        }
+        let live = try liveSettings()
+        guard StreamURL.looksLikeURL(url) else {
+            throw ValueError("not a stream URL: '\(url)': expected rtmp://HOST/APP/KEY, rtmps://... or srt://HOST:PORT")
+        }
+        var configured = [OutputConfiguration(destination: try OutputDestination.parse(url), live: live)]
+        if let record { configured.append(OutputConfiguration(destination: .file(record), live: live)) }
+        for text in outputs { configured.append(OutputConfiguration(destination: try OutputDestination.parse(text), live: live)) }
+        let secrets = configured.flatMap { output -> [String] in
+            if case .live(let u) = output.destination { return u.secrets }
+            return []
+        }
+
+        let captureSources = try sources.makeSources()
+        let size = try sources.videoSize()
+        let rate = try sources.frameRate()
+        let hasVideo = captureSources.contains { $0.type == .video }
+        let hasAudio = captureSources.contains { $0.type.isAudio }
+        let configuration = EncodingConfiguration(
+            video: hasVideo ? try encoding.videoSettings(width: size.width, height: size.height, frameRate: rate, live: true) : nil,
+            audio: hasAudio ? try encoding.audioSettings() : nil,
+            recordings: [],
+            outputs: configured
+        )
+        try configuration.validate()
+        let setupInfo = try sources.setupInfo()
+
+        let logger = Logging.bootstrap(level: level)
+        FFmpegLog.install(logger, redact: { StreamURL.scrub($0, secrets: secrets) })
+        let handler = EncodingHandler(configuration: configuration, logger: logger)
+        let session = BroadcastSession(
+            handler: handler,
+            sources: captureSources,
+            options: SessionOptions(duration: duration),
+            logger: logger
+        )
+        let counters = handler.counters
+        let outputs = handler.outputs
+        let outcome = runWithSignals(session: session, logger: logger, setupInfo: setupInfo, quiet: runOptions.quiet) {
+            StatusLine.Snapshot(
+                session: session.statistics(), encoding: counters.snapshot(), state: session.state,
+                outputs: outputs.map { $0.statistics() })
+        }
+        // A summary per output, also with --quiet: it is the result.
+        for output in outputs {
+            FileStandardError.write("broadcast: \(StatusLine.summary(output.statistics()))\n")
+        }
+        switch outcome {
+        case .success:
+            if !handler.failures.isEmpty { throw ExitCode.failure }
+        case .failure(let error):
+            FileStandardError.write("broadcast: error: \(StreamURL.scrub("\(error)", secrets: secrets))\n")
+            throw ExitCode.failure
+        }
+    }
+}
