@@ -53,7 +53,7 @@ struct DaemonConfig {
 
     /// Config key → command-line flag, per table.
     static let flags: [String: [String: String]] = [
-        "video": ["source": "--video", "size": "--size", "fps": "--fps"],
+        "video": ["source": "--video", "size": "--size", "fps": "--fps", "input": "--video-input", "format": "--video-format"],
         "audio": ["mic": "--audio-mic", "app": "--audio-app"],
         "encoder": [
             "video_bitrate": "--video-bitrate", "audio_bitrate": "--audio-bitrate", "preset": "--preset",
@@ -67,7 +67,7 @@ struct DaemonConfig {
     static let tables = ["video", "audio", "encoder", "setup", "control", "daemon", "output"]
 
     /// Where each flag came from, to point errors found by the shared option parsing at the config.
-    private var flagOrigins: [String: (key: String, line: Int)] = [:]
+    private var flagOrigins: [String: (key: String, line: Int, value: String)] = [:]
 
     static func load(path: String, environment: [String: String]) throws -> DaemonConfig {
         guard let text = readText(path) else {
@@ -133,7 +133,7 @@ struct DaemonConfig {
                     }
                     let value = try scalarText(entry, key: dotted, environment: environment)
                     if tableName == "encoder" { encoderArguments += [flag, value] } else { sourceArguments += [flag, value] }
-                    flagOrigins[flag] = (dotted, entry.line)
+                    flagOrigins[flag] = (dotted, entry.line, value)
                 case "setup":
                     setup[key] = try scalarText(entry, key: dotted, environment: environment)
                 case "control":
@@ -325,6 +325,10 @@ struct DaemonConfig {
                 if first == nil || position < first!.position { first = (position, origin.key, origin.line) }
             }
             if let first { throw self.error(first.line, first.key, message) }
+            // A message about a value (a device that is not there) rather than a flag.
+            if let origin = flagOrigins.values.filter({ $0.value.count > 2 && text.contains($0.value) }).max(by: { $0.value.count < $1.value.count }) {
+                throw self.error(origin.line, origin.key, text)
+            }
             throw self.error(0, nil, text)
         }
     }

@@ -23,6 +23,12 @@ enum Signals {
         _ = fcntl(fds[1], F_SETFL, fcntl(fds[1], F_GETFL) | O_NONBLOCK)
         pipeRead = fds[0]
         signalPipeWrite = fds[1]
+        // A parent may hand us these signals blocked (a test runner's thread, a supervisor): the mask
+        // is inherited across exec, and a blocked signal would never reach the handler.
+        var set = sigset_t()
+        sigemptyset(&set)
+        for signal in handled { sigaddset(&set, signal) }
+        pthread_sigmask(SIG_UNBLOCK, &set, nil)
         for signal in handled {
             var action = sigaction()
             action.__sigaction_handler.sa_handler = { number in
