@@ -131,8 +131,10 @@ public final class Muxer {
         }
     }
 
-    /// Writes one packet, interleaved with the other streams by dts (av_interleaved_write_frame).
-    public func write(_ packet: EncodedPacket) throws(FFmpegError) {
+    /// Writes one packet, interleaved with the other streams by dts (av_interleaved_write_frame),
+    /// `shiftNanoseconds` earlier than its own timestamps (a recording that skips a pause, a segment
+    /// that starts at zero).
+    public func write(_ packet: EncodedPacket, shiftNanoseconds: Int64 = 0) throws(FFmpegError) {
         let what = "writing a packet to \(displayName)"
         guard headerWritten, !finished else { throw FFmpegError.invalidArgument("the output is not open", what) }
         guard packet.streamIndex < sourceTimeBases.count else {
@@ -141,6 +143,12 @@ public final class Muxer {
         let reference = try packet.reference()
         let stream = context.pointee.streams[packet.streamIndex]!
         reference.pointer.pointee.stream_index = Int32(packet.streamIndex)
+        if shiftNanoseconds != 0 {
+            let ticks = av_rescale_q(shiftNanoseconds, AVRational(num: 1, den: 1_000_000_000), packet.timeBase.av)
+            let none = CBroadcastShimBridge.noTimestamp
+            if reference.pointer.pointee.pts != none { reference.pointer.pointee.pts -= ticks }
+            if reference.pointer.pointee.dts != none { reference.pointer.pointee.dts -= ticks }
+        }
         av_packet_rescale_ts(reference.pointer, packet.timeBase.av, stream.pointee.time_base)
         try check(av_interleaved_write_frame(context, reference.pointer), what)
     }

@@ -194,4 +194,8 @@ struct SendQueue {
 extension EncodedPacket {
     /// Decoding time in nanoseconds.
     var dtsNanoseconds: Int64 { Int64((decodingSeconds * 1e9).rounded()) }
+    /// Duration in nanoseconds (0 when the encoder gave none).
+    var durationNanoseconds: Int64 {
+        Int64((Double(duration) * timeBase.doubleValue * 1e9).rounded())
+    }
 }

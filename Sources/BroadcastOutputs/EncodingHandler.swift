@@ -166,7 +166,10 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 case .file(let path):
                     let recording = try Recording(path: path, streams: streams, logger: logger)
                     opened.append(recording)
-                    workers.append(RecordingWorker(output: output, recording: recording, hasVideo: videoEncoder != nil))
+                    workers.append(
+                        RecordingWorker(
+                            output: output, recording: recording, hasVideo: videoEncoder != nil, streams: streams,
+                            segments: output.configuration.segments, logger: logger))
                 case .live(let url):
                     workers.append(
                         LiveStreamWorker(

@@ -85,16 +85,44 @@ public struct LiveStreamSettings: Sendable, Hashable {
     public init() {}
 }
 
+/// A recording cut into files of a set length, each named by a strftime(3) template, with old
+/// files deleted by age and by total size.
+public struct RecordingSegments: Sendable, Hashable {
+    /// "/var/lib/broadcast/rec-%Y%m%d-%H%M%S.mp4": expanded in local time when each file starts.
+    public var pathTemplate: String
+    /// A new file starts at the first keyframe this long after the current one started.
+    public var lengthNanoseconds: Int64
+    /// Finished files older than this are deleted (nil: kept).
+    public var retainSeconds: Int64?
+    /// The oldest finished files are deleted while all together exceed this (nil: no limit).
+    public var retainBytes: Int64?
+
+    public init(pathTemplate: String, lengthNanoseconds: Int64, retainSeconds: Int64? = nil, retainBytes: Int64? = nil) {
+        self.pathTemplate = pathTemplate
+        self.lengthNanoseconds = lengthNanoseconds
+        self.retainSeconds = retainSeconds
+        self.retainBytes = retainBytes
+    }
+}
+
 /// One output of the encode, named for the daemon's API.
 public struct OutputConfiguration: Sendable, Hashable {
     public var name: String
     public var destination: OutputDestination
     /// Used when `destination` is live.
     public var live: LiveStreamSettings
+    /// For a file destination: cut into segments (the destination is the first segment's path).
+    public var segments: RecordingSegments?
 
-    public init(name: String? = nil, destination: OutputDestination, live: LiveStreamSettings = LiveStreamSettings()) {
+    public init(
+        name: String? = nil,
+        destination: OutputDestination,
+        live: LiveStreamSettings = LiveStreamSettings(),
+        segments: RecordingSegments? = nil
+    ) {
         self.name = name ?? destination.description
         self.destination = destination
         self.live = live
+        self.segments = segments
     }
 }

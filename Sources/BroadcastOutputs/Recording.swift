@@ -119,10 +119,11 @@ public final class Recording {
     /// Bytes written to the file so far.
     public var bytesWritten: Int64 { muxer?.bytesWritten ?? 0 }
 
-    public func write(_ packet: EncodedPacket) throws(BroadcastError) {
+    /// Writes `packet`, `shiftNanoseconds` earlier than its timestamps (see `Muxer.write`).
+    public func write(_ packet: EncodedPacket, shiftNanoseconds: Int64 = 0) throws(BroadcastError) {
         guard let muxer else { throw BroadcastError(.outputFailed, "recording \(path): already finished") }
         do {
-            try muxer.write(packet)
+            try muxer.write(packet, shiftNanoseconds: shiftNanoseconds)
         } catch {
             throw BroadcastError(.outputFailed, "recording \(path): \(error)")
         }

@@ -25,15 +25,22 @@ struct Status: ParsableCommand {
 }
 
 struct Pause: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Pause a running daemon's broadcast: media time stands still, files get no gap.")
+    static let configuration = CommandConfiguration(
+        abstract: "Pause a running daemon's broadcast (media time stands still, files get no gap), or one output.",
+        discussion: "With --output NAME only that output pauses (say the recording) while the others go on (say the stream)."
+    )
     @OptionGroup var control: ControlOptions
-    func run() throws { try control.call("POST", "/v1/broadcast/pause") }
+    @Option(help: ArgumentHelp("Pause only this output (a name from the config's [[output]]).", valueName: "name"))
+    var output: String?
+    func run() throws { try control.call("POST", output.map { "/v1/outputs/\($0)/pause" } ?? "/v1/broadcast/pause") }
 }
 
 struct Resume: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Resume a paused broadcast.")
+    static let configuration = CommandConfiguration(abstract: "Resume a paused broadcast, or one paused output.")
     @OptionGroup var control: ControlOptions
-    func run() throws { try control.call("POST", "/v1/broadcast/resume") }
+    @Option(help: ArgumentHelp("Resume only this output.", valueName: "name"))
+    var output: String?
+    func run() throws { try control.call("POST", output.map { "/v1/outputs/\($0)/resume" } ?? "/v1/broadcast/resume") }
 }
 
 struct Stop: ParsableCommand {

@@ -27,12 +27,26 @@ enum ControlAPI {
                 return .error(400, "\(error)")
             }
             return .json(200, controller.status())
+        case ("POST", let path) where path.hasPrefix("/v1/outputs/"):
+            // /v1/outputs/{name}/pause or /v1/outputs/{name}/resume
+            let parts = path.dropFirst("/v1/outputs/".count).split(separator: "/", omittingEmptySubsequences: false)
+            guard parts.count == 2, !parts[0].isEmpty, parts[1] == "pause" || parts[1] == "resume" else {
+                return .error(404, "unknown output action '\(path)': use /v1/outputs/{name}/pause or /v1/outputs/{name}/resume")
+            }
+            do {
+                try controller.setOutput(named: String(parts[0]), paused: parts[1] == "pause")
+            } catch let error as BroadcastError {
+                return .error(error.code == .illegalTransition ? 409 : 404, error.message)
+            } catch {
+                return .error(400, "\(error)")
+            }
+            return .json(200, controller.status())
         case (_, "/v1/status"), (_, "/metrics"):
             return .error(405, "\(request.method) is not allowed on \(request.path): use GET")
-        case (_, let path) where path.hasPrefix("/v1/broadcast/"):
+        case (_, let path) where path.hasPrefix("/v1/broadcast/") || path.hasPrefix("/v1/outputs/"):
             return .error(405, "\(request.method) is not allowed on \(path): use POST")
         default:
-            return .error(404, "no such endpoint: \(request.path) (see /v1/status, /v1/broadcast/{start,pause,resume,stop}, /metrics)")
+            return .error(404, "no such endpoint: \(request.path) (see /v1/status, /v1/broadcast/{start,pause,resume,stop}, /v1/outputs/{name}/{pause,resume}, /metrics)")
         }
     }
 }

@@ -171,7 +171,7 @@ final class BroadcastController: Sendable {
         let thread: OSThread
         let startedAt: Int64
         let primaryType: SampleBufferType
-        let recordings: [(name: String, path: String)]
+        let outputs: [Output]
     }
 
     private let state: Mutex<(config: DaemonConfig, running: Running?)>
@@ -199,15 +199,22 @@ final class BroadcastController: Sendable {
             let captureSources = try sources.makeSources()
             let size = try sources.videoSize()
             let rate = try sources.frameRate()
-            let now = time(nil)
-            var recordings: [(name: String, path: String)] = []
+            var outputs: [OutputConfiguration] = []
             for output in config.outputs {
                 switch output.kind {
                 case .recording(let template):
-                    recordings.append((output.name, Self.expand(template, at: now)))
+                    let segments = output.segment.map {
+                        RecordingSegments(
+                            pathTemplate: template,
+                            lengthNanoseconds: $0.nanoseconds ?? .max,
+                            retainSeconds: output.retainFor.map { Int64($0.seconds) },
+                            retainBytes: output.retainBytes
+                        )
+                    }
+                    let path = RecordingRetention.nextPath(template)
+                    outputs.append(OutputConfiguration(name: output.name, destination: .file(path), segments: segments))
                 case .live(let url):
-                    _ = url
-                    logger.warning("output \(output.name): live outputs are not started by the daemon yet")
+                    outputs.append(OutputConfiguration(name: output.name, destination: try OutputDestination.parse(url)))
                 }
             }
             let hasVideo = captureSources.contains { $0.type == .video }
@@ -215,7 +222,8 @@ final class BroadcastController: Sendable {
             let configuration = EncodingConfiguration(
                 video: hasVideo ? try encoder.videoSettings(width: size.width, height: size.height, frameRate: rate, live: true) : nil,
                 audio: hasAudio ? try encoder.audioSettings() : nil,
-                recordings: recordings.map(\.path)
+                recordings: [],
+                outputs: outputs
             )
             try configuration.validate()
             let handler = EncodingHandler(configuration: configuration, logger: logger)
@@ -226,7 +234,9 @@ final class BroadcastController: Sendable {
             let thread = OSThread { [weak self] in
                 do {
                     let summary = try session.run(setupInfo: setup)
-                    logger.notice("broadcast finished: \(summary.reason.rawValue)")
+                    let encoded = counters.snapshot()
+                    logger.notice(
+                        "broadcast finished (\(summary.reason.rawValue)): \(encoded.videoFramesEncoded) video frames, \(encoded.audioFramesEncoded) audio frames encoded")
                 } catch {
                     logger.error("broadcast failed: \(error)")
                     self?.failure.withLock { $0 = "\(error)" }
@@ -249,11 +259,27 @@ final class BroadcastController: Sendable {
                 thread: thread,
                 startedAt: MonotonicClock().now(),
                 primaryType: hasVideo ? .video : captureSources[0].type,
-                recordings: recordings
+                outputs: handler.outputs
             )
             failure.withLock { $0 = nil }
-            logger.notice("broadcast started: \(recordings.count) recording(s)")
+            logger.notice("broadcast started: \(outputs.map(\.name).joined(separator: ", "))")
         }
+    }
+
+    /// Pauses or resumes one output while the broadcast and the other outputs go on.
+    func setOutput(named name: String, paused: Bool) throws {
+        guard let running = state.withLock({ $0.running }), running.session.state != .finished else {
+            throw BroadcastError(.illegalTransition, "cannot \(paused ? "pause" : "resume") output \(name): no broadcast is running")
+        }
+        guard let output = running.outputs.first(where: { $0.name == name }) else {
+            throw BroadcastError(
+                .invalidArgument,
+                "no output named \(name): outputs are \(running.outputs.map(\.name).joined(separator: ", "))")
+        }
+        if paused == output.isPaused {
+            throw BroadcastError(.illegalTransition, "output \(name) is \(paused ? "already paused" : "not paused")")
+        }
+        if paused { output.pause() } else { output.resume() }
     }
 
     func pause() throws {
@@ -302,7 +328,8 @@ final class BroadcastController: Sendable {
     func statusLine() -> String {
         guard let running = state.withLock({ $0.running }) else { return "idle" }
         let media = running.session.statistics().values.map(\.mediaTimeNanoseconds).max() ?? 0
-        return "\(running.session.state): \(StatusLine.clock(media)) of media, \(running.recordings.count) recording(s)"
+        let outputs = running.outputs.map { "\($0.name) \($0.state)" }.joined(separator: ", ")
+        return "\(running.session.state): \(StatusLine.clock(media)) of media; \(outputs)"
     }
 
     func status() -> JSONValue {
@@ -337,18 +364,23 @@ final class BroadcastController: Sendable {
             ]
             types.append((type.rawValue, .object(fields)))
         }
-        let outputState: String
-        switch running.session.state {
-        case .finished: outputState = "finished"
-        case .paused: outputState = "paused"
-        case .idle, .started: outputState = "recording"
-        }
-        let outputs: [JSONValue] = running.recordings.map { recording -> JSONValue in
+        let outputs: [JSONValue] = running.outputs.map { output -> JSONValue in
+            let o = output.statistics()
+            let drops: [(String, JSONValue)] = o.drops.sorted { $0.key.rawValue < $1.key.rawValue }.map {
+                ("\($0.key)", .number(Double($0.value)))
+            }
             let fields: [(String, JSONValue)] = [
-                ("name", .string(recording.name)),
-                ("kind", .string("recording")),
-                ("state", .string(outputState)),
-                ("path", .string(recording.path)),
+                ("name", .string(o.name)),
+                ("kind", .string(o.isLive ? "live" : "recording")),
+                ("target", .string(o.target)),
+                ("state", .string("\(o.state)")),
+                ("paused", .bool(output.isPaused)),
+                ("bitrate", .number(Double(o.bitrate))),
+                ("bytes", .number(Double(o.bytesSent))),
+                ("backlog_ms", .number(Double(o.backlogMilliseconds))),
+                ("reconnects", .number(Double(o.reconnects))),
+                ("drops", .object(drops)),
+                ("error", o.lastError.map(JSONValue.string) ?? .null),
             ]
             return .object(fields)
         }
@@ -368,15 +400,5 @@ final class BroadcastController: Sendable {
             ("error", failure.map(JSONValue.string) ?? .null),
         ]
         return .object(fields)
-    }
-
-    /// strftime(3) on a path template ("rec-%Y%m%d-%H%M%S.mp4"), in local time.
-    static func expand(_ template: String, at time: time_t) -> String {
-        var t = time
-        var parts = tm()
-        localtime_r(&t, &parts)
-        var buffer = [CChar](repeating: 0, count: 4096)
-        let n = strftime(&buffer, buffer.count, template, &parts)
-        return n > 0 ? String(decoding: buffer[..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self) : template
     }
 }

@@ -1,5 +1,6 @@
 import ArgumentParser
 import BroadcastKit
+import BroadcastOutputs
 import BroadcastService
 
 #if canImport(Glibc)
@@ -200,6 +201,11 @@ struct DaemonConfig {
                     guard path.hasPrefix("/") else { throw error(table.line, "output.path", "expected an absolute path, got \"\(path)\"") }
                     kind = .recording(pathTemplate: path)
                 case (nil, let url?):
+                    do {
+                        _ = try OutputDestination.parse(url)
+                    } catch {
+                        throw self.error(table.line, "output.url", error.message)
+                    }
                     kind = .live(url: url)
                 case (nil, nil):
                     throw error(table.line, "output", "output \"\(name)\" needs either path (a recording) or url (a live stream)")

@@ -301,3 +301,111 @@ final class NotifyListener: @unchecked Sendable {
         #expect(r.status == 0, "exit \(r.status): \(r.stderr)")
     }
 }
+
+@Suite(.serialized) struct DaemonOutputTests {
+    static let frame = 1.0 / 30
+
+    func waitUntilStarted(_ socket: String) throws -> String {
+        var last = ""
+        for _ in 0..<150 {
+            let r = try broadcast(["status", "--socket", socket], timeout: 30)
+            last = r.stdout + r.stderr
+            if r.status == 0 && r.stdout.contains("\"state\":\"started\"") && r.stdout.contains("\"state\":\"recording\"") { return last }
+            usleep(200_000)
+        }
+        return last
+    }
+
+    /// Pause one output while the other goes on: the paused recording skips the pause without a gap,
+    /// the other keeps everything.
+    @Test func pausingOneOutputLeavesTheOtherRunning() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        let config = """
+            [video]
+            size = "320x180"
+            [control]
+            socket = "\(socket)"
+            [[output]]
+            name = "rec"
+            path = "\(dir.path("rec.mkv"))"
+            [[output]]
+            name = "archive"
+            path = "\(dir.path("archive.mkv"))"
+            """
+        try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
+        let daemon = try Child(broadcastBinary, ["daemon", "--config", dir.path("d.toml")])
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        let up = try waitUntilStarted(socket)
+        #expect(up.contains("\"name\":\"rec\""), "\(up)")
+        usleep(2_500_000)
+        let paused = try broadcast(["pause", "--output", "rec", "--socket", socket])
+        #expect(paused.status == 0, "\(paused.stderr)")
+        #expect(paused.stdout.contains("\"name\":\"rec\",\"kind\":\"recording\""), "\(paused.stdout)")
+        let wrong = try broadcast(["pause", "--output", "nope", "--socket", socket])
+        #expect(wrong.status == 1 && wrong.stderr.contains("no output named nope"), "\(wrong.stderr)")
+        usleep(3_000_000)
+        let resumed = try broadcast(["resume", "--output", "rec", "--socket", socket])
+        #expect(resumed.status == 0, "\(resumed.stderr)")
+        usleep(2_500_000)
+        let stopped = try broadcast(["stop", "--socket", socket])
+        #expect(stopped.status == 0, "\(stopped.stderr)")
+
+        let rec = try packetTimes(dir.path("rec.mkv"), stream: "v:0")
+        let archive = try packetTimes(dir.path("archive.mkv"), stream: "v:0")
+        let recGaps = zip(rec, rec.dropFirst()).map { $1 - $0 }
+        #expect((recGaps.max() ?? 1) < 2 * Self.frame, "the paused recording has a gap of \(recGaps.max() ?? 0) s")
+        let archiveGaps = zip(archive, archive.dropFirst()).map { $1 - $0 }
+        #expect((archiveGaps.max() ?? 1) < 2 * Self.frame)
+        // The paused one lacks about 3 s (up to a keyframe interval more), the other has it all.
+        let missing = Double(archive.count - rec.count) * Self.frame
+        #expect(missing > 2.5 && missing < 5.5, "rec has \(rec.count) frames, archive \(archive.count)")
+        #expect(abs((rec.last ?? 0) - (rec.first ?? 0) - Double(rec.count - 1) * Self.frame) < 0.1, "rec's timeline is continuous")
+        #expect(try decodeErrors(dir.path("rec.mkv")) == "")
+    }
+
+    /// Segments of 2 s: several files, each playable and starting at zero, no frame lost or doubled
+    /// at the cuts.
+    @Test func segmentsSplitWithoutLosingFrames() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        let config = """
+            [video]
+            size = "320x180"
+            [encoder]
+            keyframe_interval = "1s"
+            [control]
+            socket = "\(socket)"
+            [[output]]
+            name = "rec"
+            path = "\(dir.path("seg-%H%M%S.mp4"))"
+            segment = "2s"
+            """
+        try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
+        let daemon = try Child(broadcastBinary, ["daemon", "--config", dir.path("d.toml")])
+        _ = try waitUntilStarted(socket)
+        usleep(7_000_000)
+        let status = try broadcast(["status", "--socket", socket])
+        daemon.signal(SIGTERM)
+        let r = daemon.wait(timeout: 30)
+        #expect(r.status == 0, "\(r.stderr)")
+        let files = dir.contents.filter { $0.hasPrefix("seg-") && $0.hasSuffix(".mp4") }.sorted()
+        #expect(files.count >= 3, "segments: \(files)")
+        var total = 0
+        for file in files {
+            let p = try probe(dir.path(file))
+            let frames = p.video?.frames ?? 0
+            total += frames
+            #expect(try decodeErrors(dir.path(file)) == "", "\(file)")
+            #expect(try mp4TopLevelBoxes(dir.path(file)).contains("moov"))
+            let first = try packetTimes(dir.path(file), stream: "v:0").first ?? 99
+            #expect(first < 0.1, "\(file) starts at \(first) s, not at zero")
+        }
+        // Every encoded frame is in exactly one segment.
+        let encoded = Int(r.stderr.firstMatch(of: /(\d+) video frames, \d+ audio frames encoded/)?.1 ?? "-1") ?? -1
+        #expect(total == encoded, "\(total) frames in the segments, \(encoded) encoded")
+        #expect(status.stdout.contains("\"name\":\"rec\""))
+    }
+}

@@ -1,0 +1,187 @@
+import Atomics
+import BroadcastKit
+import BroadcastMedia
+import Logging
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Writes every packet to a recording, in order, on the output's thread; finalizes it at the end.
+///
+/// Paused on its own (the stream goes on), a recording skips the paused time: it resumes on a
+/// keyframe, and every later packet is written earlier by the length of the pause, so the file has
+/// no gap. With segments, a new file starts at the first keyframe past the segment length; each
+/// file starts at time zero, no packet is lost or repeated at the cut, and old files are deleted
+/// by age and total size.
+final class RecordingWorker: OutputWorker, @unchecked Sendable {
+    private let output: Output
+    /// Owned by the output's thread once started.
+    private var recording: Recording
+    private let hasVideo: Bool
+    private let streams: [StreamDescription]
+    private let segments: RecordingSegments?
+    private let logger: Logger
+    /// Taken off every packet's timestamps: the start of the current segment plus skipped pauses.
+    private var shift: Int64 = 0
+    /// Where the current segment starts, in the encoder's time (ns).
+    private var segmentStart: Int64?
+    /// End (dts + duration, ns) of the last packet written, to close a pause without a gap.
+    private var lastWrittenEnd: Int64?
+
+    init(output: Output, recording: Recording, hasVideo: Bool, streams: [StreamDescription], segments: RecordingSegments?, logger: Logger) {
+        self.output = output
+        self.recording = recording
+        self.hasVideo = hasVideo
+        self.streams = streams
+        self.segments = segments
+        self.logger = logger
+    }
+
+    /// True for the packet a file may start with: a video keyframe (any packet without video).
+    private func isStartPoint(_ packet: EncodedPacket) -> Bool {
+        packet.isKeyframe && (packet.mediaType == .video || !hasVideo)
+    }
+
+    func run() {
+        let status = output.status
+        let feed = output.feed
+        status.set(.recording)
+        status.everDelivered.store(true, ordering: .releasing)
+        var awaitingKeyframe = false
+        while true {
+            guard let packet = feed.pop() else {
+                if feed.ended.load(ordering: .acquiring), feed.ring.isEmpty { break }
+                feed.waitForPackets(timeoutNanoseconds: 200_000_000)
+                continue
+            }
+            if output.isPaused {
+                if status.current != .paused { status.set(.paused) }
+                status.drop(.paused)
+                awaitingKeyframe = true
+                continue
+            }
+            let dts = packet.dtsNanoseconds
+            if awaitingKeyframe {
+                guard isStartPoint(packet) else {
+                    status.drop(.paused)
+                    continue
+                }
+                awaitingKeyframe = false
+                // Skip the paused time: this keyframe follows the last packet written directly.
+                if let end = lastWrittenEnd, dts - shift > end { shift = dts - end }
+                status.set(.recording)
+            }
+            if segmentStart == nil { segmentStart = dts }
+            if let segments, let start = segmentStart, isStartPoint(packet), dts - start >= segments.lengthNanoseconds {
+                do {
+                    try startNextSegment(segments, at: dts)
+                } catch {
+                    output.failed(error.message)
+                    return
+                }
+            }
+            do {
+                try recording.write(packet, shiftNanoseconds: shift)
+            } catch {
+                output.failed(error.message)
+                return
+            }
+            let end = dts - shift + max(0, packet.durationNanoseconds)
+            if end > lastWrittenEnd ?? .min { lastWrittenEnd = end }
+            status.sent(packet)
+            status.bytes.store(recording.bytesWritten, ordering: .relaxed)
+            status.setBacklog(max(0, feed.newestDTS.load(ordering: .relaxed) - dts))
+        }
+        do {
+            try recording.finish()
+            status.set(.finished)
+        } catch {
+            output.failed(error.message)
+        }
+        if let segments { RecordingRetention.apply(segments, keeping: recording.path, logger: logger) }
+        feed.close()
+    }
+
+    /// Finishes the current file and opens the next, which starts at `dts` (time zero in it).
+    private func startNextSegment(_ segments: RecordingSegments, at dts: Int64) throws(BroadcastError) {
+        try recording.finish()
+        let path = RecordingRetention.nextPath(segments.pathTemplate, after: recording.path)
+        recording = try Recording(path: path, streams: streams, logger: logger)
+        segmentStart = dts
+        shift = dts
+        lastWrittenEnd = nil
+        logger.info("recording \(output.name): next segment \(path)")
+        RecordingRetention.apply(segments, keeping: path, logger: logger)
+    }
+}
+
+/// Segment names and the deletion of old segments.
+public enum RecordingRetention {
+    /// strftime(3) of `template` now, in local time; "-2", "-3", ... added when that file exists.
+    public static func nextPath(_ template: String, after previous: String = "") -> String {
+        let base = expand(template)
+        if base != previous && access(base, F_OK) != 0 { return base }
+        let dot = base.lastIndex(of: ".") ?? base.endIndex
+        var n = 2
+        while true {
+            let candidate = "\(base[..<dot])-\(n)\(base[dot...])"
+            if access(candidate, F_OK) != 0 { return candidate }
+            n += 1
+        }
+    }
+
+    static func expand(_ template: String) -> String {
+        var now = time(nil)
+        var parts = tm()
+        localtime_r(&now, &parts)
+        var buffer = [CChar](repeating: 0, count: 4096)
+        let n = strftime(&buffer, buffer.count, template, &parts)
+        return n > 0 ? String(decoding: buffer[..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self) : template
+    }
+
+    /// The segments of `template` in its directory: same text before the first placeholder, same
+    /// extension. Oldest first.
+    static func segments(of template: String) -> [(path: String, modified: Int, bytes: Int64)] {
+        let slash = template.lastIndex(of: "/")
+        let directory = slash.map { String(template[..<$0]) } ?? "."
+        let name = slash.map { String(template[template.index(after: $0)...]) } ?? template
+        let prefix = String(name.prefix { $0 != "%" })
+        let suffix = name.lastIndex(of: ".").map { String(name[$0...]) } ?? ""
+        guard let dir = opendir(directory) else { return [] }
+        defer { closedir(dir) }
+        var found: [(path: String, modified: Int, bytes: Int64)] = []
+        while let entry = readdir(dir) {
+            let file = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            guard !file.hasPrefix("."), file.hasPrefix(prefix), file.hasSuffix(suffix) else { continue }
+            let path = "\(directory)/\(file)"
+            var info = stat()
+            guard stat(path, &info) == 0, info.st_mode & S_IFMT == S_IFREG else { continue }
+            found.append((path, info.st_mtim.tv_sec, Int64(info.st_size)))
+        }
+        return found.sorted { ($0.modified, $0.path) < ($1.modified, $1.path) }
+    }
+
+    /// Deletes finished segments older than the retention age, then the oldest while the total
+    /// exceeds the size limit. Never the file being written.
+    static func apply(_ policy: RecordingSegments, keeping current: String, logger: Logger) {
+        guard policy.retainSeconds != nil || policy.retainBytes != nil else { return }
+        var files = segments(of: policy.pathTemplate)
+        let now = time(nil)
+        if let age = policy.retainSeconds {
+            for file in files where file.path != current && now - file.modified > age {
+                if unlink(file.path) == 0 { logger.notice("retention: deleted \(file.path) (older than \(age) s)") }
+            }
+            files = segments(of: policy.pathTemplate)
+        }
+        if let limit = policy.retainBytes {
+            var total = files.reduce(0) { $0 + $1.bytes }
+            for file in files where total > limit && file.path != current {
+                if unlink(file.path) == 0 {
+                    total -= file.bytes
+                    logger.notice("retention: deleted \(file.path) (recordings over \(limit) bytes)")
+                }
+            }
+        }
+    }
+}
