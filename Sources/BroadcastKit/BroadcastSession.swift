@@ -265,6 +265,8 @@ public final class BroadcastSession: @unchecked Sendable {
         var pauses: [(start: Int64, end: Int64)] = []
         /// Capture time at which the current pause began, if paused.
         var pausedAt: Int64?
+        /// A pause asked for at this capture time, waiting until what was captured before it is out.
+        var pendingPause: Int64?
         /// Delivery stopped for a buffer type: its sink ended or the duration was reached.
         var done: Set<SampleBufferType> = []
         var lastPTS: [SampleBufferType: Int64] = [:]
@@ -279,13 +281,21 @@ public final class BroadcastSession: @unchecked Sendable {
 
         mutating func run() -> Result<SessionSummary.Reason, BroadcastError> {
             let handler = session.handler
+            /// Commands taken but not applied yet: they wait while a pause is pending.
+            var queued: [Command] = []
             while true {
                 // Control first: the handler hears of pause/resume/finish between two buffers.
-                for (_, command) in session.commands.takeAll().sorted(by: { $0.sequence < $1.sequence }) {
-                    switch command {
+                queued += session.commands.takeAll().sorted(by: { $0.sequence < $1.sequence }).map(\.command)
+                while pendingPause == nil, !queued.isEmpty {
+                    switch queued.removeFirst() {
                     case .pause(let at):
-                        pausedAt = at
-                        handler.broadcastPaused()
+                        if realtime {
+                            // First deliver what was captured before the pause (audio up to its sample).
+                            pendingPause = at
+                        } else {
+                            pausedAt = at
+                            handler.broadcastPaused()
+                        }
                     case .resume(let at):
                         if let start = pausedAt, realtime { pauses.append((start, max(start, at))) }
                         pausedAt = nil
@@ -294,6 +304,12 @@ public final class BroadcastSession: @unchecked Sendable {
                         if let error { return .failure(error) }
                         return .success(.finished)
                     }
+                }
+                if let pause = pendingPause, everythingBeforeDelivered(pause) {
+                    pendingPause = nil
+                    pausedAt = pause
+                    handler.broadcastPaused()
+                    continue
                 }
 
                 if let pausedAt {
@@ -309,6 +325,8 @@ public final class BroadcastSession: @unchecked Sendable {
                 var waitingOnEmpty = false
                 for sink in session.sinks where !done.contains(sink.type) {
                     if let head = sink.ring.peek() {
+                        // While a pause is pending only what was captured before it goes out.
+                        if let pause = pendingPause, head.captureTime >= pause { continue }
                         if head.captureTime < bestTime {
                             best = sink
                             bestTime = head.captureTime
@@ -323,7 +341,12 @@ public final class BroadcastSession: @unchecked Sendable {
                     if done.count == session.sinks.count {
                         return .success(durationNanoseconds != nil ? .durationReached : .sourcesEnded)
                     }
-                    sleep(timeout: nil)
+                    if let pause = pendingPause {
+                        // Wait for the rest captured before the pause, within the reorder window.
+                        sleep(timeout: max(1_000_000, pause + session.options.reorderWindowNanoseconds - session.clock.now()))
+                    } else {
+                        sleep(timeout: nil)
+                    }
                     continue
                 }
                 if waitingOnEmpty {
@@ -342,7 +365,7 @@ public final class BroadcastSession: @unchecked Sendable {
                 let buffer = sink.ring.pop()!
                 sink.tookBuffer()
                 do {
-                    try deliver(buffer, of: sink.type)
+                    try deliver(buffer, of: sink.type, cutAt: pendingPause)
                 } catch let error as BroadcastError {
                     buffer.backing?.release()
                     return .failure(error)
@@ -357,11 +380,31 @@ public final class BroadcastSession: @unchecked Sendable {
         private func sleep(timeout: Int64?) {
             session.wakeup.prepareToSleep()
             // Anything that arrived between the last look and now would otherwise wait for the timeout.
-            if session.sinks.contains(where: { !$0.ring.isEmpty && !done.contains($0.type) }) && pausedAt == nil {
+            // Without a timeout the loop waits for any buffer; with one (the reorder window) it waits
+            // for the empty queues, while another queue's head is already there: that head alone
+            // must not cancel the wake-up, or the first buffer to fill an empty queue is seen only
+            // when the whole window has passed.
+            let arrived =
+                timeout == nil
+                ? session.sinks.contains(where: { !$0.ring.isEmpty && !done.contains($0.type) })
+                : session.sinks.allSatisfy { done.contains($0.type) || $0.hasEnded || !$0.ring.isEmpty }
+            if arrived && pausedAt == nil {
                 session.wakeup.cancelSleep()
-                if timeout == nil { return }
+                return
             }
             session.wakeup.sleep(timeoutNanoseconds: timeout ?? 250_000_000)
+        }
+
+        /// True when every source has delivered what it captured before `pause` (its next buffer starts
+        /// at or after it, or it ended), or the reorder window has passed: a source that far behind
+        /// keeps its older buffers for after the resume.
+        private func everythingBeforeDelivered(_ pause: Int64) -> Bool {
+            if session.clock.now() - pause >= session.options.reorderWindowNanoseconds { return true }
+            return session.sinks.allSatisfy { sink in
+                if done.contains(sink.type) || sink.hasEnded { return true }
+                guard let head = sink.ring.peek() else { return false }
+                return head.captureTime >= pause
+            }
         }
 
         /// Drops buffers captured entirely after the pause began; earlier ones wait for the resume.
@@ -385,7 +428,7 @@ public final class BroadcastSession: @unchecked Sendable {
 
         /// Hands `buffer` to the handler: the parts captured outside pauses and inside the duration,
         /// with media times. Audio is cut at sample precision; a video frame is all or nothing.
-        private mutating func deliver(_ buffer: CapturedBuffer, of type: SampleBufferType) throws {
+        private mutating func deliver(_ buffer: CapturedBuffer, of type: SampleBufferType, cutAt pause: Int64? = nil) throws {
             let counters = session.counters[type]!
             let start = buffer.captureTime
             let durationNs = buffer.duration.nanoseconds ?? 0
@@ -415,6 +458,10 @@ public final class BroadcastSession: @unchecked Sendable {
                 }
             }
 
+            if let pause, case .audio = buffer.format {
+                // A pause is beginning: audio stops at its exact sample.
+                pieces = pieces.compactMap { $0.from < pause ? ($0.from, min($0.to, pause)) : nil }
+            }
             for piece in pieces {
                 var pts = piece.from - startTime - pausedBefore(piece.from)
                 var sample = slice(buffer, from: piece.from, to: piece.to)

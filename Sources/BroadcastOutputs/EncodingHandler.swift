@@ -97,8 +97,15 @@ public final class EncodingHandler: BroadcastSampleHandler {
     private var audioEncoder: AudioEncoder?
     private var mixer: AudioMixer?
     private var resamplers: [SampleBufferType: Resampler] = [:]
-    /// Every output, in configuration order, from init on (their threads start with the broadcast).
-    public let outputs: [Output]
+    /// Every output, in configuration order, from init on (their threads start with the broadcast),
+    /// and the way to change them while the broadcast runs: read and asked from any thread.
+    public let outputControl: OutputControl
+    /// The current outputs (a snapshot; the set changes only through `outputControl.reconfigure`).
+    public var outputs: [Output] { outputControl.outputs }
+    /// Outputs taken out while running: ended at once, joined when the broadcast finishes.
+    private var retired: [Output] = []
+    /// What new outputs are opened with: set at broadcastStarted.
+    private var streams: [StreamDescription] = []
     /// Set by an output that needs a keyframe; taken before each video frame on the session's thread.
     private let keyframeRequest = ManagedAtomic<Bool>(false)
     private var bitrateWindowStart: Double?
@@ -113,9 +120,11 @@ public final class EncodingHandler: BroadcastSampleHandler {
         self.logger = logger
         let keyframeRequest = self.keyframeRequest
         let failed = counters.failedOutputs
-        outputs = configuration.allOutputs.map {
-            Output(configuration: $0, keyframeRequest: keyframeRequest, failedOutputs: failed, logger: logger)
-        }
+        outputControl = OutputControl(
+            configuration.allOutputs.map {
+                Output(configuration: $0, keyframeRequest: keyframeRequest, failedOutputs: failed, logger: logger)
+            }
+        )
     }
 
     /// The output named `name`.
@@ -155,36 +164,67 @@ public final class EncodingHandler: BroadcastSampleHandler {
         } catch {
             throw BroadcastError(.outputFailed, "\(error)")
         }
+        self.streams = streams
         // Files are opened here, so a recording that cannot be created fails the start; live
         // outputs connect on their own threads (a server that is down must not stop the recording).
         var workers: [any OutputWorker] = []
-        var opened: [Recording] = []
-        let totalBitrate = (configuration.video?.bitrate ?? 0) + (configuration.audio?.bitrate ?? 0)
         do {
-            for output in outputs {
-                switch output.destination {
-                case .file(let path):
-                    let recording = try Recording(path: path, streams: streams, logger: logger)
-                    opened.append(recording)
-                    workers.append(
-                        RecordingWorker(
-                            output: output, recording: recording, hasVideo: videoEncoder != nil, streams: streams,
-                            segments: output.configuration.segments, logger: logger))
-                case .live(let url):
-                    workers.append(
-                        LiveStreamWorker(
-                            output: output, url: url, streams: streams, totalBitrate: totalBitrate, logger: logger))
-                }
-            }
+            for output in outputs { workers.append(try makeWorker(for: output)) }
         } catch {
-            for recording in opened { recording.discard() }
+            for worker in workers { (worker as? RecordingWorker)?.discard() }
             throw error
         }
         for (output, worker) in zip(outputs, workers) { output.start(worker) }
     }
 
+    /// The worker that feeds `output` its packets: a file is created now (so a path that cannot
+    /// be written fails here), a live stream connects on its own thread.
+    private func makeWorker(for output: Output, joining: Bool = false) throws(BroadcastError) -> any OutputWorker {
+        switch output.destination {
+        case .file(let path):
+            let recording = try Recording(path: path, streams: streams, logger: logger)
+            return RecordingWorker(
+                output: output, recording: recording, hasVideo: videoEncoder != nil, streams: streams,
+                segments: output.configuration.segments, joinsRunningBroadcast: joining, logger: logger)
+        case .live(let url):
+            let totalBitrate = (configuration.video?.bitrate ?? 0) + (configuration.audio?.bitrate ?? 0)
+            return LiveStreamWorker(output: output, url: url, streams: streams, totalBitrate: totalBitrate, logger: logger)
+        }
+    }
+
+    /// Applies the output set asked through `outputControl` (on the session's thread): outputs whose
+    /// configuration is unchanged go on untouched, others end, new ones start on a fresh keyframe.
+    private func applyRequestedOutputs(_ desired: [OutputConfiguration]) {
+        let current = outputs
+        var next: [Output] = []
+        for configuration in desired {
+            if let kept = current.first(where: { $0.configuration == configuration }) {
+                next.append(kept)
+                continue
+            }
+            let output = Output(
+                configuration: configuration, keyframeRequest: keyframeRequest, failedOutputs: counters.failedOutputs,
+                logger: logger)
+            do {
+                output.start(try makeWorker(for: output, joining: true))
+                next.append(output)
+                logger.notice("output \(output.name) added (\(output.target))")
+            } catch {
+                record(BroadcastError(.outputFailed, "output \(configuration.name) not added: \(error.message)"))
+            }
+        }
+        for output in current where !next.contains(where: { $0 === output }) {
+            output.end()
+            retired.append(output)
+            logger.notice("output \(output.name) removed (\(output.target))")
+        }
+        outputControl.publish(next)
+        videoEncoder?.forceKeyframe()
+    }
+
     public func processSampleBuffer(_ buffer: borrowing SampleBuffer, of type: SampleBufferType) throws {
         guard !finished else { return }
+        if let desired = outputControl.takeRequest() { applyRequestedOutputs(desired) }
         switch type {
         case .video:
             guard let videoEncoder else { return }
@@ -237,7 +277,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
         // Every output sends what it has (a live one for at most its finish timeout) and closes;
         // recordings are finalized on their own threads, together.
         for output in outputs { output.end() }
-        for output in outputs {
+        for output in outputs + retired {
             output.join()
             if let failure = output.failure, !failures.contains(failure) {
                 failures.append(failure)
@@ -300,4 +340,37 @@ public final class EncodingHandler: BroadcastSampleHandler {
             counters.bytesWritten.store(total, ordering: .relaxed)
         }
     }
+}
+
+/// The handler's outputs as other threads see them, and the way to change the set while the
+/// broadcast runs (the daemon's SIGHUP). Lock-free: the list is one atomic reference, replaced
+/// whole by the session's thread; a request is the desired set, and the newest one wins.
+public final class OutputControl: Sendable {
+    final class List: AtomicReference, Sendable {
+        let outputs: [Output]
+        init(_ outputs: [Output]) { self.outputs = outputs }
+    }
+    final class Request: AtomicReference, Sendable {
+        let desired: [OutputConfiguration]
+        init(_ desired: [OutputConfiguration]) { self.desired = desired }
+    }
+
+    private let list: ManagedAtomic<List>
+    private let request = ManagedAtomic<Request?>(nil)
+
+    init(_ outputs: [Output]) { list = ManagedAtomic(List(outputs)) }
+
+    public var outputs: [Output] { list.load(ordering: .acquiring).outputs }
+
+    /// Asks for exactly these outputs; applied before the next buffer the handler gets.
+    public func reconfigure(_ desired: [OutputConfiguration]) {
+        request.store(Request(desired), ordering: .releasing)
+    }
+
+    func takeRequest() -> [OutputConfiguration]? {
+        guard request.load(ordering: .relaxed) != nil else { return nil }
+        return request.exchange(nil, ordering: .acquiring)?.desired
+    }
+
+    func publish(_ outputs: [Output]) { list.store(List(outputs), ordering: .releasing) }
 }

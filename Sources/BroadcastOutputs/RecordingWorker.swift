@@ -22,6 +22,7 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
     private let streams: [StreamDescription]
     private let segments: RecordingSegments?
     private let logger: Logger
+    private let joinsRunningBroadcast: Bool
     /// Taken off every packet's timestamps: the start of the current segment plus skipped pauses.
     private var shift: Int64 = 0
     /// Where the current segment starts, in the encoder's time (ns).
@@ -29,7 +30,16 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
     /// End (dts + duration, ns) of the last packet written, to close a pause without a gap.
     private var lastWrittenEnd: Int64?
 
-    init(output: Output, recording: Recording, hasVideo: Bool, streams: [StreamDescription], segments: RecordingSegments?, logger: Logger) {
+    init(
+        output: Output,
+        recording: Recording,
+        hasVideo: Bool,
+        streams: [StreamDescription],
+        segments: RecordingSegments?,
+        joinsRunningBroadcast: Bool = false,
+        logger: Logger
+    ) {
+        self.joinsRunningBroadcast = joinsRunningBroadcast
         self.output = output
         self.recording = recording
         self.hasVideo = hasVideo
@@ -43,12 +53,17 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
         packet.isKeyframe && (packet.mediaType == .video || !hasVideo)
     }
 
+    /// Closes the file unfinished and deletes it (a broadcast that never really started).
+    func discard() { recording.discard() }
+
     func run() {
         let status = output.status
         let feed = output.feed
         status.set(.recording)
         status.everDelivered.store(true, ordering: .releasing)
         var awaitingKeyframe = false
+        // An output added while the broadcast runs joins mid-GOP: its file starts on a keyframe.
+        var joining = joinsRunningBroadcast
         while true {
             guard let packet = feed.pop() else {
                 if feed.ended.load(ordering: .acquiring), feed.ring.isEmpty { break }
@@ -62,6 +77,13 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
                 continue
             }
             let dts = packet.dtsNanoseconds
+            if joining {
+                guard isStartPoint(packet) else {
+                    status.drop(.awaitingKeyframe)
+                    continue
+                }
+                joining = false
+            }
             if awaitingKeyframe {
                 guard isStartPoint(packet) else {
                     status.drop(.paused)

@@ -171,7 +171,10 @@ final class BroadcastController: Sendable {
         let thread: OSThread
         let startedAt: Int64
         let primaryType: SampleBufferType
-        let outputs: [Output]
+        let outputControl: OutputControl
+        var outputs: [Output] { outputControl.outputs }
+        /// The config entries the running outputs were made from, by name (for SIGHUP's comparison).
+        var definitions: [String: DaemonConfig.Output]
     }
 
     private let state: Mutex<(config: DaemonConfig, running: Running?)>
@@ -199,24 +202,7 @@ final class BroadcastController: Sendable {
             let captureSources = try sources.makeSources()
             let size = try sources.videoSize()
             let rate = try sources.frameRate()
-            var outputs: [OutputConfiguration] = []
-            for output in config.outputs {
-                switch output.kind {
-                case .recording(let template):
-                    let segments = output.segment.map {
-                        RecordingSegments(
-                            pathTemplate: template,
-                            lengthNanoseconds: $0.nanoseconds ?? .max,
-                            retainSeconds: output.retainFor.map { Int64($0.seconds) },
-                            retainBytes: output.retainBytes
-                        )
-                    }
-                    let path = RecordingRetention.nextPath(template)
-                    outputs.append(OutputConfiguration(name: output.name, destination: .file(path), segments: segments))
-                case .live(let url):
-                    outputs.append(OutputConfiguration(name: output.name, destination: try OutputDestination.parse(url)))
-                }
-            }
+            let outputs = try Self.outputConfigurations(config.outputs)
             let hasVideo = captureSources.contains { $0.type == .video }
             let hasAudio = captureSources.contains { $0.type.isAudio }
             let configuration = EncodingConfiguration(
@@ -259,7 +245,8 @@ final class BroadcastController: Sendable {
                 thread: thread,
                 startedAt: MonotonicClock().now(),
                 primaryType: hasVideo ? .video : captureSources[0].type,
-                outputs: handler.outputs
+                outputControl: handler.outputControl,
+                definitions: Dictionary(config.outputs.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
             )
             failure.withLock { $0 = nil }
             logger.notice("broadcast started: \(outputs.map(\.name).joined(separator: ", "))")
@@ -304,15 +291,72 @@ final class BroadcastController: Sendable {
         running.thread.join()
     }
 
-    /// Re-reads the config; the new outputs apply from the next start.
+    /// The outputs a config names, recordings' paths expanded for now.
+    static func outputConfigurations(_ entries: [DaemonConfig.Output]) throws -> [OutputConfiguration] {
+        try entries.map { output in
+            switch output.kind {
+            case .recording(let template):
+                let segments = output.segment.map {
+                    RecordingSegments(
+                        pathTemplate: template,
+                        lengthNanoseconds: $0.nanoseconds ?? .max,
+                        retainSeconds: output.retainFor.map { Int64($0.seconds) },
+                        retainBytes: output.retainBytes
+                    )
+                }
+                return OutputConfiguration(name: output.name, destination: .file(RecordingRetention.nextPath(template)), segments: segments)
+            case .live(let url):
+                return OutputConfiguration(name: output.name, destination: try OutputDestination.parse(url))
+            }
+        }
+    }
+
+    /// SIGHUP: re-reads the config. The outputs apply to the running broadcast at once: an output
+    /// whose settings did not change goes on untouched (a recording is not interrupted), removed ones
+    /// end, new ones start on a fresh keyframe. Sources and encoder settings apply from the next start.
     func reload(path: String, environment: [String: String]) {
+        let fresh: DaemonConfig
         do {
-            let fresh = try DaemonConfig.load(path: path, environment: environment)
-            state.withLock { $0.config = fresh }
-            logger.notice("SIGHUP: config reloaded: \(fresh.outputs.count) output(s); they apply from the next start")
+            fresh = try DaemonConfig.load(path: path, environment: environment)
         } catch {
             logger.error("SIGHUP: config not reloaded: \(error)")
+            return
         }
+        let running = state.withLock { state -> Running? in
+            state.config = fresh
+            return state.running
+        }
+        guard let running, running.session.state != .finished else {
+            logger.notice("SIGHUP: config reloaded; it applies from the next start")
+            return
+        }
+        // Unchanged outputs keep their configuration (a recording keeps the file it writes).
+        var desired: [OutputConfiguration] = []
+        for entry in fresh.outputs {
+            if let before = running.definitions[entry.name], Self.sameDefinition(before, entry),
+                let current = running.outputs.first(where: { $0.name == entry.name })
+            {
+                desired.append(current.configuration)
+            } else if let made = try? Self.outputConfigurations([entry]) {
+                desired += made
+            }
+        }
+        running.outputControl.reconfigure(desired)
+        state.withLock { state in
+            state.running?.definitions = Dictionary(fresh.outputs.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
+        }
+        logger.notice("SIGHUP: config reloaded; outputs now \(desired.map(\.name).joined(separator: ", "))")
+    }
+
+    /// Whether two config entries describe the same output (their lines may differ).
+    static func sameDefinition(_ a: DaemonConfig.Output, _ b: DaemonConfig.Output) -> Bool {
+        let sameKind: Bool
+        switch (a.kind, b.kind) {
+        case (.recording(let x), .recording(let y)), (.live(let x), .live(let y)): sameKind = x == y
+        default: sameKind = false
+        }
+        return sameKind && a.name == b.name && a.segment == b.segment && a.retainFor == b.retainFor
+            && a.retainBytes == b.retainBytes
     }
 
     func deliveredFrames() -> Int {

@@ -409,3 +409,57 @@ final class NotifyListener: @unchecked Sendable {
         #expect(status.stdout.contains("\"name\":\"rec\""))
     }
 }
+
+@Suite(.serialized) struct DaemonReloadTests {
+    /// SIGHUP re-reads the outputs: one added and later removed while the recording goes on
+    /// uninterrupted in one file.
+    @Test func sighupChangesOutputsWithoutInterruptingTheRecording() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        func write(extra: Bool) throws {
+            var config = """
+                [video]
+                size = "320x180"
+                [control]
+                socket = "\(socket)"
+                [[output]]
+                name = "rec"
+                path = "\(dir.path("rec-%H%M%S.mkv"))"
+                """
+            if extra { config += "\n[[output]]\nname = \"extra\"\npath = \"\(dir.path("extra.mkv"))\"\n" }
+            try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
+        }
+        try write(extra: false)
+        let daemon = try Child(broadcastBinary, ["daemon", "--config", dir.path("d.toml")])
+        for _ in 0..<150 where !(try broadcast(["status", "--socket", socket]).stdout.contains("\"state\":\"recording\"")) {
+            usleep(200_000)
+        }
+        usleep(2_000_000)
+        try write(extra: true)
+        daemon.signal(SIGHUP)
+        usleep(3_000_000)
+        let during = try broadcast(["status", "--socket", socket]).stdout
+        #expect(during.contains("\"name\":\"extra\""), "\(during)")
+        try write(extra: false)
+        daemon.signal(SIGHUP)
+        usleep(2_000_000)
+        let after = try broadcast(["status", "--socket", socket]).stdout
+        #expect(!after.contains("\"name\":\"extra\""), "\(after)")
+        daemon.signal(SIGTERM)
+        let r = daemon.wait(timeout: 30)
+        #expect(r.status == 0, "\(r.stderr)")
+        let recordings = dir.contents.filter { $0.hasPrefix("rec-") }
+        #expect(recordings.count == 1, "the recording was not interrupted: \(recordings)")
+        if let rec = recordings.first {
+            let times = try packetTimes(dir.path(rec), stream: "v:0")
+            let gaps = zip(times, times.dropFirst()).map { $1 - $0 }
+            #expect((gaps.max() ?? 1) < 2.0 / 30, "gap \(gaps.max() ?? 0)")
+            #expect(times.count > 5 * 30, "\(times.count) frames")
+        }
+        let extra = try probe(dir.path("extra.mkv"))
+        let frames = extra.video?.frames ?? 0
+        #expect(frames > 30 && frames < 6 * 30, "the added output has \(frames) frames")
+        #expect(try decodeErrors(dir.path("extra.mkv")) == "")
+    }
+}

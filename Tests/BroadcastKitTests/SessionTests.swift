@@ -4,7 +4,10 @@ import Testing
 
 @Suite struct SessionLifecycleTests {
     private func makeSession(_ handler: RecordingHandler, source: ManualSource = ManualSource()) -> BroadcastSession {
-        BroadcastSession(handler: handler, sources: [(.video, source)], options: SessionOptions(clock: MockClock()))
+        // The clock stands still here: no reorder window, or a pause would wait for it for ever.
+        BroadcastSession(
+            handler: handler, sources: [(.video, source)],
+            options: SessionOptions(reorderWindowNanoseconds: 0, clock: MockClock()))
     }
 
     @Test func callsBeforeStartAreIllegal() {
@@ -170,6 +173,16 @@ import Testing
         clock.set(1_005_000_000)
         #expect(waitUntil { handler.delivered.load(ordering: .relaxed) == 31 + 100 })
         try session.pause()
+        // Captured around the pause at 1.005 s, handed over after it: audio from 1.0 s (a device
+        // delivers a period once it is over), a frame at 1.033 s.
+        audio.push(format: audioFormat, at: nextAudio, durationNanoseconds: chunk, frames: 480)
+        nextAudio += chunk
+        video.push(format: videoFormat, at: nextVideo, durationNanoseconds: frame)
+        nextVideo += frame
+        // The pause waits for what was captured before it: the audio up to 1.005 s goes out first.
+        #expect(waitUntil { handler.delivered.load(ordering: .relaxed) == 31 + 100 + 1 })
+        #expect(!handler.events.contains(.paused))
+        clock.set(1_007_000_000)  // the reorder window (1 ms) has passed
         #expect(waitUntil { handler.events.last == .paused })
         clock.set(3_000_000_000)
         feed(until: 3_000_000_000)
