@@ -48,6 +48,14 @@ struct Daemon: AsyncParsableCommand {
             guard case .recording(let template) = output.kind, let slash = template.lastIndex(of: "/") else { return nil }
             return String(template[..<slash])
         }
+        // Outside systemd (which makes them: StateDirectory, RuntimeDirectory) the directories may not exist yet.
+        let socketDirectory = String(configuration.socketPath[..<(configuration.socketPath.lastIndex(of: "/") ?? configuration.socketPath.startIndex)])
+        for directory in recordingDirectories + [socketDirectory] where !directory.isEmpty {
+            if let problem = Self.makeDirectory(directory) {
+                FileStandardError.write("broadcast: error: \(problem)\n")
+                throw ExitCode.failure
+            }
+        }
         RecordingRecovery.finalizeOrphans(in: recordingDirectories, logger: logger)
         let notifier = SystemdNotifier.fromProcessEnvironment()
         let controller = BroadcastController(config: configuration, logger: logger)
@@ -94,6 +102,21 @@ struct Daemon: AsyncParsableCommand {
 }
 
 extension Daemon {
+    /// Creates `path` and its parents (mode 0750) when missing; the reason when it cannot.
+    static func makeDirectory(_ path: String) -> String? {
+        var info = stat()
+        if stat(path, &info) == 0 {
+            return info.st_mode & S_IFMT == S_IFDIR ? nil : "\(path) exists and is not a directory"
+        }
+        if let slash = path.lastIndex(of: "/"), slash != path.startIndex, let problem = makeDirectory(String(path[..<slash])) {
+            return problem
+        }
+        guard mkdir(path, 0o750) == 0 || errno == EEXIST else {
+            return "cannot create the directory \(path): \(String(cString: strerror(errno)))"
+        }
+        return nil
+    }
+
     /// The control API's server; a socket that cannot be bound ends the daemon with exit code 1.
     static func controlServer(
         _ configuration: DaemonConfig,

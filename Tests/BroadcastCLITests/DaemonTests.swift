@@ -463,3 +463,41 @@ final class NotifyListener: @unchecked Sendable {
         #expect(try decodeErrors(dir.path("extra.mkv")) == "")
     }
 }
+
+@Suite(.serialized) struct DaemonControlAccessTests {
+    /// Missing directories for the socket and the recordings are made (outside systemd nothing
+    /// makes /run/broadcast or /var/lib/broadcast); TCP control answers only with the token.
+    @Test func makesItsDirectoriesAndGuardsTCPWithAToken() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("run/broadcast/c.sock")
+        let port = 20_000 + Int(getpid() % 20_000)
+        let token = "0123456789abcdef-token"
+        let config = """
+            [video]
+            size = "320x180"
+            [control]
+            socket = "\(socket)"
+            tcp = "127.0.0.1:\(port)"
+            token = "${TEST_TOKEN}"
+            [[output]]
+            name = "rec"
+            path = "\(dir.path("lib/broadcast/rec.mkv"))"
+            """
+        try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
+        let daemon = try Child(broadcastBinary, ["daemon", "--config", dir.path("d.toml")], environment: ["TEST_TOKEN": token])
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        for _ in 0..<150 where !FileManager.default.fileExists(atPath: socket) { usleep(100_000) }
+        #expect(FileManager.default.fileExists(atPath: socket), "no socket at \(socket)")
+        let url = "http://127.0.0.1:\(port)/v1/status"
+        let without = try run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", url])
+        #expect(without.stdout == "401", "without a token: \(without.stdout)")
+        let wrong = try run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", "Authorization: Bearer nope", url])
+        #expect(wrong.stdout == "401", "with a wrong token: \(wrong.stdout)")
+        let with = try run("/usr/bin/curl", ["-s", "-H", "Authorization: Bearer \(token)", url])
+        #expect(with.stdout.contains("\"uptime_seconds\""), "with the token: \(with.stdout)")
+        daemon.signal(SIGTERM)
+        #expect(daemon.wait(timeout: 30).status == 0)
+        #expect(FileManager.default.fileExists(atPath: dir.path("lib/broadcast/rec.mkv")))
+    }
+}
