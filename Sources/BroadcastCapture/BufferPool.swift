@@ -32,7 +32,6 @@ public final class BufferPool: @unchecked Sendable {
 
     private var buffers: [Buffer] = []
     private let wakeup = Wakeup()
-    private var next = 0
 
     /// `count` buffers of `byteCount` bytes, each split into planes as `planeLayout` says.
     public init(count: Int, byteCount: Int, planeLayout: [(offset: Int, count: Int, bytesPerRow: Int)]) {
@@ -43,9 +42,10 @@ public final class BufferPool: @unchecked Sendable {
     /// says so; without, returns nil at once when all are in use. Call from the producer thread only.
     public func acquire(wait: Bool, shouldStop: () -> Bool) -> Buffer? {
         while true {
-            for _ in 0..<buffers.count {
-                let buffer = buffers[next]
-                next = (next + 1) % buffers.count
+            // Lowest free buffer first, not round-robin: in steady state the same two or three
+            // buffers go round (warm in cache), and the spares, there for when the session falls
+            // behind, are never written, so the kernel never backs them with memory.
+            for buffer in buffers {
                 if buffer.inUse.compareExchange(expected: false, desired: true, ordering: .acquiring).exchanged {
                     return buffer
                 }
