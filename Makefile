@@ -73,6 +73,24 @@ vm-test: deps vm-deps
 		GUEST_ENV="BROADCAST=$$($(SWIFT) build -c release --show-bin-path)/broadcast" \
 		vm/run-guest.sh vm/guest-tests.sh
 
+# Benchmarks side by side with ffmpeg, and the one-hour soak: see benchmarks/README.md.
+# make bench PAIRS=5 CASES=rec-720,offline-720     make soak SOAK_SECONDS=600
+.PHONY: bench soak
+PAIRS ?= 3
+SOAK_SECONDS ?= 3600
+
+bench: deps
+	@command -v perf >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends linux-perf >/dev/null \
+		|| echo "linux-perf could not be installed: the non-encoder overhead is skipped"
+	$(SWIFT) build -c release --product broadcast
+	python3 benchmarks/bench.py --broadcast $$($(SWIFT) build -c release --show-bin-path)/broadcast \
+		--pairs $(PAIRS) --out $(OUT)/bench $(if $(CASES),--cases $(CASES))
+
+soak: deps
+	$(SWIFT) build -c release --product broadcast
+	python3 benchmarks/soak.py --broadcast $$($(SWIFT) build -c release --show-bin-path)/broadcast \
+		--duration $(SOAK_SECONDS) --out $(OUT)/soak
+
 # Puts the service in place: binary, unit, example config (kept if one exists), docs.
 install: release
 	install -D -m 0755 $$($(SWIFT) build -c release --show-bin-path)/broadcast $(DESTDIR)$(PREFIX)/bin/broadcast

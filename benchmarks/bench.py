@@ -1,0 +1,407 @@
+#!/usr/bin/env python3
+"""broadcast side by side with ffmpeg on the same jobs, in the same run.
+
+Each case runs broadcast (A) and the equivalent ffmpeg command line (B) alternately, A B A B ...,
+for --pairs pairs, and reports the median of the per-pair ratios (A/B) with the absolute medians.
+Figures are whole-process: user+sys CPU and peak RSS of the child from os.wait4 (getrusage), wall
+time from a monotonic clock. Nothing here is a pass/fail threshold: this reports, it does not judge.
+
+Usage: benchmarks/bench.py --broadcast PATH [--pairs 3] [--seconds 10] [--offline-seconds 20]
+                           [--cases rec-720,rec-1080,...] [--out DIR] [--markdown FILE]
+"""
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+X264 = ["-preset", "veryfast", "-tune", "zerolatency", "-forced-idr", "1"]
+SIZES = {"720": (1280, 720, "4M"), "1080": (1920, 1080, "6M")}
+FPS = 30
+
+
+def run_measured(cmd, env=None, timeout=None):
+    """Runs cmd; returns wall seconds, user+sys CPU seconds, peak RSS (MB) of that process."""
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=env)
+    # Read stderr on the side so a chatty child cannot block on a full pipe.
+    err = []
+    import threading
+    reader = threading.Thread(target=lambda: err.append(proc.stderr.read()))
+    reader.start()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.monotonic() - start
+    reader.join()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        tail = (err[0] if err else b"").decode(errors="replace")[-2000:]
+        raise RuntimeError(f"exit {proc.returncode}: {' '.join(cmd)}\n{tail}")
+    return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "user": usage.ru_utime,
+            "sys": usage.ru_stime, "rss_mb": usage.ru_maxrss / 1024.0}
+
+
+def x264_rc(bitrate):
+    return ["-b:v", bitrate, "-minrate", bitrate, "-maxrate", bitrate, "-bufsize", bitrate,
+            "-x264-params", "nal-hrd=cbr", "-g", str(2 * FPS), "-pix_fmt", "yuv420p"]
+
+
+def ffmpeg_inputs(w, h, realtime):
+    re_flag = ["-re"] if realtime else []
+    return (re_flag + ["-f", "lavfi", "-i", f"testsrc2=size={w}x{h}:rate={FPS}"]
+            + re_flag + ["-f", "lavfi", "-i", "sine=frequency=1000:sample_rate=48000"])
+
+
+def ffmpeg_same_inputs(pattern, w, h, realtime):
+    """broadcast's own test pattern and tone, decoded losslessly to raw files, looped: the same
+    pictures and sound for x264 and AAC as broadcast encodes, read as cheaply as ffmpeg can."""
+    re_flag = ["-re"] if realtime else []
+    return (re_flag + ["-stream_loop", "-1", "-f", "rawvideo", "-pix_fmt", "yuv420p", "-s", f"{w}x{h}",
+                       "-r", str(FPS), "-i", pattern["video"]]
+            + re_flag + ["-stream_loop", "-1", "-f", "s16le", "-ar", "48000", "-ac", "2", "-i", pattern["audio"]])
+
+
+def make_pattern(broadcast, work, key, w, h):
+    """Records 4 s of broadcast's test sources losslessly (x264 qp 0, the block's full cycle) and
+    decodes them to raw yuv420p and s16le files."""
+    mkv = os.path.join(work, f"pattern-{key}.mkv")
+    subprocess.run([broadcast, "record", mkv, "--video", "test", "--audio-mic", "test", "--size", f"{w}x{h}",
+                    "--fps", str(FPS), "--duration", "4s", "--no-realtime", "--rate-control", "crf", "--crf", "0",
+                    "--video-bitrate", "500M", "--preset", "ultrafast", "--audio-bitrate", "320k", "--quiet",
+                    "--log-level", "error"], check=True)
+    out = {"video": os.path.join(work, f"pattern-{key}.yuv"), "audio": os.path.join(work, f"pattern-{key}.s16")}
+    subprocess.run(FF + ["-i", mkv, "-map", "0:v", "-f", "rawvideo", "-pix_fmt", "yuv420p", out["video"],
+                         "-map", "0:a", "-f", "s16le", "-ac", "2", "-ar", "48000", out["audio"]], check=True)
+    os.unlink(mkv)
+    return out
+
+
+def ffmpeg_encode(w, h, bitrate, seconds):
+    return (["-t", str(seconds), "-map", "0:v", "-map", "1:a", "-c:v", "libx264"] + X264 + x264_rc(bitrate)
+            + ["-c:a", "aac", "-b:a", "128k", "-ac", "2", "-ar", "48000"])
+
+
+def broadcast_encode(w, h, bitrate, seconds, realtime):
+    return (["--video", "test", "--audio-mic", "test", "--size", f"{w}x{h}", "--fps", str(FPS),
+             "--duration", f"{seconds}s", "--preset", "veryfast", "--tune", "zerolatency",
+             "--video-bitrate", bitrate, "--rate-control", "cbr", "--keyframe-interval", "2s",
+             "--audio-bitrate", "128k", "--quiet", "--log-level", "error"]
+            + ([] if realtime else ["--no-realtime"]))
+
+
+FF = ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-y"]
+
+
+class Case:
+    """One job: broadcast's command, ffmpeg's, how much media each makes."""
+
+    def __init__(self, name, title, a, b, media_seconds, frames, realtime, latency=False, needs_stream=False):
+        self.name, self.title, self.a, self.b = name, title, a, b
+        self.media_seconds, self.frames, self.realtime = media_seconds, frames, realtime
+        self.latency, self.needs_stream = latency, needs_stream
+
+
+def make_cases(args, work, rtmp, patterns):
+    cases = []
+    for key, (w, h, rate) in SIZES.items():
+        s = args.seconds
+        mp4a, mp4b = os.path.join(work, f"a-{key}.mp4"), os.path.join(work, f"b-{key}.mp4")
+        pat = patterns.get(key)
+        if pat:
+            cases.append(Case(
+                f"same-{key}", f"{h}p30 record → mp4, realtime, same pictures",
+                lambda w=w, h=h, r=rate, s=s, o=mp4a: [args.broadcast, "record", o] + broadcast_encode(w, h, r, s, True),
+                lambda w=w, h=h, r=rate, s=s, o=mp4b, pat=pat: FF + ffmpeg_same_inputs(pat, w, h, True)
+                + ffmpeg_encode(w, h, r, s) + ["-movflags", "+faststart", o],
+                s, s * FPS, True, latency=True))
+            o = args.offline_seconds
+            cases.append(Case(
+                f"same-offline-{key}", f"{h}p30 record → mp4, non-realtime, same pictures",
+                lambda w=w, h=h, r=rate, s=o, o_=mp4a: [args.broadcast, "record", o_] + broadcast_encode(w, h, r, s, False),
+                lambda w=w, h=h, r=rate, s=o, o_=mp4b, pat=pat: FF + ffmpeg_same_inputs(pat, w, h, False)
+                + ffmpeg_encode(w, h, r, s) + ["-movflags", "+faststart", o_],
+                o, o * FPS, False))
+        cases.append(Case(
+            f"rec-{key}", f"{h}p30 record → mp4, realtime",
+            lambda w=w, h=h, r=rate, s=s, o=mp4a: [args.broadcast, "record", o] + broadcast_encode(w, h, r, s, True),
+            lambda w=w, h=h, r=rate, s=s, o=mp4b: FF + ffmpeg_inputs(w, h, True) + ffmpeg_encode(w, h, r, s)
+            + ["-movflags", "+faststart", o],
+            s, s * FPS, True, latency=True))
+        o = args.offline_seconds
+        cases.append(Case(
+            f"offline-{key}", f"{h}p30 record → mp4, non-realtime",
+            lambda w=w, h=h, r=rate, s=o, o_=mp4a: [args.broadcast, "record", o_] + broadcast_encode(w, h, r, s, False),
+            lambda w=w, h=h, r=rate, s=o, o_=mp4b: FF + ffmpeg_inputs(w, h, False) + ffmpeg_encode(w, h, r, s)
+            + ["-movflags", "+faststart", o_],
+            o, o * FPS, False))
+        if rtmp:
+            url_a, url_b = f"{rtmp}/a{key}", f"{rtmp}/b{key}"
+            cases.append(Case(
+                f"stream-{key}", f"{h}p30 stream → nginx-rtmp, realtime",
+                lambda w=w, h=h, r=rate, s=s, u=url_a: [args.broadcast, "stream", u] + broadcast_encode(w, h, r, s, True),
+                lambda w=w, h=h, r=rate, s=s, u=url_b: FF + ffmpeg_inputs(w, h, True) + ffmpeg_encode(w, h, r, s)
+                + ["-f", "flv", u],
+                s, s * FPS, True, latency=True, needs_stream=True))
+            cases.append(Case(
+                f"stream-rec-{key}", f"{h}p30 stream + record, realtime",
+                lambda w=w, h=h, r=rate, s=s, u=url_a, o_=mp4a:
+                [args.broadcast, "stream", u, "--record", o_] + broadcast_encode(w, h, r, s, True),
+                lambda w=w, h=h, r=rate, s=s, u=url_b, o_=mp4b: FF + ffmpeg_inputs(w, h, True)
+                + ffmpeg_encode(w, h, r, s) + ["-flags", "+global_header", "-f", "tee",
+                                               f"[f=mp4:movflags=+faststart]{o_}|[f=flv]{u}"],
+                s, s * FPS, True, latency=True, needs_stream=True))
+    return [c for c in cases if wanted(args, c.name)]
+
+
+def wanted(args, name):
+    return not args.cases or name in args.cases.split(",")
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def run_case(case, pairs, work):
+    rows = {"a": [], "b": [], "latency": []}
+    for i in range(pairs):
+        env = dict(os.environ)
+        latency_file = os.path.join(work, f"latency-{case.name}-{i}.json")
+        if case.latency:
+            env["BROADCAST_LATENCY_FILE"] = latency_file
+        rows["a"].append(run_measured(case.a(), env=env))
+        if case.latency and os.path.exists(latency_file):
+            with open(latency_file) as f:
+                rows["latency"].append(json.load(f))
+            os.unlink(latency_file)
+        rows["b"].append(run_measured(case.b()))
+        a, b = rows["a"][-1], rows["b"][-1]
+        print(f"  {case.name} pair {i + 1}/{pairs}: broadcast cpu {a['cpu']:.2f}s rss {a['rss_mb']:.0f}MB "
+              f"wall {a['wall']:.1f}s | ffmpeg cpu {b['cpu']:.2f}s rss {b['rss_mb']:.0f}MB wall {b['wall']:.1f}s",
+              flush=True)
+    return summarize(case, rows)
+
+
+def summarize(case, rows):
+    a, b = rows["a"], rows["b"]
+    per_media = lambda r: r["cpu"] / case.media_seconds
+    fps = lambda r: case.frames / r["wall"]
+    out = {
+        "case": case.name, "title": case.title, "pairs": len(a), "media_seconds": case.media_seconds,
+        "a_cpu_per_media_s": median([per_media(r) for r in a]),
+        "b_cpu_per_media_s": median([per_media(r) for r in b]),
+        "cpu_ratio": median([x["cpu"] / y["cpu"] for x, y in zip(a, b)]),
+        "a_rss_mb": median([r["rss_mb"] for r in a]), "b_rss_mb": median([r["rss_mb"] for r in b]),
+        "rss_ratio": median([x["rss_mb"] / y["rss_mb"] for x, y in zip(a, b)]),
+        "a_fps": median([fps(r) for r in a]), "b_fps": median([fps(r) for r in b]),
+        "fps_ratio": median([fps(x) / fps(y) for x, y in zip(a, b)]),
+        "a_raw": a, "b_raw": b,
+    }
+    if rows["latency"]:
+        out["latency_p50_ms"] = median([r["p50_ms"] for r in rows["latency"]])
+        out["latency_p99_ms"] = median([r["p99_ms"] for r in rows["latency"]])
+        out["latency_max_ms"] = max(r["max_ms"] for r in rows["latency"])
+    return out
+
+
+# Non-encoder overhead: the CPU a run spends outside the encoders, from perf samples of that same run
+# (cpu-clock, every thread, user and kernel), classified by shared object and symbol.
+ENCODER_DSOS = ("libx264",)
+# libavcodec holds the AAC encoder and the libx264 wrapper (encoder work) but also the AVPacket
+# helpers every muxing path uses (not encoder work).
+NOT_ENCODER_IN_AVCODEC = re.compile(r"^(av_packet_|av_new_packet|av_grow_packet|av_init_packet|avcodec_parameters_)")
+
+
+def perf_overhead(cmd, work, name, media_seconds):
+    data = os.path.join(work, f"perf-{name}.data")
+    record = ["perf", "record", "-q", "-e", "cpu-clock", "-F", "999", "-o", data, "--"] + cmd
+    usage = run_measured(record)
+    report = subprocess.run(["perf", "report", "-i", data, "--no-children", "--sort", "dso,sym", "--stdio",
+                             "-q", "--percent-limit", "0", "-F", "overhead,dso,sym"],
+                            capture_output=True, text=True, check=True).stdout
+    encoder = other = 0.0
+    top = []
+    for line in report.splitlines():
+        m = re.match(r"\s*([\d.]+)%\s+(\S+)\s+\[.\]\s+(.*)$", line)
+        if not m:
+            continue
+        pct, dso, sym = float(m.group(1)), m.group(2), m.group(3).strip()
+        is_encoder = dso.startswith(ENCODER_DSOS) or (dso.startswith("libavcodec") and not NOT_ENCODER_IN_AVCODEC.match(sym))
+        if is_encoder:
+            encoder += pct
+        else:
+            other += pct
+            top.append((pct, dso, sym))
+    os.unlink(data)
+    total = encoder + other
+    share = other / total if total else float("nan")
+    # perf's own cost lands outside the child's rusage only partly; the share is what matters,
+    # applied to the run's CPU without perf is done by the caller.
+    top.sort(reverse=True)
+    return {"non_encoder_share": share, "perf_cpu": usage["cpu"], "top": top[:12]}
+
+
+def machine():
+    def first(cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True).stdout.splitlines()[0].strip()
+        except (OSError, IndexError):
+            return "?"
+    model = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/loadavg") as f:
+        load = " ".join(f.read().split()[:3])
+    return {"nproc": os.cpu_count(), "cpu": model, "kernel": platform.release(),
+            "ffmpeg": first(["ffmpeg", "-version"]), "swift": first(["swift", "--version"]) if shutil.which("swift")
+            else "?", "load_at_start": load}
+
+
+class Nginx:
+    """A throwaway nginx-rtmp (own temp dir, one process, no recording) for the stream cases."""
+
+    MODULE = "/usr/lib/nginx/modules/ngx_rtmp_module.so"
+
+    def __init__(self, work):
+        self.dir = os.path.join(work, "nginx")
+        os.makedirs(self.dir, exist_ok=True)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        conf = os.path.join(self.dir, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(f"""load_module {self.MODULE};
+daemon off; master_process off; pid {self.dir}/nginx.pid; error_log {self.dir}/error.log warn;
+events {{ worker_connections 64; }}
+rtmp {{ server {{ listen 127.0.0.1:{self.port}; application live {{ live on; }} }} }}
+""")
+        self.proc = subprocess.Popen(["/usr/sbin/nginx", "-c", conf, "-p", self.dir, "-e", f"{self.dir}/error.log"])
+        for _ in range(50):
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        self.url = f"rtmp://127.0.0.1:{self.port}/live"
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def stream_available(broadcast):
+    try:
+        return subprocess.run([broadcast, "stream", "--help"], capture_output=True).returncode == 0 \
+            and os.path.exists(Nginx.MODULE)
+    except OSError:
+        return False
+
+
+def fmt(v, spec=".2f"):
+    return "—" if v is None or v != v else format(v, spec)
+
+
+def markdown(info, results, overhead, args):
+    lines = [f"Machine: {info['nproc']} cores, {info['cpu']}, kernel {info['kernel']}; {info['ffmpeg']}; "
+             f"{info['swift']}. Load average at start: {info['load_at_start']} (other builds running: "
+             "wall-clock figures are noisy, CPU-time ratios much less so). "
+             f"{args.pairs} pairs per case, run A B A B.", "",
+             "| case | CPU-s per media-s: broadcast / ffmpeg | ratio (median of pairs) | peak RSS MB: broadcast / ffmpeg "
+             "| RSS ratio | media fps: broadcast / ffmpeg | fps ratio | latency p50 / p99 ms |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lat = (f"{fmt(r.get('latency_p50_ms'), '.1f')} / {fmt(r.get('latency_p99_ms'), '.1f')}"
+               if "latency_p50_ms" in r else "—")
+        offline = "offline" in r["case"]
+        fps_cells = (f"{fmt(r['a_fps'], '.0f')} / {fmt(r['b_fps'], '.0f')} | {fmt(r['fps_ratio'])}"
+                     if offline else "realtime | —")
+        lines.append(f"| {r['title']} | {fmt(r['a_cpu_per_media_s'], '.3f')} / {fmt(r['b_cpu_per_media_s'], '.3f')} "
+                     f"| **{fmt(r['cpu_ratio'])}** | {fmt(r['a_rss_mb'], '.0f')} / {fmt(r['b_rss_mb'], '.0f')} "
+                     f"| {fmt(r['rss_ratio'])} | {fps_cells} | {lat} |")
+    if overhead:
+        lines += ["", "Non-encoder overhead (perf cpu-clock samples of one realtime run each, same pictures; everything "
+                  "outside libx264 and libavcodec's encoders; in % of one core = share × CPU-s per media-s):", "",
+                  "| case | broadcast | ffmpeg |", "|---|---|---|"]
+        for name, o in overhead.items():
+            lines.append(f"| {name} | {fmt(o['a_pct_core'], '.1f')} % ({fmt(100 * o['a_share'], '.1f')} % of its CPU) "
+                         f"| {fmt(o['b_pct_core'], '.1f')} % ({fmt(100 * o['b_share'], '.1f')} % of its CPU) |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--broadcast", required=True, help="the broadcast binary (a release build)")
+    p.add_argument("--pairs", type=int, default=int(os.environ.get("PAIRS", 3)))
+    p.add_argument("--seconds", type=int, default=8, help="media seconds of a realtime run")
+    p.add_argument("--offline-seconds", type=int, default=20, help="media seconds of a non-realtime run")
+    p.add_argument("--cases", default=os.environ.get("CASES"), help="comma-separated case names (default: all)")
+    p.add_argument("--no-overhead", action="store_true", help="skip the perf-based non-encoder overhead runs")
+    p.add_argument("--out", default="out/bench", help="where results.json and results.md go")
+    args = p.parse_args()
+    args.broadcast = os.path.abspath(args.broadcast)
+    os.makedirs(args.out, exist_ok=True)
+    info = machine()
+    print(f"machine: {info}", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="broadcast-bench-") as work:
+        nginx = Nginx(work) if stream_available(args.broadcast) else None
+        if nginx is None:
+            print("stream cases: pending (`broadcast stream --help` does not work or nginx-rtmp is missing)")
+        try:
+            patterns = {key: make_pattern(args.broadcast, work, key, w, h) for key, (w, h, _) in SIZES.items()
+                        if wanted(args, f"same-{key}") or wanted(args, f"same-offline-{key}")
+                        or wanted(args, f"overhead-{key}")}
+            results = []
+            for case in make_cases(args, work, nginx.url if nginx else None, patterns):
+                print(f"{case.name}: {case.title}", flush=True)
+                results.append(run_case(case, args.pairs, work))
+            overhead = {}
+            if not args.no_overhead and shutil.which("perf"):
+                for key, (w, h, rate) in SIZES.items():
+                    if not wanted(args, f"overhead-{key}"):
+                        continue
+                    s = args.seconds
+                    print(f"overhead-{key}: perf record of one realtime run each", flush=True)
+                    a = perf_overhead([args.broadcast, "record", os.path.join(work, "o.mp4")]
+                                      + broadcast_encode(w, h, rate, s, True), work, f"a{key}", s)
+                    b = perf_overhead(FF + ffmpeg_same_inputs(patterns[key], w, h, True) + ffmpeg_encode(w, h, rate, s)
+                                      + ["-movflags", "+faststart", os.path.join(work, "o2.mp4")], work, f"b{key}", s)
+                    rec = next((r for r in results if r["case"] == f"same-{key}"), None)
+                    a_cpu = rec["a_cpu_per_media_s"] if rec else a["perf_cpu"] / s
+                    b_cpu = rec["b_cpu_per_media_s"] if rec else b["perf_cpu"] / s
+                    overhead[f"{h}p30 record, realtime"] = {
+                        "a_share": a["non_encoder_share"], "b_share": b["non_encoder_share"],
+                        "a_pct_core": 100 * a["non_encoder_share"] * a_cpu,
+                        "b_pct_core": 100 * b["non_encoder_share"] * b_cpu,
+                        "a_top": a["top"], "b_top": b["top"]}
+                    print(f"  broadcast non-encoder {100 * a['non_encoder_share']:.1f}% of CPU; "
+                          f"ffmpeg {100 * b['non_encoder_share']:.1f}%", flush=True)
+                    for pct, dso, sym in a["top"][:6]:
+                        print(f"    broadcast {pct:5.2f}% {dso} {sym}")
+                    for pct, dso, sym in b["top"][:6]:
+                        print(f"    ffmpeg    {pct:5.2f}% {dso} {sym}")
+        finally:
+            if nginx:
+                nginx.stop()
+
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"machine": info, "results": results, "overhead": overhead}, f, indent=1)
+    table = markdown(info, results, overhead, args)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(table)
+    print()
+    print(table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
