@@ -211,27 +211,6 @@ public final class AudioEncoder {
     private func send(_ frame: UnsafeMutablePointer<AVFrame>?, into packets: inout [EncodedPacket], _ what: String)
         throws(FFmpegError)
     {
-        while true {
-            let result = avcodec_send_frame(context.pointer, frame)
-            if result == FFmpegError.again {
-                try receive(into: &packets, what)
-                continue
-            }
-            try check(result, what)
-            break
-        }
-        try receive(into: &packets, what)
-    }
-
-    private func receive(into packets: inout [EncodedPacket], _ what: String) throws(FFmpegError) {
-        while true {
-            let packet = try Packet()
-            let result = avcodec_receive_packet(context.pointer, packet.pointer)
-            if result == FFmpegError.again || result == FFmpegError.endOfFile { return }
-            try check(result, what)
-            packets.append(
-                EncodedPacket(taking: packet, mediaType: .audio, streamIndex: streamIndex, timeBase: stream.timeBase)
-            )
-        }
+        try context.encode(frame, into: &packets, mediaType: .audio, streamIndex: streamIndex, timeBase: stream.timeBase, what)
     }
 }

@@ -77,6 +77,48 @@ struct CodecContext: ~Copyable {
         var p: UnsafeMutablePointer<AVCodecContext>? = pointer
         avcodec_free_context(&p)
     }
+
+    /// Sends `frame` (nil: end of stream) and appends every packet that is ready, per avcodec.h's
+    /// contract: EAGAIN from send means packets must be received first. A packet without a
+    /// duration gets `defaultDuration`.
+    func encode(
+        _ frame: UnsafeMutablePointer<AVFrame>?,
+        into packets: inout [EncodedPacket],
+        mediaType: MediaType,
+        streamIndex: Int,
+        timeBase: Rational,
+        defaultDuration: Int64 = 0,
+        _ what: String
+    ) throws(FFmpegError) {
+        while true {
+            let result = avcodec_send_frame(pointer, frame)
+            if result == FFmpegError.again {
+                try receive(into: &packets, mediaType, streamIndex, timeBase, defaultDuration, what)
+                continue
+            }
+            try check(result, what)
+            break
+        }
+        try receive(into: &packets, mediaType, streamIndex, timeBase, defaultDuration, what)
+    }
+
+    private func receive(
+        into packets: inout [EncodedPacket],
+        _ mediaType: MediaType,
+        _ streamIndex: Int,
+        _ timeBase: Rational,
+        _ defaultDuration: Int64,
+        _ what: String
+    ) throws(FFmpegError) {
+        while true {
+            let packet = try Packet()
+            let result = avcodec_receive_packet(pointer, packet.pointer)
+            if result == FFmpegError.again || result == FFmpegError.endOfFile { return }
+            try check(result, what)
+            if packet.pointer.pointee.duration == 0 { packet.pointer.pointee.duration = defaultDuration }
+            packets.append(EncodedPacket(taking: packet, mediaType: mediaType, streamIndex: streamIndex, timeBase: timeBase))
+        }
+    }
 }
 
 /// Owns an AVDictionary of options.
