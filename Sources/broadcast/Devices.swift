@@ -1,5 +1,6 @@
 import ArgumentParser
 import BroadcastCapture
+import BroadcastService
 
 /// `broadcast devices`: what can be captured here.
 struct Devices: ParsableCommand {
@@ -100,41 +101,12 @@ struct Devices: ParsableCommand {
     }
 }
 
-/// Just enough JSON to print: objects keep their key order.
-enum JSON {
-    case string(String)
-    case number(Int)
-    case bool(Bool)
-    case array([JSON])
-    case object([(String, JSON)])
+/// The devices listing prints through the control API's JSON type (object keys keep their order).
+typealias JSON = JSONValue
 
-    var text: String {
-        switch self {
-        case .string(let s): Self.quote(s)
-        case .number(let n): String(n)
-        case .bool(let b): b ? "true" : "false"
-        case .array(let items): "[" + items.map(\.text).joined(separator: ",") + "]"
-        case .object(let fields): "{" + fields.map { Self.quote($0.0) + ":" + $0.1.text }.joined(separator: ",") + "}"
-        }
-    }
-
-    static func quote(_ s: String) -> String {
-        var out = "\""
-        for scalar in s.unicodeScalars {
-            switch scalar {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            case "\n": out += "\\n"
-            case "\r": out += "\\r"
-            case "\t": out += "\\t"
-            case _ where scalar.value < 0x20:
-                let hex = String(scalar.value, radix: 16)
-                out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
-            default: out.unicodeScalars.append(scalar)
-            }
-        }
-        return out + "\""
-    }
+extension JSONValue {
+    static func number(_ n: Int) -> JSONValue { .number(Double(n)) }
+    var text: String { serialized() }
 }
 
 extension String {
