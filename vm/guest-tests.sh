@@ -19,8 +19,23 @@ contains() { grep -q -- "$2" "$1"; }
 
 # Frames in a file's video stream (decoded), 0 when there is none.
 frames() { ffprobe -v error -count_frames -select_streams v:0 -show_entries stream=nb_read_frames -of csv=p=0 "$1" 2>/dev/null | head -1 | tr -dc 0-9; }
-# ffprobe-clean: the whole file decodes without one error line.
-clean() { ffmpeg -nostdin -v error -i "$1" -f null - > "$1.decode.log" 2>&1 && [ ! -s "$1.decode.log" ]; }
+# ffprobe-clean: the whole file decodes without one error line, and its video timestamps strictly
+# increase. (-enc_time_base -1 keeps the file's own timestamps: by default ffmpeg rounds them to
+# 1/frame-rate for the null output and then complains "non monotonically increasing dts to muxer"
+# about two frames captured less than a frame period apart, which is jitter, not a broken file.)
+clean() {
+    ffmpeg -nostdin -v error -i "$1" -enc_time_base -1 -f null - > "$1.decode.log" 2>&1 && [ ! -s "$1.decode.log" ] &&
+        ffprobe -v error -select_streams v:0 -show_entries packet=pts -of csv=p=0 "$1" | sort -n |
+        awk 'NR > 1 && $1 <= last { exit 1 } { last = $1 }'
+}
+# The spread of frame intervals in a file: "min/median/max ms".
+intervals() { ffprobe -v error -select_streams v:0 -show_entries frame=pts_time -of csv=p=0 "$1" 2>/dev/null | cut -d, -f1 | grep . | sort -n |
+    awk 'NR > 1 { printf "%.1f\n", ($1 - last) * 1000 } { last = $1 }' | sort -n |
+    awk '{ d[NR] = $1 } END { if (!NR) print "-"; else printf "%s/%s/%s ms", d[1], d[int((NR + 1) / 2)], d[NR] }'; }
+# Frames the driver skipped while running late, from a recording's log (see section 2).
+late_frames() { l=$(sed -n 's/.* \([0-9]*\) skipped by the driver running late.*/\1/p' "$1" | tail -1); echo "${l:-0}"; }
+# The capture summary lines a recording's log ends with (V4L2 and ALSA figures).
+figures() { grep -hE 'frames delivered|periods,|s of media; dropped' "$@" | sed 's/.*\] //'; }
 # The loudest sample in dB (e.g. -6.0), "-inf" for silence / no audio.
 loudness() { ffmpeg -nostdin -hide_banner -i "$1" -vn -af volumedetect -f null - 2>&1 | sed -n 's/.*max_volume: \(-*[0-9.]*\) dB.*/\1/p'; }
 # Mean Y, U, V of the frame at $2 seconds (one 1x1 yuv444p pixel).
@@ -43,6 +58,17 @@ ls /dev/video* /dev/snd/ 2>&1 | tr '\n' ' '; echo
 echo "binary: $B"
 
 # ---------------------------------------------------------------------------------------------
+ts "0. baseline: what this (emulated) machine can encode, no devices involved"
+t0=$(cut -d' ' -f1 /proc/uptime)
+record base-offline.mp4 --video test --audio-mic none --no-realtime --size 320x180 --fps 25 --duration 8s --quiet > base-offline.log 2>&1
+t1=$(cut -d' ' -f1 /proc/uptime)
+n=$(frames base-offline.mp4)
+echo "INFO: --no-realtime 320x180: $n frames in $(echo "$t1 - $t0" | bc) s (process start included) = $(echo "scale=1; ${n:-0} / ($t1 - $t0)" | bc) fps"
+record base-live.mp4 --video test --audio-mic test --size 320x180 --fps 25 --duration 8s --quiet > base-live.log 2>&1
+n=$(frames base-live.mp4)
+echo "INFO: realtime test pattern + tone 320x180 @ 25, 8 s: $n of 200 frames; $(intervals base-live.mp4)"
+
+# ---------------------------------------------------------------------------------------------
 ts "1. broadcast devices --json lists /dev/video0 with its formats and the Loopback card"
 "$B" devices --json > devices.json 2> devices.err
 echo "rc=$? $(wc -c < devices.json) bytes"
@@ -56,21 +82,34 @@ sed -n '1,6p' devices.txt
 
 # ---------------------------------------------------------------------------------------------
 ts "2. 8 s from vivid's webcam (320x180 @ 25) with a 1 kHz tone through snd-aloop as --audio-mic"
-ffmpeg -hide_banner -nostdin -loglevel error -re -f lavfi -i "sine=frequency=1000:sample_rate=48000:duration=120" \
-    -ac 2 -c:a pcm_s16le -f alsa hw:Loopback,0,0 &
+# aplay, not ffmpeg -re, plays it: the emulated CPU is scarce, and the loopback then runs on its own clock.
+ffmpeg -hide_banner -nostdin -loglevel error -f lavfi -i "sine=frequency=1000:sample_rate=48000:duration=60" -ac 2 -c:a pcm_s16le tone.wav
+aplay -q -D hw:Loopback,0,0 tone.wav &
 player=$!
 check "tone playing into hw:Loopback,0,0" wait_playback
 t0=$(cut -d' ' -f1 /proc/uptime)
+(sleep 8; top -b -n 1 -w 160 | head -20 > webcam-top.txt) &
 record webcam.mp4 --video /dev/video0 --video-input 0 --size 320x180 --fps 25 \
     --audio-mic hw:Loopback,1,0 --duration 8s --quiet --log-level info > webcam.log 2>&1
 rc=$?
+cat webcam-top.txt
 t1=$(cut -d' ' -f1 /proc/uptime)
 kill $player 2>/dev/null; wait $player 2>/dev/null
 echo "rc=$rc in $(echo "$t1 - $t0" | bc) s"; tail -5 webcam.log
 n=$(frames webcam.mp4); v=$(loudness webcam.mp4)
-echo "frames=$n (expected 200), max_volume=$v dB"
+echo "frames=$n (expected 200), max_volume=$v dB, intervals $(intervals webcam.mp4)"
+figures webcam.log
 check "webcam record exits 0" [ "$rc" = 0 ]
-check "webcam: >= 95% of 200 frames ($n)" ge "$n" 190
+# Frames vivid skipped while it had buffers queued (its sequence numbers jump when its thread runs
+# late, which happens when the host deschedules the emulated CPUs) are the emulator's, not ours: the
+# source logs them apart ("skipped by the driver running late"). broadcast must record >= 95 % of
+# the frames the driver produced, and the driver must have produced >= 90 % of 200, else the VM was
+# too starved to judge (the run is then a failure too, with that reason).
+late=$(late_frames webcam.log)
+produced=$((200 - late))
+echo "driver produced $produced of 200 frames (${late:-0} skipped running late); recorded $n"
+check "webcam: the driver produced >= 90% of 200 frames ($produced; else the VM was starved)" ge "$produced" 180
+check "webcam: >= 95% of the $produced frames the driver produced ($n)" ge "${n:-0}" "$((produced * 95 / 100))"
 check "webcam: ffprobe-clean" clean webcam.mp4
 check "webcam: audio is not silent ($v dB)" sh -c "[ -n '$v' ] && echo '$v > -30' | bc | grep -q 1"
 check "webcam: negotiated YUYV 320x180 at 25 fps" contains webcam.log 'YUYV 320x180 @ 25 fps'
@@ -84,8 +123,10 @@ for f in NV12 YU12 UYVY RGB3 BGR3 XR24 GREY; do
         --audio-mic none --duration 2s --quiet > "fmt-$f.log" 2>&1
     rc=$?
     n=$(frames "fmt-$f.mp4"); got=$(yuv_at "fmt-$f.mp4" 1)
-    echo "$f: rc=$rc frames=$n Y U V=$got"
-    check "$f: record exits 0 with >= 45 of 50 frames ($n)" sh -c "[ $rc = 0 ] && [ ${n:-0} -ge 45 ]"
+    echo "$f: rc=$rc frames=$n Y U V=$got intervals $(intervals "fmt-$f.mp4"); $(figures "fmt-$f.log")"
+    produced=$((50 - $(late_frames "fmt-$f.log")))
+    check "$f: record exits 0 with >= 90% of the $produced of 50 frames the driver produced, and it >= 45 ($n)" \
+        sh -c "[ $rc = 0 ] && [ ${n:-0} -ge $((produced * 90 / 100)) ] && [ $produced -ge 45 ]"
     check "$f: ffprobe-clean" clean "fmt-$f.mp4"
     # Same picture: mean luma within 12; chroma too, except GREY (no chroma: 128).
     check "$f: picture matches the YUYV capture ($got vs $ref)" awk -v a="$ref" -v b="$got" -v f=$f 'BEGIN {
@@ -140,31 +181,48 @@ echo "rc=$rc frames=$n"
 check "HDMI: record exits 0" [ "$rc" = 0 ]
 check "HDMI: started at 640x480" contains hdmi.log 'capturing .* 640x480'
 check "HDMI: renegotiated to 720x480 after the source change" contains hdmi.log 'source changed, now capturing .* 720x480'
-check "HDMI: ffprobe-clean, output 320x180" sh -c "clean hdmi.mp4 2>/dev/null; ffprobe -v error -select_streams v:0 -show_entries stream=width,height -of csv=p=0 hdmi.mp4 | grep -q '^320,180'"
+figures hdmi.log
+check "HDMI: ffprobe-clean" clean hdmi.mp4
+check "HDMI: output 320x180" sh -c "ffprobe -v error -select_streams v:0 -show_entries stream=width,height -of csv=p=0 hdmi.mp4 | grep -q '^320,180'"
 check "HDMI: frames before and after the change (>= 60 of 8 s)" ge "$n" 60
 v4l2-ctl -d /dev/video0 -i 0 > /dev/null
 
 # ---------------------------------------------------------------------------------------------
 ts "6. vivid unloaded and loaded again mid-recording"
-record reload.mp4 --video /dev/video0 --video-input 0 --size 320x180 --fps 25 --audio-mic none \
-    --duration 14s --quiet --log-level info > reload.log 2>&1 &
+# No --duration: the recording runs until the device is back and has given 3 s of camera again,
+# then SIGTERM finishes it (module loading takes many seconds under emulation).
+# Started directly, not through record(): a backgrounded function is a subshell, and SIGTERM to it
+# would not reach broadcast.
+"$B" record reload.mp4 --video /dev/video0 --video-input 0 --size 320x180 --fps 25 --audio-mic none \
+    --preset ultrafast --quiet --log-level info > reload.log 2>&1 &
 rec=$!
 wait_log reload.log 'capturing' && sleep 3
 echo vivid.0 > /sys/bus/platform/drivers/vivid/unbind; echo "unbound vivid.0 (rc=$?)"
 unloaded=no
-for _ in $(seq 50); do rmmod vivid 2>/dev/null && { unloaded=yes; break; }; sleep 0.1; done
-echo "rmmod vivid: $unloaded; nodes: $(ls /dev/video* 2>/dev/null | tr '\n' ' ')"
+# broadcast must close the device once it is gone, or the module cannot be unloaded.
+for _ in $(seq 100); do rmmod vivid 2>/dev/null && { unloaded=yes; break; }; sleep 0.1; done
+[ $unloaded = yes ] || { echo "rmmod failed: $(rmmod vivid 2>&1); binding vivid.0 again"; echo vivid.0 > /sys/bus/platform/drivers/vivid/bind; }
+ts "rmmod vivid: $unloaded; nodes: $(ls /dev/video* 2>/dev/null | tr '\n' ' ')"
 sleep 2
-modprobe vivid n_devs=1 || modprobe -d /run/kroot vivid n_devs=1; echo "modprobe vivid rc=$?"
-wait $rec; rc=$?
-grep -E 'capturing|lost|back|error' reload.log | head
-n=$(frames reload.mp4); late=$(yuv_at reload.mp4 12.5)
-echo "rc=$rc frames=$n; Y U V at 12.5 s: $late (the no-signal slate is 41 240 110)"
+modprobe vivid n_devs=1 || modprobe -d /run/kroot vivid n_devs=1
+ts "modprobe vivid rc=$?; nodes: $(ls /dev/video* 2>/dev/null | tr '\n' ' ')"
+[ $unloaded = yes ] && wait_log reload.log 'back, capturing'; sleep 3
+ts "stopping the recording"
+kill -TERM $rec; wait $rec; rc=$?
+grep -E 'capturing|lost|back|error|not back' reload.log | head
+n=$(frames reload.mp4)
+d=$(ffprobe -v error -show_entries format=duration -of csv=p=0 reload.mp4 2>/dev/null)
+end=$(echo "${d:-0} - 1" | bc)
+late=$(yuv_at reload.mp4 "$end")
+expected=$(echo "${d:-0} * 25 / 1" | bc)
+echo "rc=$rc frames=$n in ${d:-?} s (expected $expected); Y U V at $end s: $late (the no-signal slate is 41 240 110)"
+figures reload.log
 check "reload: record exits 0" [ "$rc" = 0 ]
 check "reload: vivid was unloaded while recording" [ "$unloaded" = yes ]
 check "reload: the loss was noticed" contains reload.log 'device lost'
 check "reload: capture resumed when the device returned" contains reload.log 'back, capturing'
-check "reload: ffprobe-clean with frames throughout (>= 300 of 350: slate while gone)" sh -c "clean reload.mp4 && [ ${n:-0} -ge 300 ]"
+check "reload: ffprobe-clean" clean reload.mp4
+check "reload: frames throughout, slate while gone (>= 95% of $expected: $n)" ge "${n:-0}" "$(echo "$expected * 95 / 100" | bc)"
 check "reload: camera picture again at the end, not the slate" awk -v a="$late" 'BEGIN { split(a, x, " "); exit !(length(x) == 3 && x[2] < 200) }'
 
 echo

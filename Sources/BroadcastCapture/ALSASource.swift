@@ -45,6 +45,12 @@ public final class ALSASource: CaptureSource, @unchecked Sendable {
     private let running = ManagedAtomic<Bool>(false)
     let xruns = ManagedAtomic<Int>(0)
     let periodsCaptured = ManagedAtomic<Int>(0)
+    /// Periods read but not handed over: every pooled buffer was still with the session.
+    let droppedPeriods = ManagedAtomic<Int>(0)
+    /// Silent periods delivered while the device was gone.
+    let silentPeriods = ManagedAtomic<Int>(0)
+    let deviceLosses = ManagedAtomic<Int>(0)
+    private let gone = ManagedAtomic<Bool>(false)
     /// Drift in millionths of a ppm (an Int so it can be atomic); Int64.min = not measured yet.
     let driftMicroPPM = ManagedAtomic<Int>(Int.min)
 
@@ -52,6 +58,11 @@ public final class ALSASource: CaptureSource, @unchecked Sendable {
         public var periodsCaptured: Int
         /// Overruns recovered with snd_pcm_recover.
         public var xruns: Int
+        /// Periods read but dropped because the session still held every buffer.
+        public var droppedPeriods: Int
+        /// Silent periods delivered while the device was gone.
+        public var silentPeriods: Int
+        public var deviceLosses: Int
         /// The device clock against CLOCK_MONOTONIC (positive: the device runs fast); nil until measured.
         public var driftPPM: Double?
     }
@@ -61,8 +72,18 @@ public final class ALSASource: CaptureSource, @unchecked Sendable {
         return Statistics(
             periodsCaptured: periodsCaptured.load(ordering: .relaxed),
             xruns: xruns.load(ordering: .relaxed),
+            droppedPeriods: droppedPeriods.load(ordering: .relaxed),
+            silentPeriods: silentPeriods.load(ordering: .relaxed),
+            deviceLosses: deviceLosses.load(ordering: .relaxed),
             driftPPM: drift == Int.min ? nil : Double(drift) / 1e6
         )
+    }
+
+    /// Overruns plus periods dropped for want of a buffer.
+    public var droppedCount: Int { xruns.load(ordering: .relaxed) + droppedPeriods.load(ordering: .relaxed) }
+
+    public var health: CaptureHealth {
+        CaptureHealth(state: gone.load(ordering: .relaxed) ? .deviceLost : .capturing, deviceLosses: deviceLosses.load(ordering: .relaxed))
     }
 
     /// Opens and configures `pcmName` at once, so a bad name is reported before anything starts.
@@ -126,9 +147,13 @@ public final class ALSASource: CaptureSource, @unchecked Sendable {
         var period = snd_pcm_uframes_t(options.periodFrames)
         code = snd_pcm_hw_params_set_period_size_near(pcm, hw, &period, &dir)
         if code < 0 { throw fail("setting a period of \(options.periodFrames) frames", code) }
-        var bufferSize = period * 8
+        // Latency is the period (each is read as soon as it is complete); the buffer is only slack
+        // for a capture thread that runs late (a loaded or emulated machine): half a second, at
+        // least 8 periods.
+        let periods = max(8, (snd_pcm_uframes_t(rate) / 2 + period - 1) / max(period, 1))
+        var bufferSize = period * periods
         code = snd_pcm_hw_params_set_buffer_size_near(pcm, hw, &bufferSize)
-        if code < 0 { throw fail("setting a buffer of \(period * 8) frames", code) }
+        if code < 0 { throw fail("setting a buffer of \(period * periods) frames", code) }
         code = snd_pcm_hw_params(pcm, hw)
         if code < 0 {
             throw fail("configuring \(chosen.1.rawValue) \(rate) Hz \(channels) ch", code)
@@ -178,14 +203,22 @@ public final class ALSASource: CaptureSource, @unchecked Sendable {
     private func capture(_ handle: PCMHandle, into sink: SourceSink) {
         var pcm: OpaquePointer? = handle.pointer
         let bytes = periodFrames * format.bytesPerFrame
-        let pool = BufferPool(count: 32, byteCount: bytes, planeLayout: [(0, bytes, bytes)])
+        // More buffers than the session's queue holds: when the session falls behind, its queue
+        // fills (and drops) first, and the read loop never has to leave periods in the device.
+        let pool = BufferPool(count: 96, byteCount: bytes, planeLayout: [(0, bytes, bytes)])
+        let scratch = UnsafeMutableRawPointer.allocate(byteCount: max(bytes, 1), alignment: 64)
+        defer { scratch.deallocate() }
+        let periodNanoseconds = Int64(periodFrames) * 1_000_000_000 / Int64(format.sampleRate)
+        /// While the device is gone: capture time of the next silent period.
+        var nextSilence: Int64 = 0
         var timeline = AudioTimeline(sampleRate: format.sampleRate)
         let mediaFormat = MediaFormat.audio(format)
         var nextReopen: Int64 = 0
 
         while running.load(ordering: .acquiring) && !sink.isStopping {
             guard let device = pcm else {
-                // The device went away: try to get it back twice a second.
+                // The device went away: silence at the nominal rate (audio stays continuous), and
+                // a try to get it back twice a second.
                 let now = sink.clock.now()
                 if now >= nextReopen {
                     nextReopen = now + 500_000_000
@@ -194,19 +227,35 @@ public final class ALSASource: CaptureSource, @unchecked Sendable {
                     {
                         pcm = reopened.pcm
                         timeline.restart()
+                        gone.store(false, ordering: .relaxed)
                         logger.notice("\(pcmName): back")
                         continue
                     }
                 }
-                usleep(50_000)
+                if now - nextSilence > 1_000_000_000 { nextSilence = now - periodNanoseconds }
+                while nextSilence + periodNanoseconds <= now, let buffer = pool.acquire(wait: false, shouldStop: { false }) {
+                    buffer.memory.initializeMemory(as: UInt8.self, repeating: 0, count: bytes)
+                    sink.offer(
+                        CapturedBuffer(
+                            format: mediaFormat, captureTime: nextSilence,
+                            duration: MediaTime(value: Int64(periodFrames), timescale: Int32(format.sampleRate)),
+                            planes: buffer.planes, frameCount: periodFrames, backing: buffer
+                        )
+                    )
+                    silentPeriods.wrappingIncrement(ordering: .relaxed)
+                    nextSilence += periodNanoseconds
+                }
+                usleep(20_000)
                 continue
             }
             let waited = snd_pcm_wait(device, 200)
             if waited == 0 { continue }
             guard let buffer = pool.acquire(wait: false, shouldStop: { false }) else {
-                // Every buffer is still with the session: let the driver hold the samples (an xrun
-                // if this goes on, which is then counted and recovered).
-                usleep(2_000)
+                // Every buffer is still with the session: read the period anyway and drop it, so
+                // the device does not overrun (which would cost a recovery and more samples).
+                let read = snd_pcm_readi(device, scratch, snd_pcm_uframes_t(periodFrames))
+                if read > 0 { droppedPeriods.wrappingIncrement(ordering: .relaxed) }
+                else if read < 0 { _ = snd_pcm_recover(device, Int32(read), 1) }
                 continue
             }
             let read = snd_pcm_readi(device, buffer.memory, snd_pcm_uframes_t(periodFrames))
@@ -219,9 +268,12 @@ public final class ALSASource: CaptureSource, @unchecked Sendable {
                     logger.debug("\(pcmName): overrun, recovering")
                 }
                 if snd_pcm_recover(device, code, 1) < 0 || code == -ENODEV {
-                    logger.warning("\(pcmName): device lost (\(Self.message(code))); retrying")
+                    logger.warning("\(pcmName): device lost (\(Self.message(code))); sending silence and retrying")
                     snd_pcm_close(device)
                     pcm = nil
+                    deviceLosses.wrappingIncrement(ordering: .relaxed)
+                    gone.store(true, ordering: .relaxed)
+                    nextSilence = sink.clock.now()
                 } else {
                     snd_pcm_start(device)
                 }
@@ -264,6 +316,6 @@ public final class ALSASource: CaptureSource, @unchecked Sendable {
             snd_pcm_close(pcm)
         }
         let stats = statistics
-        logger.info("\(pcmName): \(stats.periodsCaptured) periods, \(stats.xruns) overruns, drift \(stats.driftPPM.map { "\(($0 * 10).rounded() / 10) ppm" } ?? "not measured")")
+        logger.info("\(pcmName): \(stats.periodsCaptured) periods, \(stats.xruns) overruns, \(stats.droppedPeriods) dropped (session behind), \(stats.silentPeriods) silent while lost, drift \(stats.driftPPM.map { "\(($0 * 10).rounded() / 10) ppm" } ?? "not measured")")
     }
 }

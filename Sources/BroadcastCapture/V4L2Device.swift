@@ -285,10 +285,12 @@ final class V4L2Device: @unchecked Sendable {
         return timings(t)
     }
 
-    /// Asks for V4L2_EVENT_SOURCE_CHANGE (resolution/timing changes on the input); false when unsupported.
-    func subscribeSourceChange() -> Bool {
+    /// Asks for V4L2_EVENT_SOURCE_CHANGE (resolution/timing changes) on `input`; false when unsupported.
+    /// The event's id is the input's index: a subscription for input 0 hears nothing of an HDMI input 3.
+    func subscribeSourceChange(input: Int) -> Bool {
         var sub = v4l2_event_subscription()
         sub.type = UInt32(V4L2_EVENT_SOURCE_CHANGE)
+        sub.id = UInt32(input)
         return (try? ioctl(CBroadcast_VIDIOC_SUBSCRIBE_EVENT(), &sub, "VIDIOC_SUBSCRIBE_EVENT")) != nil
     }
 
@@ -388,9 +390,17 @@ final class V4L2Mapping: @unchecked Sendable {
         self.buffers = buffers
     }
 
-    deinit {
+    private var unmapped = false
+
+    /// Unmaps now, before the last reference goes (REQBUFS 0 answers EBUSY while a buffer is
+    /// mapped). Only once every frame handed out was released; capture thread only.
+    func unmap() {
+        guard !unmapped else { return }
+        unmapped = true
         for buffer in buffers { _ = v4l2_munmap(buffer.address, buffer.length) }
     }
+
+    deinit { unmap() }
 }
 
 /// A C char array imported as a tuple, read as a NUL-terminated string.

@@ -48,6 +48,8 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
     /// The device opened and configured by `init`, handed to the capture thread by `start`.
     private var configured: (device: V4L2Device, negotiated: V4L2Negotiation)?
     private var thread: OSThread?
+    /// The stream `start` made, taken by the capture thread.
+    private var handoff: V4L2Stream?
     private let running = ManagedAtomic<Bool>(false)
     private let wake = WakePipe()
 
@@ -61,6 +63,19 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
     let renegotiations = ManagedAtomic<Int>(0)
     /// Frames the driver flagged as damaged (V4L2_BUF_FLAG_ERROR), given back unused.
     let corruptFrames = ManagedAtomic<Int>(0)
+    /// Frames copied into a buffer of our own because the driver was down to its last queued buffers.
+    let copiedFrames = ManagedAtomic<Int>(0)
+    /// Frames given back to the driver undelivered: the driver was short of buffers and every copy
+    /// buffer was still with the session.
+    let droppedFrames = ManagedAtomic<Int>(0)
+    /// Frames the driver skipped (gaps in the buffers' sequence numbers) although it had buffers
+    /// queued to fill: its own thread ran late (a loaded or emulated machine).
+    let driverSkippedFrames = ManagedAtomic<Int>(0)
+    /// Frames the driver skipped while it may have had no buffer to fill (ours to avoid: counted
+    /// whenever the gap ends with the driver's last queued buffer).
+    let starvedFrames = ManagedAtomic<Int>(0)
+    /// 1 while the device is gone (slate), 0 while capturing.
+    private let gone = ManagedAtomic<Bool>(false)
 
     public struct Statistics: Sendable, Hashable {
         public var framesCaptured: Int
@@ -68,6 +83,10 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
         public var deviceLosses: Int
         public var renegotiations: Int
         public var corruptFrames: Int
+        public var copiedFrames: Int
+        public var droppedFrames: Int
+        public var driverSkippedFrames: Int
+        public var starvedFrames: Int
     }
 
     /// A snapshot of the counters, readable from any thread.
@@ -77,7 +96,25 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
             slateFrames: slateFrames.load(ordering: .relaxed),
             deviceLosses: deviceLosses.load(ordering: .relaxed),
             renegotiations: renegotiations.load(ordering: .relaxed),
-            corruptFrames: corruptFrames.load(ordering: .relaxed)
+            corruptFrames: corruptFrames.load(ordering: .relaxed),
+            copiedFrames: copiedFrames.load(ordering: .relaxed),
+            droppedFrames: droppedFrames.load(ordering: .relaxed),
+            driverSkippedFrames: driverSkippedFrames.load(ordering: .relaxed),
+            starvedFrames: starvedFrames.load(ordering: .relaxed)
+        )
+    }
+
+    /// Frames lost at the source: given back undelivered for want of a buffer, or never delivered
+    /// by the driver (sequence gaps).
+    public var droppedCount: Int {
+        droppedFrames.load(ordering: .relaxed) + driverSkippedFrames.load(ordering: .relaxed)
+            + starvedFrames.load(ordering: .relaxed)
+    }
+
+    public var health: CaptureHealth {
+        CaptureHealth(
+            state: gone.load(ordering: .relaxed) ? .deviceLost : .capturing,
+            deviceLosses: deviceLosses.load(ordering: .relaxed)
         )
     }
 
@@ -114,7 +151,11 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
         }
         logger.info("\(path): capturing \(negotiated.description)")
         running.store(true, ordering: .releasing)
-        thread = OSThread { [self] in capture(into: sink, stream: stream) }
+        // Handed over through a property the thread empties, not captured by the closure: the
+        // closure lives as long as the thread, and would keep the device open after a loss (so
+        // the driver could not be unloaded, nor the device come back).
+        handoff = stream
+        thread = OSThread { [self] in capture(into: sink) }
     }
 
     public func stop() {
@@ -128,9 +169,10 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
 
     // MARK: The capture thread
 
-    private func capture(into sink: SourceSink, stream initial: V4L2Stream) {
-        var stream: V4L2Stream? = initial
-        var lastFormat = initial.negotiated
+    private func capture(into sink: SourceSink) {
+        var stream: V4L2Stream? = handoff
+        handoff = nil
+        guard var lastFormat = stream?.negotiated else { return }
         var lastFrameAt = sink.clock.now()
         var failures = 0
         var slate: SlateGenerator?
@@ -152,6 +194,7 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
                         slate = nil
                         lastFrameAt = sink.clock.now()
                         failures = 0
+                        gone.store(false, ordering: .relaxed)
                         logger.notice("\(path): back, capturing \(reopened.negotiated.description)")
                         continue
                     }
@@ -185,10 +228,10 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
             if events & Int32(POLLIN | POLLERR | POLLHUP) != 0 {
                 // One buffer per wake-up: asking until EAGAIN would make libv4l2 print an error line each time.
                 do {
-                    if let frame = try current.device.dequeue() {
+                    if let frame = try current.dequeue() {
                         failures = 0
                         lastFrameAt = sink.clock.now()
-                        deliver(frame, of: current, into: sink)
+                        try deliver(frame, of: current, into: sink)
                     }
                 } catch {
                     failures += 1
@@ -210,49 +253,92 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
         }
         stream?.device.streamOff()
         stream = nil
+        let stats = statistics
+        logger.info(
+            "\(path): \(stats.framesCaptured) frames delivered (\(stats.copiedFrames) copied while the driver was short of buffers), \(stats.droppedFrames) dropped for want of a buffer, \(stats.starvedFrames) lost with the driver out of buffers, \(stats.driverSkippedFrames) skipped by the driver running late, \(stats.corruptFrames) damaged, \(stats.slateFrames) slate frames, \(stats.deviceLosses) losses, \(stats.renegotiations) renegotiations"
+        )
     }
 
-    private func deliver(_ frame: V4L2Device.Dequeued, of stream: V4L2Stream, into sink: SourceSink) {
-        let backing = stream.backings[frame.index]
+    /// Hands a dequeued frame to the session: the driver's buffer itself while the driver still has
+    /// `V4L2Stream.minimumQueued` others to fill; otherwise a copy, and the driver's buffer goes back
+    /// at once, so a session that is slow for a moment never starves the driver (GStreamer's v4l2src
+    /// copies when its pool runs low too).
+    private func deliver(_ frame: V4L2Device.Dequeued, of stream: V4L2Stream, into sink: SourceSink) throws(SystemCallError) {
         let now = sink.clock.now()
         let captureTime = DeviceTimestamps.videoCaptureTime(
             bufferTimestamp: frame.timestampNanoseconds,
             isMonotonic: frame.monotonicTimestamp && sink.clock is MonotonicClock,
             dequeuedAt: now
         )
-        stream.markWithSession(frame.index)
+        if let skipped = stream.noteSequence(frame.sequence), skipped > 0 {
+            (stream.queuedCount == 0 ? starvedFrames : driverSkippedFrames).wrappingIncrement(by: skipped, ordering: .relaxed)
+        }
         if frame.error || captureTime < sink.startTime {
             if frame.error { corruptFrames.wrappingIncrement(ordering: .relaxed) }
-            backing.release()
+            try stream.requeue(frame.index)
             return
         }
+        let format = MediaFormat.video(stream.negotiated.videoFormat)
+        let duration = MediaTime(nanoseconds: stream.negotiated.frameDurationNanoseconds)
+        if stream.queuedCount < V4L2Stream.minimumQueued {
+            guard let copy = stream.copyPool.acquire(wait: false, shouldStop: { false }) else {
+                droppedFrames.wrappingIncrement(ordering: .relaxed)
+                try stream.requeue(frame.index)
+                return
+            }
+            let source = stream.mapping.buffers[frame.index]
+            copy.memory.copyMemory(from: source.address, byteCount: min(copy.byteCount, source.length))
+            try stream.requeue(frame.index)
+            copiedFrames.wrappingIncrement(ordering: .relaxed)
+            framesCaptured.wrappingIncrement(ordering: .relaxed)
+            sink.offer(CapturedBuffer(format: format, captureTime: captureTime, duration: duration, planes: copy.planes, backing: copy))
+            return
+        }
+        stream.markWithSession(frame.index)
         framesCaptured.wrappingIncrement(ordering: .relaxed)
         sink.offer(
             CapturedBuffer(
-                format: .video(stream.negotiated.videoFormat),
+                format: format,
                 captureTime: captureTime,
-                duration: MediaTime(nanoseconds: stream.negotiated.frameDurationNanoseconds),
+                duration: duration,
                 planes: stream.planes[frame.index],
-                backing: backing
+                backing: stream.backings[frame.index]
             )
         )
     }
 
     private func lose(_ stream: inout V4L2Stream?, because reason: String) {
         deviceLosses.wrappingIncrement(ordering: .relaxed)
+        gone.store(true, ordering: .relaxed)
         logger.warning("\(path): device lost (\(reason)); sending a no-signal slate and retrying")
         stream?.device.streamOff()
         // Buffers still with the session keep the mapping (and so the file) open until released.
         stream = nil
     }
 
+    /// Why the last reopen failed, so each new reason is logged once (not twice a second).
+    private var lastReopenFailure: String?
+
     private func reopen() -> V4L2Stream? {
         do {
-            let device = try V4L2Device(path: path)
+            let device: V4L2Device
+            do {
+                device = try V4L2Device(path: path)
+            } catch {
+                throw BroadcastError(.sourceFailed, "\(error)")
+            }
             let negotiated = try V4L2Negotiation.configure(device, options: options, logger: logger)
-            return try V4L2Stream(device: device, negotiated: negotiated, wake: wake)
+            do {
+                return try V4L2Stream(device: device, negotiated: negotiated, wake: wake)
+            } catch {
+                throw BroadcastError(.sourceFailed, "\(error)")
+            }
         } catch {
-            logger.debug("\(path): reopen failed: \(error)")
+            let reason = "\(error)"
+            if reason != lastReopenFailure {
+                lastReopenFailure = reason
+                logger.info("\(path): not back yet: \(reason)")
+            }
             return nil
         }
     }
@@ -273,10 +359,13 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
         guard let device = stream?.device else { return }
         renegotiations.wrappingIncrement(ordering: .relaxed)
         device.streamOff()
-        if let old = stream { waitForSessionBuffers(old) }
+        if let old = stream {
+            waitForSessionBuffers(old)
+            // REQBUFS 0 fails with EBUSY while a buffer is mapped: unmap at once rather than when
+            // the last reference goes (the capture loop still holds one).
+            if old.buffersWithSession == 0 { old.mapping.unmap() }
+        }
         stream = nil
-        // The mapping is unmapped once its last reference (ours, now dropped) is gone; REQBUFS 0
-        // fails with EBUSY until then.
         var freed = false
         for _ in 0..<100 where shouldRun {
             if (try? device.requestBuffers(0)) != nil {
@@ -450,7 +539,7 @@ struct V4L2Negotiation: Sendable, CustomStringConvertible {
                 rateText = V4L2Fraction(den, num).rateText
             }
         }
-        _ = device.subscribeSourceChange()
+        _ = device.subscribeSourceChange(input: inputIndex)
         return V4L2Negotiation(
             pixFormat: pix,
             pixelFormat: pixelFormat,
@@ -482,14 +571,34 @@ final class V4L2Stream: @unchecked Sendable {
     let mapping: V4L2Mapping
     let backings: [V4L2FrameBacking]
     let planes: [[Plane]]
+    /// Buffers of our own for frames copied while the driver is short of buffers.
+    let copyPool: BufferPool
     private var withSession: [Bool]
+    /// Buffers queued with the driver (to be filled).
+    private(set) var queuedCount = 0
+    private var lastSequence: UInt32?
 
-    static let bufferCount = 6
+    /// Buffers to ask of the driver (REQBUFS): about 0.6 s of frames (8 to 32, within 96 MiB), so a
+    /// capture thread that runs late on a loaded machine finds the frames waiting instead of
+    /// skipped by the driver for want of a buffer.
+    static func bufferCount(frameBytes: Int, frameDuration: Int64) -> Int {
+        let frames = Int(600_000_000 / max(frameDuration, 1_000_000))
+        return max(4, min(max(8, min(frames, 32)), 96 << 20 / max(frameBytes, 1)))
+    }
+    /// Below this many buffers queued with the driver, frames are copied and their buffer re-queued.
+    static let minimumQueued = 2
+    /// Copies to keep: up to a second of frames, within 64 MiB.
+    static func copyCount(frameBytes: Int, frameDuration: Int64) -> Int {
+        let perSecond = Int(1_000_000_000 / max(frameDuration, 1_000_000))
+        return max(4, min(perSecond, 64 << 20 / max(frameBytes, 1), 64))
+    }
 
     init(device: V4L2Device, negotiated: V4L2Negotiation, wake: WakePipe) throws(SystemCallError) {
         self.device = device
         self.negotiated = negotiated
-        let count = try device.requestBuffers(Self.bufferCount)
+        let count = try device.requestBuffers(
+            Self.bufferCount(frameBytes: negotiated.pixFormat.sizeImage, frameDuration: negotiated.frameDurationNanoseconds)
+        )
         var buffers: [(address: UnsafeMutableRawPointer, length: Int)] = []
         do {
             for index in 0..<count { buffers.append(try device.map(index)) }
@@ -507,12 +616,40 @@ final class V4L2Stream: @unchecked Sendable {
         self.planes = buffers.map { buffer in
             layout.map { Plane(base: UnsafeRawPointer(buffer.address + $0.offset), count: min($0.count, buffer.length - $0.offset), bytesPerRow: $0.bytesPerRow) }
         }
+        let frameBytes = min(max(pix.sizeImage, layout.map { $0.offset + $0.count }.max() ?? 0), buffers.map(\.length).min() ?? 0)
+        copyPool = BufferPool(
+            count: Self.copyCount(frameBytes: frameBytes, frameDuration: negotiated.frameDurationNanoseconds),
+            byteCount: frameBytes,
+            planeLayout: layout.map { ($0.offset, min($0.count, frameBytes - $0.offset), $0.bytesPerRow) }
+        )
         withSession = Array(repeating: false, count: count)
         for index in 0..<count { try device.queue(index) }
+        queuedCount = count
         try device.streamOn()
     }
 
-    var hasQueuedBuffers: Bool { withSession.contains(false) }
+    var hasQueuedBuffers: Bool { queuedCount > 0 }
+
+    /// The next filled buffer (nil: none yet), no longer counted as queued.
+    func dequeue() throws(SystemCallError) -> V4L2Device.Dequeued? {
+        let frame = try device.dequeue()
+        if frame != nil { queuedCount -= 1 }
+        return frame
+    }
+
+    /// Gives buffer `index` (dequeued, not with the session) back to the driver.
+    func requeue(_ index: Int) throws(SystemCallError) {
+        try device.queue(index)
+        queuedCount += 1
+    }
+
+    /// Frames the driver skipped before the one with sequence number `sequence`; nil for the first.
+    func noteSequence(_ sequence: UInt32) -> Int? {
+        defer { lastSequence = sequence }
+        guard let last = lastSequence else { return nil }
+        let gap = Int(sequence &- last) - 1
+        return gap >= 0 && gap < 1_000_000 ? gap : 0
+    }
     var buffersWithSession: Int { withSession.filter { $0 }.count }
 
     func markWithSession(_ index: Int) { withSession[index] = true }
@@ -522,7 +659,7 @@ final class V4L2Stream: @unchecked Sendable {
         for index in withSession.indices where withSession[index] {
             if backings[index].takeReturned() {
                 withSession[index] = false
-                try device.queue(index)
+                try requeue(index)
             }
         }
     }

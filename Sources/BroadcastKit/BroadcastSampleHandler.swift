@@ -17,9 +17,13 @@ public protocol BroadcastSampleHandler: AnyObject {
     func broadcastResumed()
     /// The last call the handler gets, whether the broadcast ended normally or by an error.
     func broadcastFinished()
+    /// The source of `type` lost its device or got it back. Buffers keep coming meanwhile (a
+    /// "no signal" slate, silence), so outputs go on; this says what they show.
+    func sourceHealthChanged(_ health: CaptureHealth, of type: SampleBufferType)
 }
 
 extension BroadcastSampleHandler {
     public func broadcastPaused() {}
     public func broadcastResumed() {}
+    public func sourceHealthChanged(_ health: CaptureHealth, of type: SampleBufferType) {}
 }

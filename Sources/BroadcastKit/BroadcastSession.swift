@@ -38,6 +38,8 @@ public struct SampleBufferStatistics: Sendable, Hashable {
     public var droppedOutOfOrder: Int = 0
     /// End of the last delivered buffer, in media time nanoseconds.
     public var mediaTimeNanoseconds: Int64 = 0
+    /// The source's device: capturing, or lost (and how often it was).
+    public var sourceHealth = CaptureHealth()
 
     public init() {}
 }
@@ -64,7 +66,7 @@ public struct SessionSummary: Sendable {
 /// the broadcast finishes. `pause()`, `resume()`, `finish()` and `finishBroadcast(with:)` may be called
 /// from any thread; the handler hears of them on the session's thread, between two buffers.
 ///
-/// Media time is zero at `broadcastStarted` and stands still while paused: what was captured while
+/// Media time is zero when `broadcastStarted` returns and stands still while paused: what was captured while
 /// paused is dropped, and the time spent paused is taken out of every later timestamp, so a
 /// recording continues without a gap. Audio is cut at the exact sample where the pause began and ended.
 public final class BroadcastSession: @unchecked Sendable {
@@ -188,7 +190,10 @@ public final class BroadcastSession: @unchecked Sendable {
             if ready, let sink = sinks.first(where: { $0.type == type }) {
                 s.droppedQueueFull = sink.droppedFull.load(ordering: .relaxed)
             }
-            s.droppedBySource = sources.first(where: { $0.type == type })?.source.droppedCount ?? 0
+            if let source = sources.first(where: { $0.type == type })?.source {
+                s.droppedBySource = source.droppedCount
+                s.sourceHealth = source.health
+            }
             result[type] = s
         }
         return result
@@ -199,13 +204,16 @@ public final class BroadcastSession: @unchecked Sendable {
     /// error when one cannot start or fails.
     public func run(setupInfo: SetupInfo = SetupInfo()) throws -> SessionSummary {
         try transition(.start)
-        let startTime = clock.now()
         do {
             try handler.broadcastStarted(setupInfo: setupInfo)
         } catch {
             forceFinished()
             throw error
         }
+        // Media time zero is when the handler is ready, just before the sources start: the time a
+        // handler takes to set up (opening encoders and outputs is slow on a small machine) is not
+        // a gap at the start of every recording.
+        let startTime = clock.now()
 
         let realtime = sources.contains { $0.source.isRealtime }
         sinks = sources.map {
@@ -248,6 +256,11 @@ public final class BroadcastSession: @unchecked Sendable {
             while let buffer = sink.ring.pop() { buffer.backing?.release() }
         }
         handler.broadcastFinished()
+        for (type, s) in statistics().sorted(by: { $0.key.rawValue < $1.key.rawValue }) {
+            logger.info(
+                "\(type): \(s.delivered) delivered, \(Double(s.mediaTimeNanoseconds / 1_000_000) / 1000) s of media; dropped: \(s.droppedQueueFull) queue full, \(s.droppedBySource) by the source, \(s.droppedOutOfOrder) out of order, \(s.droppedPaused) paused"
+            )
+        }
         switch outcome {
         case .failure(let error):
             throw error
@@ -271,6 +284,8 @@ public final class BroadcastSession: @unchecked Sendable {
         var done: Set<SampleBufferType> = []
         var lastPTS: [SampleBufferType: Int64] = [:]
         let durationNanoseconds: Int64?
+        /// The health each source last reported to the handler.
+        var reportedHealth: [SampleBufferType: CaptureHealth] = [:]
 
         init(session: BroadcastSession, startTime: Int64, realtime: Bool) {
             self.session = session
@@ -310,6 +325,15 @@ public final class BroadcastSession: @unchecked Sendable {
                     pausedAt = pause
                     handler.broadcastPaused()
                     continue
+                }
+
+                // Device loss and return reach the handler between two buffers, like control.
+                for (type, source) in session.sources {
+                    let health = source.health
+                    if health != reportedHealth[type, default: CaptureHealth()] {
+                        reportedHealth[type] = health
+                        handler.sourceHealthChanged(health, of: type)
+                    }
                 }
 
                 if let pausedAt {

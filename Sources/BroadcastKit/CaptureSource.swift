@@ -43,17 +43,40 @@ public protocol CaptureSource: AnyObject, Sendable {
     /// Frames or periods the source itself could not deliver (its buffers were all still in use,
     /// the device overran). Read from any thread.
     var droppedCount: Int { get }
+    /// Whether the source is getting media from its device. Read from any thread.
+    var health: CaptureHealth { get }
 }
 
 extension CaptureSource {
     public var droppedCount: Int { 0 }
+    public var health: CaptureHealth { CaptureHealth() }
+}
+
+/// Whether a source is capturing, for the handler (`sourceHealthChanged`), status lines and metrics.
+public struct CaptureHealth: Sendable, Hashable {
+    public enum State: String, Sendable, Hashable {
+        /// Media comes from the device.
+        case capturing
+        /// The device is gone (unplugged, driver unbound): the source fills in (a "no signal"
+        /// slate, silence) and tries to get it back.
+        case deviceLost
+    }
+
+    public var state: State
+    /// Times the device went away since the source started.
+    public var deviceLosses: Int
+
+    public init(state: State = .capturing, deviceLosses: Int = 0) {
+        self.state = state
+        self.deviceLosses = deviceLosses
+    }
 }
 
 /// Where one source delivers its buffers: a lock-free ring the session drains.
 public final class SourceSink: @unchecked Sendable {
     public let type: SampleBufferType
     public let clock: any BroadcastClock
-    /// Clock reading at broadcastStarted: media time zero. Non-realtime sources count from here.
+    /// Clock reading when broadcastStarted returned: media time zero. Non-realtime sources count from here.
     public let startTime: Int64
     let ring: SPSCRing<CapturedBuffer>
     private let sessionWakeup: Wakeup
