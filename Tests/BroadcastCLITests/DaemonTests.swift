@@ -302,19 +302,24 @@ final class NotifyListener: @unchecked Sendable {
     }
 }
 
+/// Asks the daemon's status until the broadcast runs and an output records (at most ~30 s); returns
+/// the last answer.
+func waitUntilRecording(_ socket: String) throws -> String {
+    var last = ""
+    for _ in 0..<150 {
+        let r = try broadcast(["status", "--socket", socket], timeout: 30)
+        last = r.stdout + r.stderr
+        if r.status == 0 && r.stdout.contains("\"state\":\"started\"") && r.stdout.contains("\"state\":\"recording\"") {
+            return last
+        }
+        usleep(200_000)
+    }
+    return last
+}
+
 @Suite(.serialized) struct DaemonOutputTests {
     static let frame = 1.0 / 30
 
-    func waitUntilStarted(_ socket: String) throws -> String {
-        var last = ""
-        for _ in 0..<150 {
-            let r = try broadcast(["status", "--socket", socket], timeout: 30)
-            last = r.stdout + r.stderr
-            if r.status == 0 && r.stdout.contains("\"state\":\"started\"") && r.stdout.contains("\"state\":\"recording\"") { return last }
-            usleep(200_000)
-        }
-        return last
-    }
 
     /// Pause one output while the other goes on: the paused recording skips the pause without a gap,
     /// the other keeps everything.
@@ -337,7 +342,7 @@ final class NotifyListener: @unchecked Sendable {
         try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
         let daemon = try Child(broadcastBinary, ["daemon", "--config", dir.path("d.toml")])
         defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
-        let up = try waitUntilStarted(socket)
+        let up = try waitUntilRecording(socket)
         #expect(up.contains("\"name\":\"rec\""), "\(up)")
         usleep(2_500_000)
         let paused = try broadcast(["pause", "--output", "rec", "--socket", socket])
@@ -385,7 +390,7 @@ final class NotifyListener: @unchecked Sendable {
             """
         try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
         let daemon = try Child(broadcastBinary, ["daemon", "--config", dir.path("d.toml")])
-        _ = try waitUntilStarted(socket)
+        _ = try waitUntilRecording(socket)
         usleep(7_000_000)
         let status = try broadcast(["status", "--socket", socket])
         daemon.signal(SIGTERM)
@@ -432,9 +437,7 @@ final class NotifyListener: @unchecked Sendable {
         }
         try write(extra: false)
         let daemon = try Child(broadcastBinary, ["daemon", "--config", dir.path("d.toml")])
-        for _ in 0..<150 where !(try broadcast(["status", "--socket", socket]).stdout.contains("\"state\":\"recording\"")) {
-            usleep(200_000)
-        }
+        _ = try waitUntilRecording(socket)
         usleep(2_000_000)
         try write(extra: true)
         daemon.signal(SIGHUP)
@@ -499,5 +502,38 @@ final class NotifyListener: @unchecked Sendable {
         daemon.signal(SIGTERM)
         #expect(daemon.wait(timeout: 30).status == 0)
         #expect(FileManager.default.fileExists(atPath: dir.path("lib/broadcast/rec.mkv")))
+    }
+}
+
+@Suite(.serialized) struct DaemonRetentionTests {
+    /// retain_bytes deletes the oldest finished segments while the total is over the limit; the
+    /// file being written is never deleted.
+    @Test func retentionBySizeKeepsOnlyWhatFits() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        let config = """
+            [video]
+            size = "320x180"
+            [encoder]
+            keyframe_interval = "1s"
+            [control]
+            socket = "\(socket)"
+            [[output]]
+            name = "rec"
+            path = "\(dir.path("ret-%H%M%S.mkv"))"
+            segment = "1s"
+            retain_bytes = "1k"
+            """
+        try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
+        let daemon = try Child(broadcastBinary, ["daemon", "--config", dir.path("d.toml")])
+        _ = try waitUntilRecording(socket)
+        usleep(5_000_000)
+        daemon.signal(SIGTERM)
+        let r = daemon.wait(timeout: 30)
+        #expect(r.status == 0, "\(r.stderr)")
+        #expect(r.stderr.components(separatedBy: "retention: deleted").count - 1 >= 2, "\(r.stderr)")
+        let left = dir.contents.filter { $0.hasPrefix("ret-") }
+        #expect(left.count == 1, "only the last segment fits in 1 KiB of retention: \(left)")
     }
 }
