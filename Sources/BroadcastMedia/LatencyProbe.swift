@@ -9,16 +9,16 @@ import Glibc
 /// encoder (from where the handler hands it to every output's queue at once), written to that
 /// file as JSON when the encoder is flushed. `benchmarks/bench.py` reads it.
 ///
-/// Capture time is reconstructed as (the instant the encoder began opening + the frame's
-/// presentation time): the session creates the encoder in `broadcastStarted`, microseconds after
-/// it reads its start time, and a frame's presentation time is its capture time minus that start.
+/// Capture time is reconstructed as (media time zero + the frame's presentation time): the
+/// handler marks media time zero at the end of `broadcastStarted`, microseconds before the session
+/// reads its start time, and a frame's presentation time is its capture time minus that start.
 /// So the figure means something for realtime sources without pauses, and under-reads by those
-/// microseconds.
+/// microseconds. (Until marked, zero is when the encoder began opening.)
 final class LatencyProbe {
     static let environmentKey = "BROADCAST_LATENCY_FILE"
 
     private let path: String
-    private let origin: Int64
+    var origin: Int64
     private let timeBase: Rational
     private var nanoseconds: [Int64] = []
 

@@ -30,6 +30,10 @@ public final class VideoEncoder {
     private var lastPTS: Int64?
     private var keyframeRequested = false
     private var flushed = false
+    /// Input planes are passed to the encoder by reference, not copied (libx264 only): see `borrowPlanes`.
+    private var referencesInput: Bool
+    /// Benchmark instrumentation: nil unless BROADCAST_LATENCY_FILE is set.
+    private let latencyProbe: LatencyProbe?
     /// Frames dropped because their timestamp was not at least 1 ms after the previous frame's.
     public private(set) var droppedFrames = 0
     /// Frames handed to the encoder.
@@ -50,6 +54,7 @@ public final class VideoEncoder {
         streamIndex: Int = 0,
         logger: Logger
     ) throws(FFmpegError) {
+        let created = MonotonicClock().now()
         if let problem = settings.problem() {
             throw FFmpegError.invalidArgument(problem, "opening video encoder \(settings.encoder)")
         }
@@ -79,6 +84,8 @@ public final class VideoEncoder {
         self.logger = logger
         self.streamIndex = streamIndex
         self.inputFrame = try Frame()
+        self.referencesInput = effective.encoder == "libx264"
+        self.latencyProbe = LatencyProbe(origin: created, timeBase: Rational(timeBase))
         logger.debug(
             "opened video encoder",
             metadata: [
@@ -201,6 +208,7 @@ public final class VideoEncoder {
                     bytesPerRow: Int32(plane.bytesPerRow)
                 )
             }
+            if referencesInput { borrowPlanes(buffer) }
         } else {
             if scaler == nil || scaler!.input != format {
                 scaler = try Scaler(
@@ -213,17 +221,57 @@ public final class VideoEncoder {
         keyframeRequested = false
         defer {
             if frame == inputFrame.pointer {
+                if frame.pointee.buf.0 != nil { returnPlanes() }
                 for index in 0..<3 { inputFrame.setPlane(index, nil, bytesPerRow: 0) }
             }
         }
         framesEncoded += 1
-        return try send(frame, what)
+        let packets = try send(frame, what)
+        latencyProbe?.handOver(packets)
+        return packets
+    }
+
+    /// Benchmarks (BROADCAST_LATENCY_FILE): media time zero is now. The session reads its start
+    /// time right after `broadcastStarted` returns, so the handler calls this last thing there.
+    public func markMediaTimeZero() { latencyProbe?.origin = MonotonicClock().now() }
+
+    /// Wraps the buffer's planes in AVBufferRefs that free nothing, so avcodec_send_frame takes a
+    /// reference instead of allocating a frame and copying every plane into it (3 MB at 1080p, each
+    /// frame; libx264 copies the picture into its own again anyway).
+    ///
+    /// Rule 2 holds because of how libavcodec runs an encoder like libx264 (no frame threads, no
+    /// hardware queue): when no packet is pending, which `send` ensures by draining to EAGAIN,
+    /// avcodec_send_frame hands the frame to the encoder and unreferences it before it returns.
+    /// `returnPlanes` checks that nothing kept a reference; if something ever does, the encoder goes
+    /// back to copying for good.
+    private func borrowPlanes(_ buffer: borrowing SampleBuffer) {
+        let frame = inputFrame.pointer
+        withUnsafeMutableBytes(of: &frame.pointee.buf) { refs in
+            let slots = refs.bindMemory(to: UnsafeMutablePointer<AVBufferRef>?.self)
+            for (index, plane) in buffer.planes.prefix(3).enumerated() {
+                slots[index] = av_buffer_create(
+                    UnsafeMutablePointer(mutating: plane.base.assumingMemoryBound(to: UInt8.self)),
+                    plane.count, { _, _ in }, nil, 0)
+            }
+        }
+    }
+
+    /// After a frame sent with borrowed planes: drops our references, and stops borrowing when the
+    /// encoder kept one.
+    private func returnPlanes() {
+        if let first = inputFrame.pointer.pointee.buf.0, av_buffer_get_ref_count(first) != 1 {
+            referencesInput = false
+            logger.error(
+                "video encoder \(settings.encoder) kept a reference to an input frame; copying frames from now on")
+        }
+        av_frame_unref(inputFrame.pointer)
     }
 
     /// Drains the encoder at the end of the stream; returns its last packets. Call once.
     public func flush() throws(FFmpegError) -> [EncodedPacket] {
         guard !flushed else { return [] }
         flushed = true
+        latencyProbe?.write()
         return try send(nil, "flushing video encoder \(settings.encoder)")
     }
 

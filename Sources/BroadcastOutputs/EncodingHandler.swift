@@ -175,6 +175,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
             throw error
         }
         for (output, worker) in zip(outputs, workers) { output.start(worker) }
+        videoEncoder?.markMediaTimeZero()
     }
 
     /// The worker that feeds `output` its packets: a file is created now (so a path that cannot
