@@ -1,5 +1,6 @@
 import ArgumentParser
 import Atomics
+import BroadcastCapture
 import BroadcastKit
 import BroadcastMedia
 import BroadcastOutputs
@@ -198,6 +199,8 @@ final class BroadcastController: Sendable {
         var outputs: [Output] { outputControl.outputs }
         /// The config entries the running outputs were made from, by name (for SIGHUP's comparison).
         var definitions: [String: DaemonConfig.Output]
+        /// ALSA sources, whose clock drift against the monotonic clock the status reports.
+        let audioDevices: [ALSASource]
     }
 
     private let state: Mutex<(config: DaemonConfig, running: Running?)>
@@ -269,7 +272,8 @@ final class BroadcastController: Sendable {
                 startedAt: MonotonicClock().now(),
                 primaryType: hasVideo ? .video : captureSources[0].type,
                 outputControl: handler.outputControl,
-                definitions: Dictionary(config.outputs.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
+                definitions: Dictionary(config.outputs.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first }),
+                audioDevices: captureSources.compactMap { $0.source as? ALSASource }
             )
             failure.withLock { $0 = nil }
             logger.notice("broadcast started: \(outputs.map(\.name).joined(separator: ", "))")
@@ -461,7 +465,7 @@ final class BroadcastController: Sendable {
             ("video_frames_encoded", .number(Double(encoding.videoFramesEncoded))),
             ("bytes_written", .number(Double(encoding.bytesWritten))),
             ("failed_outputs", .number(Double(encoding.failedOutputs))),
-            ("audio_drift_ppm", .null),
+            ("audio_drift_ppm", running.audioDevices.lazy.compactMap { $0.statistics.driftPPM }.first.map(JSONValue.number) ?? .null),
             ("types", .object(types)),
             ("outputs", .array(outputs)),
             ("error", failure.map(JSONValue.string) ?? .null),
