@@ -11,7 +11,7 @@ OUT ?= out
 # Build needs: the C libraries' -dev packages. Tests and demo need: ffmpeg/ffprobe to check outputs,
 # nginx with its RTMP module as a local streaming server.
 APT_PACKAGES := pkg-config libavcodec-dev libavformat-dev libavutil-dev libswscale-dev \
-                libswresample-dev libv4l-dev libasound2-dev ffmpeg nginx libnginx-mod-rtmp \
+                libswresample-dev libv4l-dev libasound2-dev ffmpeg nginx libnginx-mod-rtmp libnginx-mod-stream openssl \
                 libxcb1-dev libxcb-shm0-dev libxcb-xfixes0-dev libxcb-damage0-dev xvfb x11-apps
 
 .PHONY: deps build release demo test test-unit clean vm-deps vm-test install

@@ -46,12 +46,39 @@ final class RTMPServer {
     var recordDirectory: String { directory.path("rec") }
     var pidFile: String { directory.path("nginx.pid") }
 
-    init() throws {
+    /// With `tls`: also RTMPS on `tlsPort`, nginx's stream module ending TLS (a self-signed
+    /// certificate made here with openssl) in front of the RTMP port.
+    private(set) var tlsPort: Int?
+
+    init(tls: Bool = false) throws {
         directory = try TemporaryDirectory()
         port = try freePort()
         try FileManager.default.createDirectory(atPath: directory.path("rec"), withIntermediateDirectories: true)
+        var tlsBlock = ""
+        var streamModule = ""
+        if tls {
+            let tlsPort = try freePort()
+            self.tlsPort = tlsPort
+            let made = try run(
+                "/usr/bin/openssl",
+                ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                 "-keyout", directory.path("key.pem"), "-out", directory.path("cert.pem")])
+            guard made.status == 0 else { throw ProbeError(message: "openssl: \(made.stderr)") }
+            streamModule = "load_module /usr/lib/nginx/modules/ngx_stream_module.so;"
+            tlsBlock = """
+                stream {
+                    server {
+                        listen 127.0.0.1:\(tlsPort) ssl;
+                        ssl_certificate \(directory.path("cert.pem"));
+                        ssl_certificate_key \(directory.path("key.pem"));
+                        proxy_pass 127.0.0.1:\(port);
+                    }
+                }
+                """
+        }
         let config = """
             load_module /usr/lib/nginx/modules/ngx_rtmp_module.so;
+            \(streamModule)
             daemon off;
             master_process off;
             pid \(pidFile);
@@ -64,6 +91,7 @@ final class RTMPServer {
                     application locked { live on; deny publish all; }
                 }
             }
+            \(tlsBlock)
             """
         try config.write(toFile: directory.path("nginx.conf"), atomically: true, encoding: .utf8)
         try start()

@@ -65,6 +65,26 @@ import Testing
         #expect(try decodeErrors(local) == "")
     }
 
+    /// RTMPS: TLS to nginx's stream module in front of nginx-rtmp; the server records what arrived.
+    @Test func publishOverRTMPS() throws {
+        let server = try RTMPServer(tls: true)
+        defer { server.cleanup() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let local = dir.path("local.mkv")
+        let url = "rtmps://127.0.0.1:\(try #require(server.tlsPort))/live/\(Self.key)"
+        let r = try broadcast(
+            ["stream", url, "--record", local, "--size", "320x180", "--preset", "ultrafast", "--video-bitrate", "1M", "--duration", "6s"],
+            timeout: 60)
+        #expect(r.status == 0, "stream failed: \(r.stderr.suffix(3000))")
+        Self.expectNoKey(r)
+        server.stop()
+        let copy = try #require(server.recordings.first, "nginx recorded nothing")
+        let frames = try #require(try probe(copy).video?.frames)
+        let encoded = try Self.encodedFrames(r, local, nominal: 180)
+        #expect(Double(frames) >= 0.9 * Double(encoded), "the server got \(frames) of \(encoded) frames over TLS")
+    }
+
     /// nginx killed 8 s into a 30 s stream and restarted 5 s later: the stream is back within about
     /// 3 s, the recording from the same encode has all 900 frames, exit 0.
     @Test func reconnectsAfterTheServerComesBack() throws {
