@@ -9,6 +9,11 @@ B=${BROADCAST:?BROADCAST (the host-built binary) is not set}
 # Under emulation (TCG) the CPU is slow: encode with the cheapest x264 preset so capture, not
 # encoding, is what is measured.
 record() { "$B" record "$@" --preset ultrafast; }
+# Webcam frame rate: 15 fps (vivid offers it at 320x180), not 25. Under TCG on a busy 2-core host the
+# emulated CPU cannot always encode 25 fps in real time (the baseline below measures it), and vivid's
+# own thread then runs late too; the checks are about capture, so the rate leaves headroom.
+FPS=15
+FRAMES=$((8 * FPS))
 passed=0
 failed=0
 ts() { echo "=== [$(cut -d' ' -f1 /proc/uptime)s] $*"; }
@@ -81,7 +86,7 @@ check "devices --json does not list the output node /dev/video1" sh -c '! grep -
 sed -n '1,6p' devices.txt
 
 # ---------------------------------------------------------------------------------------------
-ts "2. 8 s from vivid's webcam (320x180 @ 25) with a 1 kHz tone through snd-aloop as --audio-mic"
+ts "2. 8 s from vivid's webcam (320x180 @ $FPS) with a 1 kHz tone through snd-aloop as --audio-mic"
 # aplay, not ffmpeg -re, plays it: the emulated CPU is scarce, and the loopback then runs on its own clock.
 ffmpeg -hide_banner -nostdin -loglevel error -f lavfi -i "sine=frequency=1000:sample_rate=48000:duration=60" -ac 2 -c:a pcm_s16le tone.wav
 aplay -q -D hw:Loopback,0,0 tone.wav &
@@ -89,7 +94,7 @@ player=$!
 check "tone playing into hw:Loopback,0,0" wait_playback
 t0=$(cut -d' ' -f1 /proc/uptime)
 (sleep 8; top -b -n 1 -w 160 | head -20 > webcam-top.txt) &
-record webcam.mp4 --video /dev/video0 --video-input 0 --size 320x180 --fps 25 \
+record webcam.mp4 --video /dev/video0 --video-input 0 --size 320x180 --fps $FPS \
     --audio-mic hw:Loopback,1,0 --duration 8s --quiet --log-level info > webcam.log 2>&1
 rc=$?
 cat webcam-top.txt
@@ -97,36 +102,36 @@ t1=$(cut -d' ' -f1 /proc/uptime)
 kill $player 2>/dev/null; wait $player 2>/dev/null
 echo "rc=$rc in $(echo "$t1 - $t0" | bc) s"; tail -5 webcam.log
 n=$(frames webcam.mp4); v=$(loudness webcam.mp4)
-echo "frames=$n (expected 200), max_volume=$v dB, intervals $(intervals webcam.mp4)"
+echo "frames=$n (expected $FRAMES), max_volume=$v dB, intervals $(intervals webcam.mp4)"
 figures webcam.log
 check "webcam record exits 0" [ "$rc" = 0 ]
 # Frames vivid skipped while it had buffers queued (its sequence numbers jump when its thread runs
 # late, which happens when the host deschedules the emulated CPUs) are the emulator's, not ours: the
 # source logs them apart ("skipped by the driver running late"). broadcast must record >= 95 % of
-# the frames the driver produced, and the driver must have produced >= 90 % of 200, else the VM was
+# the frames the driver produced, and the driver must have produced >= 90 % of them, else the VM was
 # too starved to judge (the run is then a failure too, with that reason).
 late=$(late_frames webcam.log)
-produced=$((200 - late))
-echo "driver produced $produced of 200 frames (${late:-0} skipped running late); recorded $n"
-check "webcam: the driver produced >= 90% of 200 frames ($produced; else the VM was starved)" ge "$produced" 180
+produced=$((FRAMES - late))
+echo "driver produced $produced of $FRAMES frames (${late:-0} skipped running late); recorded $n"
+check "webcam: the driver produced >= 90% of $FRAMES frames ($produced; else the VM was starved)" ge "$produced" "$((FRAMES * 90 / 100))"
 check "webcam: >= 95% of the $produced frames the driver produced ($n)" ge "${n:-0}" "$((produced * 95 / 100))"
 check "webcam: ffprobe-clean" clean webcam.mp4
 check "webcam: audio is not silent ($v dB)" sh -c "[ -n '$v' ] && echo '$v > -30' | bc | grep -q 1"
-check "webcam: negotiated YUYV 320x180 at 25 fps" contains webcam.log 'YUYV 320x180 @ 25 fps'
+check "webcam: negotiated YUYV 320x180 at $FPS fps" contains webcam.log "YUYV 320x180 @ $FPS fps"
 
 # ---------------------------------------------------------------------------------------------
 ts "3. pixel formats: each gives a recording that looks like the YUYV one"
 ref=$(yuv_at webcam.mp4 1)
 echo "YUYV reference Y U V at 1 s: $ref"
 for f in NV12 YU12 UYVY RGB3 BGR3 XR24 GREY; do
-    record "fmt-$f.mp4" --video /dev/video0 --video-input 0 --video-format $f --size 320x180 --fps 25 \
+    record "fmt-$f.mp4" --video /dev/video0 --video-input 0 --video-format $f --size 320x180 --fps $FPS \
         --audio-mic none --duration 2s --quiet > "fmt-$f.log" 2>&1
     rc=$?
     n=$(frames "fmt-$f.mp4"); got=$(yuv_at "fmt-$f.mp4" 1)
     echo "$f: rc=$rc frames=$n Y U V=$got intervals $(intervals "fmt-$f.mp4"); $(figures "fmt-$f.log")"
-    produced=$((50 - $(late_frames "fmt-$f.log")))
-    check "$f: record exits 0 with >= 90% of the $produced of 50 frames the driver produced, and it >= 45 ($n)" \
-        sh -c "[ $rc = 0 ] && [ ${n:-0} -ge $((produced * 90 / 100)) ] && [ $produced -ge 45 ]"
+    produced=$((2 * FPS - $(late_frames "fmt-$f.log")))
+    check "$f: record exits 0 with >= 90% of the $produced of $((2 * FPS)) frames the driver produced, and it >= 90% ($n)" \
+        sh -c "[ $rc = 0 ] && [ ${n:-0} -ge $((produced * 90 / 100)) ] && [ $produced -ge $((2 * FPS * 90 / 100)) ]"
     check "$f: ffprobe-clean" clean "fmt-$f.mp4"
     # Same picture: mean luma within 12; chroma too, except GREY (no chroma: 128).
     check "$f: picture matches the YUYV capture ($got vs $ref)" awk -v a="$ref" -v b="$got" -v f=$f 'BEGIN {
@@ -193,7 +198,7 @@ ts "6. vivid unloaded and loaded again mid-recording"
 # then SIGTERM finishes it (module loading takes many seconds under emulation).
 # Started directly, not through record(): a backgrounded function is a subshell, and SIGTERM to it
 # would not reach broadcast.
-"$B" record reload.mp4 --video /dev/video0 --video-input 0 --size 320x180 --fps 25 --audio-mic none \
+"$B" record reload.mp4 --video /dev/video0 --video-input 0 --size 320x180 --fps $FPS --audio-mic none \
     --preset ultrafast --quiet --log-level info > reload.log 2>&1 &
 rec=$!
 wait_log reload.log 'capturing' && sleep 3
@@ -214,7 +219,7 @@ n=$(frames reload.mp4)
 d=$(ffprobe -v error -show_entries format=duration -of csv=p=0 reload.mp4 2>/dev/null)
 end=$(echo "${d:-0} - 1" | bc)
 late=$(yuv_at reload.mp4 "$end")
-expected=$(echo "${d:-0} * 25 / 1" | bc)
+expected=$(echo "${d:-0} * $FPS / 1" | bc)
 echo "rc=$rc frames=$n in ${d:-?} s (expected $expected); Y U V at $end s: $late (the no-signal slate is 41 240 110)"
 figures reload.log
 check "reload: record exits 0" [ "$rc" = 0 ]
