@@ -302,6 +302,23 @@ final class NotifyListener: @unchecked Sendable {
     }
 }
 
+/// Writes a daemon config (320x180 test sources, keyframes every second, the control socket in
+/// `dir`) ending with `outputs`, and starts the daemon on it.
+func launchDaemon(_ dir: TemporaryDirectory, outputs: String) throws -> (daemon: Child, socket: String) {
+    let socket = dir.path("c.sock")
+    let config = """
+        [video]
+        size = "320x180"
+        [encoder]
+        keyframe_interval = "1s"
+        [control]
+        socket = "\(socket)"
+
+        """ + outputs
+    try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
+    return (try Child(broadcastBinary, ["daemon", "--config", dir.path("d.toml")]), socket)
+}
+
 /// Asks the daemon's status until the broadcast runs and an output records (at most ~30 s); returns
 /// the last answer.
 func waitUntilRecording(_ socket: String) throws -> String {
@@ -375,21 +392,12 @@ func waitUntilRecording(_ socket: String) throws -> String {
     @Test func segmentsSplitWithoutLosingFrames() throws {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
-        let socket = dir.path("c.sock")
-        let config = """
-            [video]
-            size = "320x180"
-            [encoder]
-            keyframe_interval = "1s"
-            [control]
-            socket = "\(socket)"
+        let (daemon, socket) = try launchDaemon(dir, outputs: """
             [[output]]
             name = "rec"
             path = "\(dir.path("seg-%H%M%S.mp4"))"
             segment = "2s"
-            """
-        try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
-        let daemon = try Child(broadcastBinary, ["daemon", "--config", dir.path("d.toml")])
+            """)
         _ = try waitUntilRecording(socket)
         usleep(7_000_000)
         let status = try broadcast(["status", "--socket", socket])
@@ -511,22 +519,13 @@ func waitUntilRecording(_ socket: String) throws -> String {
     @Test func retentionBySizeKeepsOnlyWhatFits() throws {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
-        let socket = dir.path("c.sock")
-        let config = """
-            [video]
-            size = "320x180"
-            [encoder]
-            keyframe_interval = "1s"
-            [control]
-            socket = "\(socket)"
+        let (daemon, socket) = try launchDaemon(dir, outputs: """
             [[output]]
             name = "rec"
             path = "\(dir.path("ret-%H%M%S.mkv"))"
             segment = "1s"
             retain_bytes = "1k"
-            """
-        try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
-        let daemon = try Child(broadcastBinary, ["daemon", "--config", dir.path("d.toml")])
+            """)
         _ = try waitUntilRecording(socket)
         usleep(5_000_000)
         daemon.signal(SIGTERM)
