@@ -49,6 +49,7 @@ demo: release
 test: deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build 2>&1 | tee .test-output.log; exit $${PIPESTATUS[0]}
+	$(MAKE) vm-test
 
 clean:
 	rm -rf .build $(OUT)
