@@ -62,7 +62,7 @@ import Testing
 
         let recorded = try probe(local)
         #expect(recorded.video?.frames == encoded, "local recording: \(recorded.video?.frames ?? 0) of \(encoded) frames")
-        #expect(try decodeErrors(local) == "")
+        try expectDecodesCleanly(local)
     }
 
     /// RTMPS: TLS to nginx's stream module in front of nginx-rtmp; the server records what arrived.
@@ -122,7 +122,7 @@ import Testing
         let recorded = try probe(local)
         let encoded = try Self.encodedFrames(r, local, nominal: 900)
         #expect(recorded.video?.frames == encoded, "\(encoded) encoded; local recording: \(recorded.video?.frames ?? 0) frames")
-        #expect(try decodeErrors(local) == "")
+        try expectDecodesCleanly(local)
         // The server's second copy is a stream that starts on a keyframe and decodes cleanly.
         let copies = server.recordings
         #expect(copies.count == 2, "\(copies)")

@@ -127,8 +127,17 @@ struct ProbeError: Error, CustomStringConvertible {
 
 /// Everything ffmpeg reports at level error while decoding the whole file (empty: clean).
 func decodeErrors(_ path: String) throws -> String {
-    let r = try run("/usr/bin/ffmpeg", ["-nostdin", "-v", "error", "-i", path, "-f", "null", "-"])
+    // -enc_time_base -1 keeps the file's own time base: by default the null output rounds frame
+    // times to 1/fps, and two frames a realtime capture delivered less than a frame interval apart
+    // (after a stall) would be reported as equal timestamps that the file does not have.
+    let r = try run("/usr/bin/ffmpeg", ["-nostdin", "-v", "error", "-i", path, "-enc_time_base", "-1", "-f", "null", "-"])
     return r.status == 0 ? r.stderr.trimmingCharacters(in: .whitespacesAndNewlines) : "exit \(r.status): \(r.stderr)"
+}
+
+/// Decodes the whole file and records what ffmpeg reported at level error, if anything.
+func expectDecodesCleanly(_ path: String, sourceLocation: SourceLocation = #_sourceLocation) throws {
+    let errors = try decodeErrors(path)
+    #expect(errors.isEmpty, "decoding \(path): \(errors)", sourceLocation: sourceLocation)
 }
 
 /// Presentation times (s) of decoded video frames whose mean luma is near white.
