@@ -429,6 +429,8 @@ final class BroadcastController: Sendable {
                 ("out_of_order", .number(Double(s.droppedOutOfOrder))),
             ]
             let fields: [(String, JSONValue)] = [
+                ("source_state", .string(s.sourceHealth.state == .deviceLost ? "device-lost" : "capturing")),
+                ("device_losses", .number(Double(s.sourceHealth.deviceLosses))),
                 ("delivered", .number(Double(s.delivered))),
                 ("dropped", .object(dropped)),
                 ("media_seconds", .number(Double(s.mediaTimeNanoseconds) / 1e9)),

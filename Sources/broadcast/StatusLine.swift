@@ -65,6 +65,9 @@ final class StatusLine: Sendable {
         line += " bitrate=\(fixed(Double(s.encoding.bitrate) / 1000, 1))kbit/s size=\(bytes(s.encoding.bytesWritten))"
         line += " dropped=\(dropped) speed=\(fixed(speed, 2))x"
         if s.state == .paused { line += " [paused]" }
+        for (type, stats) in s.session.sorted(by: { $0.key.rawValue < $1.key.rawValue }) where stats.sourceHealth.state == .deviceLost {
+            line += " [\(type): no device]"
+        }
         if s.encoding.failedOutputs > 0 { line += " failed-outputs=\(s.encoding.failedOutputs)" }
         for output in s.outputs where output.isLive || output.state == .failed || output.state == .paused {
             line += " | " + outputPart(output)
