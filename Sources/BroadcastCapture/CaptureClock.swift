@@ -22,16 +22,35 @@ public enum DeviceTimestamps {
 /// The timeline of one audio device: buffers are stamped by sample count from an anchor, so audio
 /// is continuous (no gaps or overlaps from timestamp jitter), and re-anchored on the observed
 /// device time when the two part by more than `tolerance` (an xrun lost samples, the device
-/// stalled). Meanwhile it measures how fast the device's clock runs against the monotonic clock.
+/// stalled).
+///
+/// The count runs at the device's measured rate, not its nominal one: a device clock is never
+/// exactly the monotonic clock (tens to hundreds of ppm apart), and counting at the nominal rate
+/// would walk away from the video by that much (0.36 s an hour at 100 ppm). So the timeline fits a
+/// line through (samples counted, observed time) since the anchor, by least squares, and stamps
+/// each buffer on that line: as smooth as the sample count (the fit averages the observations'
+/// jitter away), on the monotonic clock in the long run. The slope gives the drift (`driftPPM`);
+/// the consumer then stretches or squeezes the samples to fit the stamps (`Resampler.convert(_:at:)`,
+/// libswresample's compensation), so the encoded audio keeps time with the video over hours.
 public struct AudioTimeline: Sendable {
     public let sampleRate: Int
     /// Largest difference between counted and observed time before re-anchoring.
     public let toleranceNanoseconds: Int64
-    /// Measurement needs at least this much time since the anchor before it reports a drift.
+    /// Measurement needs at least this much time since the anchor before it reports a drift and
+    /// counts at the measured rate.
     public let minimumMeasurementNanoseconds: Int64
 
     private var anchorTime: Int64?
     private var samplesSinceAnchor: Int64 = 0
+    /// Running least-squares fit of observed time (y, seconds since the anchor) on counted time
+    /// (x, nominal seconds since the anchor), in Welford's form (stable over hours of points).
+    private var fitCount = 0.0
+    private var meanX = 0.0
+    private var meanY = 0.0
+    private var sumXX = 0.0
+    private var sumXY = 0.0
+    /// Observed seconds per nominal second, from the last fit (kept across re-anchors).
+    private var slope = 1.0
     /// Times the timeline jumped to the observed time.
     public private(set) var reanchorCount = 0
     /// The device clock against the monotonic clock, in parts per million (positive: the device
@@ -53,20 +72,21 @@ public struct AudioTimeline: Sendable {
     public mutating func place(frames: Int, observedTime: Int64) -> Int64 {
         defer { samplesSinceAnchor += Int64(frames) }
         guard let anchor = anchorTime else {
-            anchorTime = observedTime
-            samplesSinceAnchor = 0
+            startTimeline(at: observedTime)
             return observedTime
         }
-        let counted = anchor + nanoseconds(samplesSinceAnchor)
-        let deviation = counted - observedTime
-        let elapsed = observedTime - anchor
-        if elapsed >= minimumMeasurementNanoseconds {
-            // Counted time runs ahead of observed time when the device delivers samples faster.
-            driftPPM = Double(deviation) / Double(elapsed) * 1e6
+        let x = Double(samplesSinceAnchor) / Double(sampleRate)
+        let y = Double(observedTime - anchor) / 1e9
+        addPoint(x: x, y: y)
+        var intercept = 0.0
+        if observedTime - anchor >= minimumMeasurementNanoseconds, sumXX > 0 {
+            slope = sumXY / sumXX
+            intercept = meanY - slope * meanX
+            driftPPM = (1 / slope - 1) * 1e6
         }
-        if abs(deviation) > toleranceNanoseconds {
-            anchorTime = observedTime
-            samplesSinceAnchor = 0
+        let counted = anchor + Int64(((intercept + slope * x) * 1e9).rounded())
+        if abs(counted - observedTime) > toleranceNanoseconds {
+            startTimeline(at: observedTime)
             reanchorCount += 1
             return observedTime
         }
@@ -77,5 +97,25 @@ public struct AudioTimeline: Sendable {
     public mutating func restart() {
         anchorTime = nil
         samplesSinceAnchor = 0
+    }
+
+    private mutating func startTimeline(at time: Int64) {
+        anchorTime = time
+        samplesSinceAnchor = 0
+        fitCount = 0
+        meanX = 0
+        meanY = 0
+        sumXX = 0
+        sumXY = 0
+        addPoint(x: 0, y: 0)
+    }
+
+    private mutating func addPoint(x: Double, y: Double) {
+        fitCount += 1
+        let dx = x - meanX
+        meanX += dx / fitCount
+        meanY += (y - meanY) / fitCount
+        sumXX += dx * (x - meanX)
+        sumXY += dx * (y - meanY)
     }
 }

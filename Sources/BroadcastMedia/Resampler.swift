@@ -19,14 +19,45 @@ extension AudioSampleFormat {
 /// Converts audio buffers of one format, rate and channel count to planar float at another rate
 /// and channel count (libswresample): what the mixer and the AAC encoder take.
 ///
+/// `convert(_:at:)` also keeps the output on the buffers' timestamps. A capture device's clock runs
+/// a little fast or slow against the monotonic clock (its timestamps say so: `AudioTimeline`), so
+/// its samples, laid end to end, drift away from their timestamps and from the video. The converter
+/// compares where each buffer's first sample should land with where the output has got to and,
+/// when they part by more than `deadband`, stretches or squeezes the samples to close the gap
+/// over the next half second (libswresample's compensation: its resampling filter runs at a rate
+/// `correctionPPM` off nominal, at most `maximumCorrectionPPM`), without clicks, gaps or an
+/// audible pitch change (1000 ppm is 1.7 cents). A jump beyond `hardLimit` (an overrun lost
+/// samples, the device stalled) is not stretched: the output moves to the new position, and the
+/// mixer fills the hole with silence or drops the overlap.
+///
 /// Not thread-safe: one thread calls it.
 public final class Resampler {
     public let input: AudioFormat
     public let outputRate: Int
     public let outputChannels: Int
+    /// Largest stretch or squeeze, in parts per million of the output rate.
+    public let maximumCorrectionPPM: Int
+    /// Output samples of timestamp error left alone (until the output first strays beyond it).
+    public let deadband: Int64
+    /// Output samples of timestamp error beyond which the output jumps instead of stretching.
+    public let hardLimit: Int64
     private let context: ResampleContext
+    /// Position (output samples on the media timeline) of the next sample `convert(_:at:)` returns.
+    private var nextOutput: Int64?
+    private var compensating = false
+    /// The stretch in force: positive adds samples (the device is slow against its timestamps).
+    public private(set) var correctionPPM: Double = 0
+    /// Times the output jumped to a buffer's timestamp.
+    public private(set) var jumps = 0
 
-    public init(input: AudioFormat, outputRate: Int, outputChannels: Int) throws(FFmpegError) {
+    public init(
+        input: AudioFormat,
+        outputRate: Int,
+        outputChannels: Int,
+        maximumCorrectionPPM: Int = 10_000,
+        deadbandSeconds: Double = 0.001,
+        hardLimitSeconds: Double = 0.025
+    ) throws(FFmpegError) {
         let what = "converting audio \(input) to float \(outputRate) Hz \(outputChannels) ch"
         guard input.sampleRate > 0, input.channels > 0, outputRate > 0, outputChannels > 0 else {
             throw FFmpegError.invalidArgument("rates and channel counts must be positive", what)
@@ -54,6 +85,46 @@ public final class Resampler {
         self.input = input
         self.outputRate = outputRate
         self.outputChannels = outputChannels
+        self.maximumCorrectionPPM = maximumCorrectionPPM
+        self.deadband = Int64(deadbandSeconds * Double(outputRate))
+        self.hardLimit = Int64(hardLimitSeconds * Double(outputRate))
+    }
+
+    /// Converts one buffer whose first sample belongs at `position` (in output samples on the
+    /// media timeline: presentation time × output rate) and returns the output placed on the
+    /// timeline: continuous with the previous call's, steered onto the timestamps (see above).
+    public func convert(_ buffer: borrowing SampleBuffer, at position: Int64) throws(FFmpegError) -> AudioChunk {
+        if let nextOutput {
+            // Where this buffer's first sample will come out: after what the filter still holds.
+            let expected = nextOutput + swr_get_delay(context.pointer, Int64(outputRate))
+            let error = position - expected
+            if abs(error) > hardLimit {
+                self.nextOutput = nextOutput + error
+                jumps += 1
+            } else if compensating || abs(error) > deadband {
+                try steer(by: error)
+            }
+        } else {
+            nextOutput = position
+        }
+        let channels = try convert(buffer)
+        let chunk = AudioChunk(startSample: nextOutput!, channels: channels)
+        nextOutput! += Int64(chunk.frameCount)
+        return chunk
+    }
+
+    /// Sets the compensation that closes `error` output samples over the next half second of
+    /// output. Renewed with every buffer, this is a proportional controller: a steady drift of
+    /// d ppm leaves the output d × 0.5 µs behind or ahead (50 µs at 100 ppm).
+    private func steer(by error: Int64) throws(FFmpegError) {
+        let distance = Int32(outputRate / 2)
+        let limit = Int64(distance) * Int64(maximumCorrectionPPM) / 1_000_000
+        let delta = Int32(max(-limit, min(limit, error)))
+        // The first call switches libswresample's resampling filter on (same rates convert
+        // without it until then).
+        try check(swr_set_compensation(context.pointer, delta, distance), "compensating audio clock drift for \(input)")
+        compensating = true
+        correctionPPM = Double(delta) / Double(distance) * 1e6
     }
 
     /// Converts one buffer; may return fewer samples than a rate change implies (libswresample

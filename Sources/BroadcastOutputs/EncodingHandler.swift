@@ -245,9 +245,10 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 }
             }
             let resampler = resamplers[type]!
-            let samples = try media { () throws(FFmpegError) in try resampler.convert(buffer) }
             let position = buffer.presentationTime.rescaled(to: Int32(audioEncoder.settings.sampleRate)).value
-            mixer!.append(samples, at: position, from: type)
+            // Converted and steered onto the timestamps (a device clock's drift is resampled away).
+            let converted = try media { () throws(FFmpegError) in try resampler.convert(buffer, at: position) }
+            mixer!.append(converted.channels, at: converted.startSample, from: type)
             while let chunk = mixer!.mix() {
                 try route(media { () throws(FFmpegError) in try audioEncoder.encode(chunk) })
             }
@@ -266,6 +267,12 @@ public final class EncodingHandler: BroadcastSampleHandler {
     public func broadcastFinished() {
         guard !finished else { return }
         finished = true
+        for (type, resampler) in resamplers.sorted(by: { "\($0.key)" < "\($1.key)" })
+        where resampler.correctionPPM != 0 || resampler.jumps > 0 {
+            logger.info(
+                "\(type) audio kept on its timestamps: resampled \(Int(resampler.correctionPPM.rounded())) ppm off nominal at the end, \(resampler.jumps) jumps"
+            )
+        }
         do {
             if let audioEncoder, mixer != nil {
                 if let chunk = mixer!.mix(final: true) { try route(audioEncoder.encode(chunk)) }

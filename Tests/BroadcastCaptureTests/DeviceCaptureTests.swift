@@ -119,4 +119,35 @@ import Testing
         let drift = try! #require(measured)
         #expect(abs(drift - 100) < 2, "measured \(drift) ppm")
     }
+
+    @Test func timelineFollowsADriftingDeviceWithoutJumps() {
+        // A device 1000 ppm fast, observed with up to ±2 ms of jitter, for ten minutes. Counting at
+        // the nominal rate would part from the monotonic clock by 30 ms every 30 s and jump back;
+        // counting at the measured rate stays on the device's true times, and smooth.
+        var timeline = AudioTimeline(sampleRate: 48_000)
+        var frames: Int64 = 0
+        var generator = SystemRandomNumberGenerator()
+        var worst: Int64 = 0
+        var previousStep: Int64?
+        var worstStepChange: Int64 = 0
+        var previousStamp: Int64?
+        for _ in 0..<(600 * 100) {
+            let truth = Int64((Double(frames) * 1e9 / 48_048).rounded())
+            let observed = truth + Int64.random(in: -2_000_000...2_000_000, using: &generator)
+            let stamp = timeline.place(frames: 480, observedTime: observed)
+            if truth > 10_000_000_000 { worst = max(worst, abs(stamp - truth)) }
+            if let previousStamp {
+                let step = stamp - previousStamp
+                if let previousStep, truth > 10_000_000_000 { worstStepChange = max(worstStepChange, abs(step - previousStep)) }
+                previousStep = step
+            }
+            previousStamp = stamp
+            frames += 480
+        }
+        #expect(timeline.reanchorCount == 0)
+        #expect(worst < 1_000_000, "stamps strayed \(worst) ns from the device's true times")
+        #expect(worstStepChange < 100_000, "consecutive 10 ms steps differed by up to \(worstStepChange) ns")
+        let drift = try! #require(timeline.driftPPM)
+        #expect(abs(drift - 1000) < 5, "measured \(drift) ppm")
+    }
 }

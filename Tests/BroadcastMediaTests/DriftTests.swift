@@ -1,0 +1,121 @@
+import BroadcastKit
+import BroadcastMedia
+import Foundation
+import Testing
+
+/// A capture device whose clock runs `ppm` fast (positive) or slow against the monotonic clock:
+/// it delivers `48 000 × (1 + ppm/10⁶)` samples per true second, a 1 kHz sine, in 10 ms periods,
+/// each stamped (exactly) with the true time of its first sample.
+private struct DriftingDevice {
+    let ppm: Double
+    let nominalRate = 48_000
+    let periodFrames = 480
+    var framesDelivered: Int64 = 0
+
+    /// The true rate in samples per second.
+    var trueRate: Double { Double(nominalRate) * (1 + ppm / 1e6) }
+
+    /// The next period's samples (s16 stereo) and the position its first sample belongs at, in
+    /// samples at the nominal rate on the media timeline.
+    mutating func next() -> (samples: [Int16], position: Int64) {
+        var samples: [Int16] = []
+        samples.reserveCapacity(periodFrames * 2)
+        for i in 0..<periodFrames {
+            // A sine of 1 kHz in the device's own time: continuous across periods.
+            let phase = 2 * Double.pi * 1000 * Double(framesDelivered + Int64(i)) / Double(nominalRate)
+            let value = Int16(sin(phase) * 16_000)
+            samples += [value, value]
+        }
+        let position = Int64((Double(framesDelivered) / trueRate * Double(nominalRate)).rounded())
+        framesDelivered += Int64(periodFrames)
+        return (samples, position)
+    }
+}
+
+@Suite("Audio clock drift correction")
+struct DriftCorrectionTests {
+    private static let format = AudioFormat(sampleFormat: .s16, sampleRate: 48_000, channels: 2)
+
+    /// Feeds `seconds` of a drifting device through `resampler` and reports the worst distance
+    /// between a chunk's place and its timestamp after the first 5 s, whether the chunks were
+    /// contiguous, and the largest step between consecutive output samples (a click shows as a jump).
+    private func run(
+        _ resampler: Resampler, device: inout DriftingDevice, seconds: Double
+    ) throws -> (worstError: Int64, contiguous: Bool, largestStep: Float) {
+        var worst: Int64 = 0
+        var contiguous = true
+        var previousEnd: Int64?
+        var previousSample: Float?
+        var largestStep: Float = 0
+        while Double(device.framesDelivered) < seconds * device.trueRate {
+            let (samples, position) = device.next()
+            let chunk = try samples.withUnsafeBytes { bytes in
+                let buffer = SampleBuffer(
+                    format: .audio(Self.format),
+                    presentationTime: MediaTime(value: position, timescale: 48_000),
+                    duration: MediaTime(value: Int64(device.periodFrames), timescale: 48_000),
+                    planes: [Plane(base: bytes.baseAddress!, count: bytes.count, bytesPerRow: bytes.count)],
+                    frameCount: device.periodFrames
+                )
+                return try resampler.convert(buffer, at: position)
+            }
+            if let previousEnd, chunk.startSample != previousEnd { contiguous = false }
+            previousEnd = chunk.endSample
+            if Double(position) > 5 * 48_000 { worst = max(worst, abs(chunk.startSample - position)) }
+            for value in chunk.channels[0] {
+                if let previousSample, position > 4_800 { largestStep = max(largestStep, abs(value - previousSample)) }
+                previousSample = value
+            }
+        }
+        return (worst, contiguous, largestStep)
+    }
+
+    @Test("a device 1000 ppm fast stays on its timestamps for two minutes, without jumps or clicks", arguments: [1000.0, -1000.0, 100.0])
+    func driftIsResampledAway(ppm: Double) throws {
+        var device = DriftingDevice(ppm: ppm)
+        let resampler = try Resampler(input: Self.format, outputRate: 48_000, outputChannels: 2)
+        let result = try run(resampler, device: &device, seconds: 120)
+        // Uncorrected, the samples laid end to end would be 120 ms (1000 ppm) off their stamps by now.
+        #expect(result.worstError <= 96, "a chunk landed \(result.worstError) samples from its timestamp")
+        #expect(result.contiguous)
+        #expect(resampler.jumps == 0)
+        // The 1 kHz sine at half scale moves at most 0.065 a sample; a dropped or repeated run would jump.
+        #expect(result.largestStep < 0.1, "largest sample-to-sample step \(result.largestStep)")
+        // Fast device: samples are squeezed out (negative correction), by about the drift.
+        #expect(abs(resampler.correctionPPM + ppm) < max(300, abs(ppm) * 0.3), "correction \(resampler.correctionPPM) ppm")
+    }
+
+    @Test("without correction the same device walks off its timestamps and has to jump")
+    func uncorrectedDriftJumps() throws {
+        var device = DriftingDevice(ppm: 1000)
+        let resampler = try Resampler(input: Self.format, outputRate: 48_000, outputChannels: 2, maximumCorrectionPPM: 0)
+        _ = try run(resampler, device: &device, seconds: 60)
+        #expect(resampler.jumps > 0)
+    }
+
+    @Test("a jump in the timestamps (an overrun lost samples) moves the output instead of stretching it")
+    func overrunJumps() throws {
+        let resampler = try Resampler(input: Self.format, outputRate: 48_000, outputChannels: 2)
+        let silence = [Int16](repeating: 0, count: 960)
+        func convert(at position: Int64) throws -> AudioChunk {
+            try silence.withUnsafeBytes { bytes in
+                try resampler.convert(
+                    SampleBuffer(
+                        format: .audio(Self.format),
+                        presentationTime: MediaTime(value: position, timescale: 48_000),
+                        duration: MediaTime(value: 480, timescale: 48_000),
+                        planes: [Plane(base: bytes.baseAddress!, count: bytes.count, bytesPerRow: bytes.count)],
+                        frameCount: 480
+                    ),
+                    at: position
+                )
+            }
+        }
+        #expect(try convert(at: 0).startSample == 0)
+        #expect(try convert(at: 480).startSample == 480)
+        // 100 ms lost.
+        #expect(try convert(at: 960 + 4_800).startSample == 960 + 4_800)
+        #expect(resampler.jumps == 1)
+        #expect(resampler.correctionPPM == 0)
+    }
+}
