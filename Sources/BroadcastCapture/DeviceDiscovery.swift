@@ -128,7 +128,7 @@ public enum DeviceDiscovery {
                             fourcc: format.fourcc.description,
                             description: format.description,
                             compressed: format.compressed,
-                            usable: V4L2PixelFormats.isSupported(format.fourcc),
+                            usable: V4L2PixelFormats.isUsable(format.fourcc),
                             sizes: sizes
                         )
                     )

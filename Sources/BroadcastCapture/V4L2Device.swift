@@ -170,6 +170,11 @@ final class V4L2Device: @unchecked Sendable {
 
     /// Discrete frame intervals for a size (a stepwise range is given as its two ends).
     func frameIntervals(_ fourcc: FourCC, width: Int, height: Int) -> [V4L2Fraction] {
+        frameRates(fourcc, width: width, height: height).intervals
+    }
+
+    /// The frame intervals offered for a size.
+    func frameRates(_ fourcc: FourCC, width: Int, height: Int) -> V4L2FrameRates {
         var result: [V4L2Fraction] = []
         for index in 0..<128 {
             var interval = v4l2_frmivalenum()
@@ -183,12 +188,13 @@ final class V4L2Device: @unchecked Sendable {
                 result.append(V4L2Fraction(Int(interval.discrete.numerator), Int(interval.discrete.denominator)))
             } else {
                 let s = interval.stepwise
-                result.append(V4L2Fraction(Int(s.min.numerator), Int(s.min.denominator)))
-                result.append(V4L2Fraction(Int(s.max.numerator), Int(s.max.denominator)))
-                break
+                return .range(
+                    shortest: V4L2Fraction(Int(s.min.numerator), Int(s.min.denominator)),
+                    longest: V4L2Fraction(Int(s.max.numerator), Int(s.max.denominator))
+                )
             }
         }
-        return result
+        return result.isEmpty ? .unknown : .discrete(result)
     }
 
     // MARK: Configuration

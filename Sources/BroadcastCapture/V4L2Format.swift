@@ -46,9 +46,12 @@ public struct FourCC: RawRepresentable, Sendable, Hashable, CustomStringConverti
 
 /// How V4L2 pixel formats map onto the pixel formats sample buffers carry.
 public enum V4L2PixelFormats {
-    /// The formats broadcast captures, in the order it prefers them when none is asked for
-    /// (cheap to convert first, compressed never: MJPEG needs a decoder the encoder side does not have yet).
+    /// The uncompressed formats broadcast captures, in the order it prefers them when none is asked
+    /// for (cheap to convert first).
     public static let preferred: [FourCC] = [.yuyv, .nv12, .yu12, .uyvy, .xr24, .bgr4, .ar24, .rgb3, .bgr3, .grey]
+    /// Compressed formats broadcast captures (the encoder decodes them first), taken only when no
+    /// uncompressed format gives the size and rate asked for, or when asked for by name.
+    public static let compressed: [FourCC] = [.mjpg, .jpeg]
 
     /// The sample-buffer pixel format for `fourcc`; nil when broadcast cannot use it.
     public static func pixelFormat(for fourcc: FourCC) -> PixelFormat? {
@@ -67,10 +70,32 @@ public enum V4L2PixelFormats {
         }
     }
 
-    /// True when frames of `fourcc` can go to the encoder (MJPEG would need decoding first).
+    /// True when frames of `fourcc` go to the encoder as captured (an uncompressed format).
     public static func isSupported(_ fourcc: FourCC) -> Bool {
         guard let format = pixelFormat(for: fourcc) else { return false }
         return format != .mjpeg
+    }
+
+    /// True when broadcast can capture `fourcc`: uncompressed, or MJPEG (decoded by the encoder).
+    public static func isUsable(_ fourcc: FourCC) -> Bool { pixelFormat(for: fourcc) != nil }
+
+    /// The format to capture: `wanted` when given; otherwise the first preferred uncompressed
+    /// format that `offers` the asked size and rate, else a compressed one that does (a webcam
+    /// giving 1080p30 only as MJPEG), else the first uncompressed format offering the size at
+    /// another rate, else a compressed one; failing all that, the first usable format, whose
+    /// size error the caller reports. Nil when the device offers nothing usable.
+    public static func choose(
+        offered: [FourCC],
+        wanted: FourCC?,
+        offers: (FourCC) -> V4L2FormatMatch
+    ) -> FourCC? {
+        if let wanted { return wanted }
+        let raw = preferred.filter(offered.contains)
+        let packed = compressed.filter(offered.contains)
+        let matches = Dictionary(uniqueKeysWithValues: (raw + packed).map { ($0, offers($0)) })
+        return raw.first { matches[$0] == .sizeAndRate } ?? packed.first { matches[$0] == .sizeAndRate }
+            ?? raw.first { matches[$0] == .size } ?? packed.first { matches[$0] == .size }
+            ?? raw.first ?? packed.first
     }
 
     /// Names accepted for `--video-format`: the FourCC itself or a common name.
@@ -114,6 +139,62 @@ public enum V4L2PixelFormats {
             return [(0, sizeImage, sizeImage)]
         default:
             return [(0, bytesPerLine * height, bytesPerLine)]
+        }
+    }
+}
+
+/// How well a format a device offers fits what was asked for.
+public enum V4L2FormatMatch: Sendable, Hashable {
+    /// The size is not offered.
+    case none
+    /// The size is offered, not at the rate asked for.
+    case size
+    case sizeAndRate
+
+    /// How `sizes` and `rates` (those offered at the asked size) fit `width`x`height` at
+    /// `framesPerSecond`. A list the driver does not enumerate (empty) fits anything; a rate fits
+    /// within 1%.
+    public static func of(
+        sizes: [V4L2FrameSize],
+        rates: V4L2FrameRates,
+        width: Int,
+        height: Int,
+        framesPerSecond: Double
+    ) -> V4L2FormatMatch {
+        guard sizes.isEmpty || sizes.contains(where: { $0.contains(width: width, height: height) }) else { return .none }
+        return rates.contains(framesPerSecond) ? .sizeAndRate : .size
+    }
+}
+
+/// The frame rates a device offers for one format and size (VIDIOC_ENUM_FRAMEINTERVALS).
+public enum V4L2FrameRates: Sendable, Hashable {
+    /// The driver does not enumerate intervals.
+    case unknown
+    case discrete([V4L2Fraction])
+    /// Any interval from `shortest` to `longest` (stepwise or continuous).
+    case range(shortest: V4L2Fraction, longest: V4L2Fraction)
+
+    /// True when `framesPerSecond` is offered, within 1%.
+    public func contains(_ framesPerSecond: Double) -> Bool {
+        func near(_ rate: Double) -> Bool { abs(rate - framesPerSecond) <= framesPerSecond * 0.01 }
+        switch self {
+        case .unknown:
+            return true
+        case .discrete(let intervals):
+            return intervals.contains { near($0.framesPerSecond) }
+        case .range(let shortest, let longest):
+            let fastest = shortest.framesPerSecond
+            let slowest = longest.framesPerSecond
+            return (min(fastest, slowest)...max(fastest, slowest)).contains(framesPerSecond) || near(fastest) || near(slowest)
+        }
+    }
+
+    /// The intervals as a list (a range as its two ends).
+    public var intervals: [V4L2Fraction] {
+        switch self {
+        case .unknown: []
+        case .discrete(let intervals): intervals
+        case .range(let shortest, let longest): [shortest, longest]
         }
     }
 }

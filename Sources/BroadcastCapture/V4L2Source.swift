@@ -15,7 +15,8 @@ public struct V4L2Options: Sendable {
     public var frameRate: (numerator: Int, denominator: Int)
     /// The input to select (VIDIOC_S_INPUT); nil keeps the device's current one.
     public var input: Int?
-    /// The pixel format; nil picks the first of `V4L2PixelFormats.preferred` the device offers.
+    /// The pixel format; nil lets `V4L2PixelFormats.choose` pick (uncompressed when the device
+    /// offers the size and rate that way, MJPEG when only it does).
     public var pixelFormat: FourCC?
 
     public init(width: Int, height: Int, frameRate: (numerator: Int, denominator: Int), input: Int? = nil, pixelFormat: FourCC? = nil) {
@@ -273,13 +274,23 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
         if let skipped = stream.noteSequence(frame.sequence), skipped > 0 {
             (stream.queuedCount == 0 ? starvedFrames : driverSkippedFrames).wrappingIncrement(by: skipped, ordering: .relaxed)
         }
-        if frame.error || captureTime < sink.startTime {
-            if frame.error { corruptFrames.wrappingIncrement(ordering: .relaxed) }
+        // A compressed frame is as long as the driver filled it (bytesused); an empty one is damaged.
+        let isCompressed = stream.negotiated.pixelFormat == .mjpeg
+        let compressedBytes = min(frame.bytesUsed, stream.mapping.buffers[frame.index].length)
+        let empty = isCompressed && compressedBytes <= 0
+        if frame.error || empty || captureTime < sink.startTime {
+            if frame.error || empty { corruptFrames.wrappingIncrement(ordering: .relaxed) }
             try stream.requeue(frame.index)
             return
         }
         let format = MediaFormat.video(stream.negotiated.videoFormat)
         let duration = MediaTime(nanoseconds: stream.negotiated.frameDurationNanoseconds)
+        /// The planes as captured; for MJPEG the one plane of JPEG bytes, cut to `bytesused`.
+        func captured(_ planes: [Plane]) -> [Plane] {
+            guard isCompressed, let whole = planes.first else { return planes }
+            let count = min(compressedBytes, whole.count)
+            return [Plane(base: whole.base, count: count, bytesPerRow: count)]
+        }
         if stream.queuedCount < V4L2Stream.minimumQueued {
             guard let copy = stream.copyPool.acquire(wait: false, shouldStop: { false }) else {
                 droppedFrames.wrappingIncrement(ordering: .relaxed)
@@ -287,11 +298,12 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
                 return
             }
             let source = stream.mapping.buffers[frame.index]
-            copy.memory.copyMemory(from: source.address, byteCount: min(copy.byteCount, source.length))
+            let length = isCompressed ? compressedBytes : source.length
+            copy.memory.copyMemory(from: source.address, byteCount: min(copy.byteCount, length))
             try stream.requeue(frame.index)
             copiedFrames.wrappingIncrement(ordering: .relaxed)
             framesCaptured.wrappingIncrement(ordering: .relaxed)
-            sink.offer(CapturedBuffer(format: format, captureTime: captureTime, duration: duration, planes: copy.planes, backing: copy))
+            sink.offer(CapturedBuffer(format: format, captureTime: captureTime, duration: duration, planes: captured(copy.planes), backing: copy))
             return
         }
         stream.markWithSession(frame.index)
@@ -301,7 +313,7 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
                 format: format,
                 captureTime: captureTime,
                 duration: duration,
-                planes: stream.planes[frame.index],
+                planes: captured(stream.planes[frame.index]),
                 backing: stream.backings[frame.index]
             )
         )
@@ -456,32 +468,41 @@ struct V4L2Negotiation: Sendable, CustomStringConvertible {
         let inputDescription = input.map { "input \($0.index): \($0.name)" } ?? "input \(inputIndex)"
 
         let offered = device.formats()
-        let usable = offered.filter { V4L2PixelFormats.isSupported($0.fourcc) }.map(\.fourcc)
+        let usable = offered.filter { V4L2PixelFormats.isUsable($0.fourcc) }.map(\.fourcc)
         let usableText = usable.map(\.description).joined(separator: ", ")
-        let fourcc: FourCC
         if let wanted = options.pixelFormat {
             guard offered.contains(where: { $0.fourcc == wanted }) else {
                 throw BroadcastError(.invalidArgument, "\(path) (\(inputDescription)) does not offer pixel format \(wanted); usable formats: \(usableText)")
             }
-            guard V4L2PixelFormats.isSupported(wanted) else {
-                let reason = V4L2PixelFormats.pixelFormat(for: wanted) == .mjpeg
-                    ? "compressed (MJPEG) capture needs a decoder, which broadcast does not have yet"
-                    : "broadcast cannot convert \(wanted)"
-                throw BroadcastError(.invalidArgument, "\(path): \(reason); usable formats: \(usableText)")
+            guard V4L2PixelFormats.isUsable(wanted) else {
+                throw BroadcastError(.invalidArgument, "\(path): broadcast cannot convert \(wanted); usable formats: \(usableText)")
             }
-            fourcc = wanted
-        } else {
-            guard let first = V4L2PixelFormats.preferred.first(where: usable.contains) else {
-                let all = offered.map(\.fourcc.description).joined(separator: ", ")
-                throw BroadcastError(.invalidArgument, "\(path) offers no pixel format broadcast can use (it offers \(all))")
-            }
-            fourcc = first
+        }
+        let hasDVTimings = input?.hasDVTimings == true
+        let askedRate = Double(options.frameRate.numerator) / Double(options.frameRate.denominator)
+        let chosen = V4L2PixelFormats.choose(offered: usable, wanted: options.pixelFormat) { fourcc in
+            // An HDMI-style input captures the signal's size and rate, whatever the format.
+            if hasDVTimings { return .sizeAndRate }
+            return V4L2FormatMatch.of(
+                sizes: device.frameSizes(fourcc),
+                rates: device.frameRates(fourcc, width: options.width, height: options.height),
+                width: options.width, height: options.height, framesPerSecond: askedRate
+            )
+        }
+        guard let fourcc = chosen else {
+            let all = offered.map(\.fourcc.description).joined(separator: ", ")
+            throw BroadcastError(.invalidArgument, "\(path) offers no pixel format broadcast can use (it offers \(all))")
+        }
+        if options.pixelFormat == nil, V4L2PixelFormats.compressed.contains(fourcc) {
+            logger.notice(
+                "\(path): capturing \(fourcc) (decoded before encoding): no uncompressed format gives \(options.width)x\(options.height) at \(V4L2Fraction(options.frameRate.denominator, options.frameRate.numerator).rateText) fps"
+            )
         }
 
         var width = options.width
         var height = options.height
         var dvRate: Int?
-        if input?.hasDVTimings == true {
+        if hasDVTimings {
             // An HDMI-style input: the size is the signal's. Take what the receiver detects.
             let timings: V4L2Device.DVTimings
             do {

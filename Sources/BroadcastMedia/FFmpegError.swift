@@ -70,5 +70,7 @@ func check(_ result: Int32, _ operation: @autoclosure () -> String) throws(FFmpe
 enum CBroadcastShimBridge {
     static var encoderNotFound: Int32 { CBroadcast_AVERROR_ENCODER_NOT_FOUND() }
     static var muxerNotFound: Int32 { CBroadcast_AVERROR_MUXER_NOT_FOUND() }
+    static var decoderNotFound: Int32 { CBroadcast_AVERROR_DECODER_NOT_FOUND() }
+    static var invalidData: Int32 { CBroadcast_AVERROR_INVALIDDATA() }
     static var noTimestamp: Int64 { CBroadcast_AV_NOPTS_VALUE() }
 }

@@ -27,6 +27,8 @@ public final class VideoEncoder {
     private let inputFrame: Frame
     private let nominalFrameDuration: Int64
     private var scaler: Scaler?
+    /// Made for the first MJPEG frame.
+    private var decoder: MJPEGDecoder?
     private var lastPTS: Int64?
     private var keyframeRequested = false
     private var flushed = false
@@ -38,6 +40,9 @@ public final class VideoEncoder {
     public private(set) var droppedFrames = 0
     /// Frames handed to the encoder.
     public private(set) var framesEncoded = 0
+    /// Compressed (MJPEG) frames dropped because they could not be decoded: webcams send truncated
+    /// JPEGs now and then, which costs that frame and nothing more.
+    public private(set) var undecodableFrames = 0
 
     /// Opens the encoder.
     ///
@@ -162,7 +167,8 @@ public final class VideoEncoder {
     /// Encodes one video frame; returns the packets the encoder has ready (maybe none yet).
     ///
     /// A frame in the encoder's format (yuv420p) and size goes in without a copy; anything else is
-    /// converted first. A frame whose timestamp is not after the previous one is dropped.
+    /// converted first, and MJPEG is decoded before that. A frame whose timestamp is not after the
+    /// previous one is dropped, and so is a JPEG that does not decode (counted in `undecodableFrames`).
     public func encode(_ buffer: borrowing SampleBuffer) throws(FFmpegError) -> [EncodedPacket] {
         let what = "encoding a video frame with \(settings.encoder)"
         guard let format = buffer.videoFormat else {
@@ -187,11 +193,18 @@ public final class VideoEncoder {
                 "dropping a video frame less than 1 ms after the previous one", metadata: ["pts": "\(pts)"])
             return []
         }
-        lastPTS = pts
 
         let c = context.pointer
         let frame: UnsafeMutablePointer<AVFrame>
-        if format.pixelFormat == .yuv420p, format.width == Int(c.pointee.width), format.height == Int(c.pointee.height),
+        if format.pixelFormat == .mjpeg {
+            guard let decoded = try decodeJPEG(buffer.planes[0]) else { return [] }
+            let source = Scaler.Source(decoded: decoded)
+            if scaler?.source != source {
+                scaler = try Scaler(
+                    source: source, outputFormat: c.pointee.pix_fmt, width: c.pointee.width, height: c.pointee.height)
+            }
+            frame = try scaler!.scale(decoded)
+        } else if format.pixelFormat == .yuv420p, format.width == Int(c.pointee.width), format.height == Int(c.pointee.height),
             c.pointee.pix_fmt == AV_PIX_FMT_YUV420P
         {
             // Point the frame at the buffer's planes: avcodec_send_frame copies a frame that is not
@@ -210,12 +223,13 @@ public final class VideoEncoder {
             }
             if referencesInput { borrowPlanes(buffer) }
         } else {
-            if scaler == nil || scaler!.input != format {
+            if scaler == nil || scaler!.source != Scaler.Source(format) {
                 scaler = try Scaler(
                     input: format, outputFormat: c.pointee.pix_fmt, width: c.pointee.width, height: c.pointee.height)
             }
             frame = try scaler!.scale(buffer)
         }
+        lastPTS = pts
         frame.pointee.pts = pts
         frame.pointee.pict_type = AVPictureType(rawValue: keyframeRequested ? 1 : 0)  // AV_PICTURE_TYPE_I : AV_PICTURE_TYPE_NONE
         keyframeRequested = false
@@ -229,6 +243,25 @@ public final class VideoEncoder {
         let packets = try send(frame, what)
         latencyProbe?.handOver(packets)
         return packets
+    }
+
+    /// Decodes one captured JPEG; nil when it does not decode (dropped and counted, never an error:
+    /// one bad frame must not end a broadcast). The first drop is a warning, later ones debug lines.
+    private func decodeJPEG(_ jpeg: Plane) throws(FFmpegError) -> UnsafePointer<AVFrame>? {
+        if decoder == nil { decoder = try MJPEGDecoder() }
+        do {
+            return try decoder!.decode(jpeg)
+        } catch {
+            undecodableFrames += 1
+            let message: Logger.Message = "dropping an MJPEG frame that does not decode (damaged or truncated JPEG)"
+            let metadata: Logger.Metadata = ["error": "\(error)", "dropped": "\(undecodableFrames)"]
+            if undecodableFrames == 1 {
+                logger.warning("\(message); further ones are logged at debug level", metadata: metadata)
+            } else {
+                logger.debug(message, metadata: metadata)
+            }
+            return nil
+        }
     }
 
     /// Benchmarks (BROADCAST_LATENCY_FILE): media time zero is now. The session reads its start

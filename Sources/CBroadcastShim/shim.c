@@ -23,6 +23,8 @@ int CBroadcast_AVERROR_ENCODER_NOT_FOUND(void) { return AVERROR_ENCODER_NOT_FOUN
 int CBroadcast_AVERROR_MUXER_NOT_FOUND(void) { return AVERROR_MUXER_NOT_FOUND; }
 int CBroadcast_AVERROR_PROTOCOL_NOT_FOUND(void) { return AVERROR_PROTOCOL_NOT_FOUND; }
 int CBroadcast_AVERROR_HTTP_FORBIDDEN(void) { return AVERROR_HTTP_FORBIDDEN; }
+int CBroadcast_AVERROR_DECODER_NOT_FOUND(void) { return AVERROR_DECODER_NOT_FOUND; }
+int CBroadcast_AVERROR_INVALIDDATA(void) { return AVERROR_INVALIDDATA; }
 int64_t CBroadcast_AV_NOPTS_VALUE(void) { return AV_NOPTS_VALUE; }
 
 void CBroadcast_av_err2str(int errnum, char *buffer, size_t size) {

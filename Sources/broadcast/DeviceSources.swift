@@ -13,7 +13,7 @@ extension SourceOptions {
         var format: FourCC?
         if let text = videoFormat {
             guard let fourcc = V4L2PixelFormats.parse(text) else {
-                throw ValueError("invalid --video-format '\(text)': expected a V4L2 FourCC such as YUYV, UYVY, NV12, YU12, RGB3, BGR3, XR24 or GREY")
+                throw ValueError("invalid --video-format '\(text)': expected a V4L2 FourCC such as YUYV, UYVY, NV12, YU12, RGB3, BGR3, XR24, GREY or MJPG")
             }
             format = fourcc
         }

@@ -23,7 +23,7 @@ struct SourceOptions: ParsableArguments {
     @Option(name: .customLong("video-input"), help: ArgumentHelp("With --video /dev/videoN (or a /dev/v4l/by-id link): the input to capture, by number (e.g. vivid's HDMI input is 3; 'broadcast devices' lists them). Default: the device's current input.", valueName: "n"))
     var videoInput: Int?
 
-    @Option(name: .customLong("video-format"), help: ArgumentHelp("With --video /dev/videoN: the pixel format to capture, a V4L2 FourCC: YUYV, UYVY, NV12, YU12, RGB3, BGR3, XR24 or GREY. Default: the first of these the device offers.", valueName: "fourcc"))
+    @Option(name: .customLong("video-format"), help: ArgumentHelp("With --video /dev/videoN: the pixel format to capture, a V4L2 FourCC: YUYV, UYVY, NV12, YU12, RGB3, BGR3, XR24, GREY, or MJPG (compressed, decoded before encoding). Default: the first of these the device offers at the size and rate asked for, MJPG only when no uncompressed format gives them.", valueName: "fourcc"))
     var videoFormat: String?
 
     @Flag(name: .customLong("no-realtime"), help: "Test sources run as fast as the pipeline takes them, not at clock speed (needs --duration).")

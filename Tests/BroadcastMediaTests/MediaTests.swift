@@ -43,28 +43,6 @@ struct EncoderSettingsTests {
         #expect(error.description.contains(error.reason))
     }
 
-    @Test("mjpeg frames are refused with a clear error")
-    func mjpegRefused() throws {
-        let encoder = try VideoEncoder(
-            settings: VideoEncoderSettings(width: 320, height: 240),
-            globalHeader: false,
-            logger: quietLogger()
-        )
-        let bytes = [UInt8](repeating: 0, count: 100)
-        let error = try bytes.withUnsafeBytes { raw in
-            try #require(throws: FFmpegError.self) {
-                let buffer = SampleBuffer(
-                    format: .video(VideoFormat(pixelFormat: .mjpeg, width: 320, height: 240)),
-                    presentationTime: .zero,
-                    duration: MediaTime(value: 1, timescale: 30),
-                    planes: [Plane(base: raw.baseAddress!, count: raw.count, bytesPerRow: raw.count)]
-                )
-                _ = try encoder.encode(buffer)
-            }
-        }
-        #expect(error.description.contains("mjpeg"), "\(error)")
-    }
-
     @Test("forcing a keyframe makes the next frame one")
     func forcedKeyframe() throws {
         let encoder = try VideoEncoder(

@@ -18,6 +18,9 @@ int CBroadcast_AVERROR_ENCODER_NOT_FOUND(void);
 int CBroadcast_AVERROR_MUXER_NOT_FOUND(void);
 int CBroadcast_AVERROR_PROTOCOL_NOT_FOUND(void);
 int CBroadcast_AVERROR_HTTP_FORBIDDEN(void);
+/// AVERROR_DECODER_NOT_FOUND, AVERROR_INVALIDDATA
+int CBroadcast_AVERROR_DECODER_NOT_FOUND(void);
+int CBroadcast_AVERROR_INVALIDDATA(void);
 /// AV_NOPTS_VALUE
 int64_t CBroadcast_AV_NOPTS_VALUE(void);
 /// av_err2str into a caller buffer (at least 64 bytes).
