@@ -50,9 +50,11 @@ ge() { [ "${1:-0}" -ge "$2" ]; }
 wait_log() { for _ in $(seq 900); do grep -q -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done; return 1; }
 
 # snd-aloop: the capture side follows the playback side, so start playing first.
+# $1: the playback subdevice (cable#0 lists device 0's substreams, each with a "running:" line).
 wait_playback() {
     for _ in $(seq 300); do
-        awk '/running:/{ if ($2 % 2 == 1) f = 1; exit } END { exit !f }' '/proc/asound/Loopback/cable#0' && return 0
+        awk -v want="${1:-0}" '/^Cable [0-9]+ substream /{ s = $4 + 0 } /running:/{ if (s == want && $2 % 2 == 1) f = 1 } END { exit !f }' \
+            '/proc/asound/Loopback/cable#0' && return 0
         sleep 0.1
     done
     return 1
@@ -75,6 +77,10 @@ echo "INFO: realtime test pattern + tone 320x180 @ 25, 8 s: $n of 200 frames; $(
 
 # ---------------------------------------------------------------------------------------------
 ts "1. broadcast devices --json lists /dev/video0 with its formats and the Loopback card"
+# udev would make a /dev/v4l/by-id link for a USB camera (vivid is a platform device and the guest
+# runs no udev): make one the same way, so naming a device by its stable link is tested too.
+BYID=/dev/v4l/by-id/usb-broadcast_Test_Camera_0001-video-index0
+mkdir -p /dev/v4l/by-id && ln -sf ../../video0 "$BYID"
 "$B" devices --json > devices.json 2> devices.err
 echo "rc=$? $(wc -c < devices.json) bytes"
 check "devices --json lists /dev/video0" contains devices.json '"path":"/dev/video0"'
@@ -82,6 +88,7 @@ check "devices --json lists YUYV with sizes and rates" contains devices.json '"f
 check "devices --json lists the HDMI input with DV timings" contains devices.json '"name":"HDMI 0","type":"camera","current":false,"dvTimings":true'
 check "devices --json lists the Loopback capture PCM" contains devices.json '"pcm":"hw:CARD=Loopback,DEV=1"'
 check "devices --json does not list the output node /dev/video1" sh -c '! grep -q "\"path\":\"/dev/video1\"" devices.json'
+check "devices --json gives /dev/video0's by-id link" contains devices.json "\"path\":\"/dev/video0\",\"links\":\[\"$BYID\""
 "$B" devices > devices.txt 2>&1
 sed -n '1,6p' devices.txt
 
@@ -141,6 +148,11 @@ for f in NV12 YU12 UYVY RGB3 BGR3 XR24 GREY; do
         for (i = 2; i <= 3; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 12) exit 1 }
         exit 0 }'
 done
+
+record byid.mp4 --video "$BYID" --video-input 0 --size 320x180 --fps $FPS --audio-mic none --duration 2s --quiet > byid.log 2>&1
+rc=$?; n=$(frames byid.mp4)
+echo "by-id: rc=$rc frames=$n; $(figures byid.log)"
+check "named by its /dev/v4l/by-id link: record exits 0 with frames ($n)" sh -c "[ $rc = 0 ] && [ ${n:-0} -ge $((2 * FPS * 80 / 100)) ]"
 
 # ---------------------------------------------------------------------------------------------
 ts "4. clear errors (exit 2, one line naming the device and what it supports)"
@@ -229,6 +241,36 @@ check "reload: capture resumed when the device returned" contains reload.log 'ba
 check "reload: ffprobe-clean" clean reload.mp4
 check "reload: frames throughout, slate while gone (>= 95% of $expected: $n)" ge "${n:-0}" "$(echo "$expected * 95 / 100" | bc)"
 check "reload: camera picture again at the end, not the slate" awk -v a="$late" 'BEGIN { split(a, x, " "); exit !(length(x) == 3 && x[2] < 200) }'
+
+# ---------------------------------------------------------------------------------------------
+ts "7. audio clock drift: a loopback capture clock 0.5% slow is measured and resampled away"
+# snd-aloop's "PCM Rate Shift 100000" control runs one side of a cable off the system clock, as a
+# real device's crystal is off it (by far less: tens to hundreds of ppm; 0.5% makes 14 s enough).
+ffmpeg -nostdin -v error -f lavfi -i "sine=frequency=440:sample_rate=48000:duration=60" -ac 2 -y tone440.wav
+aplay -q -D hw:Loopback,0,1 tone440.wav &
+player=$!
+check "tone playing into hw:Loopback,0,1" wait_playback 1
+# The capture side's shift, set once the playback side runs.
+shift=$(amixer -c Loopback controls | sed -n "s/numid=\([0-9]*\),iface=PCM,name='PCM Rate Shift 100000',device=1,subdevice=1$/\1/p")
+amixer -q -c Loopback cset numid="$shift" 100500; echo "rate shift control numid=$shift: $(amixer -c Loopback cget numid="$shift" | tail -1)"
+record drift.mp4 --video test --size 320x180 --fps $FPS --audio-mic hw:Loopback,1,1 --duration 14s --quiet --log-level info > drift.log 2>&1
+rc=$?
+kill $player 2> /dev/null
+amixer -q -c Loopback cset numid="$shift" 100000
+grep -E 'periods,|kept on' drift.log | sed 's/.*\] //'
+drift=$(sed -n 's/.*drift \(-*[0-9.]*\) ppm.*/\1/p' drift.log | tail -1)
+correction=$(sed -n 's/.*audioMic audio kept on its timestamps: resampled \(-*[0-9]*\) ppm.*, \([0-9]*\) jumps.*/\1 \2/p' drift.log | tail -1)
+ad=$(ffprobe -v error -select_streams a:0 -show_entries stream=duration -of csv=p=0 drift.mp4 2>/dev/null)
+vd=$(ffprobe -v error -select_streams v:0 -show_entries stream=duration -of csv=p=0 drift.mp4 2>/dev/null)
+v=$(loudness drift.mp4)
+echo "drift ${drift:-?} ppm; correction and jumps: ${correction:-?}; audio ${ad:-?} s, video ${vd:-?} s; loudest $v dB"
+check "drift: record exits 0" [ "$rc" = 0 ]
+check "drift: measured about -5000 ppm (${drift:-none})" awk -v d="${drift:-x}" 'BEGIN { exit !(d != "x" && d < -4000 && d > -6000) }'
+check "drift: resampled about +5000 ppm to keep the timestamps, no jumps (${correction:-none})" awk -v c="${correction:-x}" 'BEGIN {
+    split(c, x, " "); exit !(length(x) == 2 && x[1] > 4000 && x[1] < 6000 && x[2] == 0) }'
+check "drift: audio and video end together (${ad:-?} s, ${vd:-?} s)" awk -v a="${ad:-0}" -v v="${vd:-0}" 'BEGIN { d = a - v; if (d < 0) d = -d; exit !(a > 13 && d < 0.05) }'
+check "drift: ffprobe-clean" clean drift.mp4
+check "drift: audio is not silent ($v dB)" sh -c "[ -n '$v' ] && echo '$v > -30' | bc | grep -q 1"
 
 echo
 ts "done"

@@ -71,7 +71,7 @@ public enum V4L2PixelFormats {
     }
 
     /// True when frames of `fourcc` go to the encoder as captured (an uncompressed format).
-    public static func isSupported(_ fourcc: FourCC) -> Bool {
+    public static func isUncompressed(_ fourcc: FourCC) -> Bool {
         guard let format = pixelFormat(for: fourcc) else { return false }
         return format != .mjpeg
     }

@@ -25,9 +25,10 @@ import Testing
         #expect(V4L2PixelFormats.pixelFormat(for: .grey) == .gray8)
         #expect(V4L2PixelFormats.pixelFormat(for: .mjpg) == .mjpeg)
         #expect(V4L2PixelFormats.pixelFormat(for: FourCC("NV21")!) == nil)
-        // MJPEG maps, but is not captured until something decodes it.
-        #expect(!V4L2PixelFormats.isSupported(.mjpg))
-        #expect(V4L2PixelFormats.preferred.allSatisfy(V4L2PixelFormats.isSupported))
+        // MJPEG is captured (decoded by the encoder side) but is not an uncompressed format.
+        #expect(!V4L2PixelFormats.isUncompressed(.mjpg))
+        #expect(V4L2PixelFormats.isUsable(.mjpg))
+        #expect(V4L2PixelFormats.preferred.allSatisfy(V4L2PixelFormats.isUncompressed))
         #expect(V4L2PixelFormats.preferred.first == .yuyv)
     }
 
