@@ -208,6 +208,9 @@ def summarize(case, rows):
         out["latency_p50_ms"] = median([r["p50_ms"] for r in rows["latency"]])
         out["latency_p99_ms"] = median([r["p99_ms"] for r in rows["latency"]])
         out["latency_max_ms"] = max(r["max_ms"] for r in rows["latency"])
+        if all("beyond_encoder_p99_ms" in r for r in rows["latency"]):
+            out["beyond_encoder_p50_ms"] = median([r["beyond_encoder_p50_ms"] for r in rows["latency"]])
+            out["beyond_encoder_p99_ms"] = median([r["beyond_encoder_p99_ms"] for r in rows["latency"]])
     return out
 
 
@@ -317,11 +320,14 @@ def markdown(info, results, overhead, args):
              "wall-clock figures are noisy, CPU-time ratios much less so). "
              f"{args.pairs} pairs per case, run A B A B.", "",
              "| case | CPU-s per media-s: broadcast / ffmpeg | ratio (median of pairs) | peak RSS MB: broadcast / ffmpeg "
-             "| RSS ratio | media fps: broadcast / ffmpeg | fps ratio | latency p50 / p99 ms |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| RSS ratio | media fps: broadcast / ffmpeg | fps ratio | latency p50 / p99 ms "
+             "| of which before the encoder p50 / p99 ms |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lat = (f"{fmt(r.get('latency_p50_ms'), '.1f')} / {fmt(r.get('latency_p99_ms'), '.1f')}"
                if "latency_p50_ms" in r else "—")
+        lat += (f" | {fmt(r.get('beyond_encoder_p50_ms'), '.1f')} / {fmt(r.get('beyond_encoder_p99_ms'), '.1f')}"
+                if "beyond_encoder_p99_ms" in r else " | —")
         offline = "offline" in r["case"]
         fps_cells = (f"{fmt(r['a_fps'], '.0f')} / {fmt(r['b_fps'], '.0f')} | {fmt(r['fps_ratio'])}"
                      if offline else "realtime | —")

@@ -87,6 +87,8 @@ public final class TestPatternSource: CaptureSource, @unchecked Sendable {
     private func produce(into sink: SourceSink, pool: BufferPool, painter: TestPatternPainter) {
         let duration = MediaTime(value: Int64(frameRate.denominator), timescale: Int32(frameRate.numerator))
         var index: Int64 = 0
+        // What each pool buffer holds beyond the bars, so repainting it restores only that.
+        var painted: [ObjectIdentifier: TestPatternPainter.Regions] = [:]
         while running.load(ordering: .acquiring) && !sink.isStopping {
             let captureTime = sink.startTime + frameTime(index)
             if let stall = stallAfterNanoseconds, frameTime(index) >= stall {
@@ -106,8 +108,9 @@ public final class TestPatternSource: CaptureSource, @unchecked Sendable {
                 index += 1
                 continue
             }
-            painter.paint(
+            painted[ObjectIdentifier(buffer)] = painter.paint(
                 into: buffer.memory,
+                over: painted[ObjectIdentifier(buffer)],
                 frameIndex: index,
                 mediaTimeNanoseconds: frameTime(index),
                 flash: isFlashFrame(index)
@@ -131,11 +134,26 @@ public final class TestPatternSource: CaptureSource, @unchecked Sendable {
     }
 }
 
-/// Draws the test pattern into a yuv420p frame. The static part (bars) is drawn once and copied.
+/// Draws the test pattern into a yuv420p frame. The static part (bars) is drawn once and copied;
+/// a frame that already holds the pattern (a pool buffer coming round again) gets back only the
+/// bars under what was drawn over them last time, not a whole frame's copy (1.4 MB at 720p, 3 MB
+/// at 1080p, 30 times a second: most of this source's cost).
 struct TestPatternPainter: Sendable {
     let width: Int
     let height: Int
     private let background: [UInt8]
+
+    /// A rectangle with even corners (so it covers whole 4:2:0 chroma samples).
+    struct Rect: Sendable, Equatable {
+        var x: Int, y: Int, w: Int, h: Int
+    }
+
+    /// What a painted frame holds beyond the bars.
+    struct Regions: Sendable, Equatable {
+        /// The whole frame is the white flash.
+        var flash = false
+        var drawn: [Rect] = []
+    }
 
     // 75% colour bars in BT.601 limited range: white, yellow, cyan, green, magenta, red, blue, black.
     private static let bars: [(y: UInt8, u: UInt8, v: UInt8)] = [
@@ -165,16 +183,27 @@ struct TestPatternPainter: Sendable {
         background = image
     }
 
-    func paint(into memory: UnsafeMutableRawPointer, frameIndex: Int64, mediaTimeNanoseconds: Int64, flash: Bool) {
+    /// Paints frame `frameIndex` into `memory`, which holds `previous` (a frame this painter
+    /// painted) or anything (nil); returns what the frame now holds, for the next time round.
+    @discardableResult
+    func paint(
+        into memory: UnsafeMutableRawPointer, over previous: Regions? = nil, frameIndex: Int64, mediaTimeNanoseconds: Int64,
+        flash: Bool
+    ) -> Regions {
         let luma = memory.assumingMemoryBound(to: UInt8.self)
         let lumaSize = width * height
         let chromaSize = (width / 2) * (height / 2)
         if flash {
             luma.update(repeating: 255, count: lumaSize)
             (luma + lumaSize).update(repeating: 128, count: 2 * chromaSize)
-            return
+            return Regions(flash: true)
         }
-        background.withUnsafeBufferPointer { luma.update(from: $0.baseAddress!, count: $0.count) }
+        if let previous, !previous.flash {
+            for rect in previous.drawn { restore(luma, rect) }
+        } else {
+            background.withUnsafeBufferPointer { luma.update(from: $0.baseAddress!, count: $0.count) }
+        }
+        var drawn: [Rect] = []
 
         // A block crossing the frame once every four seconds of frames, in the lower third.
         let side = max(8, height / 8) & ~1
@@ -183,6 +212,7 @@ struct TestPatternPainter: Sendable {
         let x0 = (travel * span / 120) & ~1
         let y0 = (height * 2 / 3) & ~1
         fillRect(luma, x: x0, y: y0, w: side, h: side, value: 235, u: 128, v: 128)
+        drawn.append(Rect(x: x0, y: y0, w: side, h: side))
 
         // Running clock: "HH:MM:SS.mmm" plus the frame number, in the upper left.
         let ms = mediaTimeNanoseconds / 1_000_000
@@ -190,11 +220,36 @@ struct TestPatternPainter: Sendable {
             "\(two(ms / 3_600_000)):\(two(ms / 60_000 % 60)):\(two(ms / 1000 % 60)).\(three(ms % 1000)) #\(frameIndex)"
         let scale = max(2, height / 120)
         let textHeight = 7 * scale + 2 * scale
-        fillRect(luma, x: 0, y: 0, w: min(width, (text.count * 6 + 2) * scale) & ~1, h: textHeight & ~1, value: 16, u: 128, v: 128)
+        let box = Rect(x: 0, y: 0, w: min(width, (text.count * 6 + 2) * scale) & ~1, h: min(height, textHeight) & ~1)
+        fillRect(luma, x: box.x, y: box.y, w: box.w, h: box.h, value: 16, u: 128, v: 128)
+        drawn.append(box)
         var cursor = scale
         for character in text {
-            drawGlyph(luma, character, x: cursor, y: scale, scale: scale)
+            // Glyphs stay inside the box: they are not drawn past its bottom or right edge.
+            drawGlyph(luma, character, x: cursor, y: scale, scale: scale, within: box)
             cursor += 6 * scale
+        }
+        return Regions(drawn: drawn)
+    }
+
+    /// Copies the bars back over `rect` (luma and both chroma planes).
+    private func restore(_ luma: UnsafeMutablePointer<UInt8>, _ rect: Rect) {
+        let x1 = min(width, rect.x + rect.w)
+        let y1 = min(height, rect.y + rect.h)
+        guard rect.x < x1, rect.y < y1 else { return }
+        background.withUnsafeBufferPointer { bars in
+            let source = bars.baseAddress!
+            for row in rect.y..<y1 {
+                (luma + row * width + rect.x).update(from: source + row * width + rect.x, count: x1 - rect.x)
+            }
+            let cw = width / 2
+            let planeOffsets = [width * height, width * height + cw * (height / 2)]
+            for offset in planeOffsets {
+                for row in (rect.y / 2)..<(y1 / 2) {
+                    let at = offset + row * cw + rect.x / 2
+                    (luma + at).update(from: source + at, count: (x1 - rect.x) / 2)
+                }
+            }
         }
     }
 
@@ -215,13 +270,13 @@ struct TestPatternPainter: Sendable {
         }
     }
 
-    private func drawGlyph(_ luma: UnsafeMutablePointer<UInt8>, _ character: Character, x: Int, y: Int, scale: Int) {
+    private func drawGlyph(_ luma: UnsafeMutablePointer<UInt8>, _ character: Character, x: Int, y: Int, scale: Int, within box: Rect) {
         guard let rows = Self.font[character] else { return }
         for (r, bits) in rows.enumerated() {
             for c in 0..<5 where bits & (0x10 >> c) != 0 {
                 let px = x + c * scale
                 let py = y + r * scale
-                guard px + scale <= width, py + scale <= height else { continue }
+                guard px + scale <= box.x + box.w, py + scale <= box.y + box.h else { continue }
                 for dy in 0..<scale { (luma + (py + dy) * width + px).update(repeating: 235, count: scale) }
             }
         }

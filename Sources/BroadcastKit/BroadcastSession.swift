@@ -283,6 +283,10 @@ public final class BroadcastSession: @unchecked Sendable {
         /// Delivery stopped for a buffer type: its sink ended or the duration was reached.
         var done: Set<SampleBufferType> = []
         var lastPTS: [SampleBufferType: Int64] = [:]
+        /// The earliest capture time a type's next buffer can have: the end of its last buffer for
+        /// audio (continuous), half a frame after its last frame for video (a frame period apart).
+        /// A buffer captured before it need not wait for that type's empty queue.
+        var nextCapture: [SampleBufferType: Int64] = [:]
         let durationNanoseconds: Int64?
         /// The health each source last reported to the handler.
         var reportedHealth: [SampleBufferType: CaptureHealth] = [:]
@@ -346,7 +350,7 @@ public final class BroadcastSession: @unchecked Sendable {
                 // The next buffer in capture order across types.
                 var best: SourceSink?
                 var bestTime = Int64.max
-                var waitingOnEmpty = false
+                var empty: [SampleBufferType] = []
                 for sink in session.sinks where !done.contains(sink.type) {
                     if let head = sink.ring.peek() {
                         // While a pause is pending only what was captured before it goes out.
@@ -358,9 +362,13 @@ public final class BroadcastSession: @unchecked Sendable {
                     } else if sink.hasEnded {
                         done.insert(sink.type)
                     } else {
-                        waitingOnEmpty = true
+                        empty.append(sink.type)
                     }
                 }
+                // An empty queue holds the best buffer back only if its next buffer could come first:
+                // a video frame captured in the middle of an audio period waits for that period, not
+                // for the one after it.
+                let waitingOnEmpty = empty.contains { nextCapture[$0].map { $0 <= bestTime } ?? true }
                 guard let sink = best else {
                     if done.count == session.sinks.count {
                         return .success(durationNanoseconds != nil ? .durationReached : .sourcesEnded)
@@ -388,6 +396,12 @@ public final class BroadcastSession: @unchecked Sendable {
                 }
                 let buffer = sink.ring.pop()!
                 sink.tookBuffer()
+                let length = buffer.duration.nanoseconds ?? 0
+                if case .audio = buffer.format {
+                    nextCapture[sink.type] = buffer.captureTime + length
+                } else {
+                    nextCapture[sink.type] = buffer.captureTime + length / 2
+                }
                 do {
                     try deliver(buffer, of: sink.type, cutAt: pendingPause)
                 } catch let error as BroadcastError {

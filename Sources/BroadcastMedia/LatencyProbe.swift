@@ -6,8 +6,10 @@ import Glibc
 
 /// Benchmark instrumentation, off unless the environment variable `BROADCAST_LATENCY_FILE` names a
 /// file: for every video packet, the time from its frame's capture to the packet leaving the
-/// encoder (from where the handler hands it to every output's queue at once), written to that
-/// file as JSON when the encoder is flushed. `benchmarks/bench.py` reads it.
+/// encoder (from where the handler hands it to every output's queue at once), and the part of it
+/// before the frame went into the encoder (capture, queue, session, conversion: what broadcast
+/// adds to the encoder's own delay), written to that file as JSON when the encoder is flushed.
+/// `benchmarks/bench.py` reads it.
 ///
 /// Capture time is reconstructed as (media time zero + the frame's presentation time): the
 /// handler marks media time zero at the end of `broadcastStarted`, microseconds before the session
@@ -21,6 +23,11 @@ final class LatencyProbe {
     var origin: Int64
     private let timeBase: Rational
     private var nanoseconds: [Int64] = []
+    /// The same less the encoder's own delay (the frame's send to the encoder → its packet): what
+    /// capture, the queue, the session and conversion add.
+    private var beyondEncoder: [Int64] = []
+    /// When each frame (by pts) went into the encoder, until its packet comes out.
+    private var sentAt: [Int64: Int64] = [:]
 
     init?(origin: Int64, timeBase: Rational) {
         guard let value = getenv(Self.environmentKey), value.pointee != 0 else { return nil }
@@ -28,7 +35,11 @@ final class LatencyProbe {
         self.origin = origin
         self.timeBase = timeBase
         nanoseconds.reserveCapacity(1 << 16)
+        beyondEncoder.reserveCapacity(1 << 16)
     }
+
+    /// Notes that the frame with `pts` goes into the encoder now.
+    func sending(pts: Int64) { sentAt[pts] = MonotonicClock().now() }
 
     /// Notes that `packets` leave the encoder now.
     func handOver(_ packets: [EncodedPacket]) {
@@ -37,20 +48,23 @@ final class LatencyProbe {
         for packet in packets {
             let captured = origin + packet.pts * 1_000_000_000 * Int64(timeBase.numerator) / Int64(timeBase.denominator)
             nanoseconds.append(now - captured)
+            if let sent = sentAt.removeValue(forKey: packet.pts) { beyondEncoder.append(sent - captured) }
         }
     }
 
-    /// Writes count, p50, p90, p99 and max in milliseconds.
+    /// Writes count, p50, p90, p99 and max in milliseconds, and p50/p99 of the part beyond the encoder.
     func write() {
         let sorted = nanoseconds.sorted()
-        func percentile(_ p: Double) -> Double {
+        let beyond = beyondEncoder.sorted()
+        func percentile(_ p: Double, of sorted: [Int64]) -> Double {
             guard !sorted.isEmpty else { return 0 }
             let index = min(sorted.count - 1, Int((p * Double(sorted.count - 1)).rounded()))
             return Double(sorted[index]) / 1_000_000
         }
         let json =
-            "{\"count\": \(sorted.count), \"p50_ms\": \(percentile(0.5)), \"p90_ms\": \(percentile(0.9)), "
-            + "\"p99_ms\": \(percentile(0.99)), \"max_ms\": \(percentile(1))}\n"
+            "{\"count\": \(sorted.count), \"p50_ms\": \(percentile(0.5, of: sorted)), \"p90_ms\": \(percentile(0.9, of: sorted)), "
+            + "\"p99_ms\": \(percentile(0.99, of: sorted)), \"max_ms\": \(percentile(1, of: sorted)), "
+            + "\"beyond_encoder_p50_ms\": \(percentile(0.5, of: beyond)), \"beyond_encoder_p99_ms\": \(percentile(0.99, of: beyond))}\n"
         guard let file = fopen(path, "w") else { return }
         fputs(json, file)
         fclose(file)

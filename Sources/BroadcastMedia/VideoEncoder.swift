@@ -240,6 +240,7 @@ public final class VideoEncoder {
             }
         }
         framesEncoded += 1
+        latencyProbe?.sending(pts: pts)
         let packets = try send(frame, what)
         latencyProbe?.handOver(packets)
         return packets
