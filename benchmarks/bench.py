@@ -351,6 +351,8 @@ def main():
     p.add_argument("--seconds", type=int, default=8, help="media seconds of a realtime run")
     p.add_argument("--offline-seconds", type=int, default=20, help="media seconds of a non-realtime run")
     p.add_argument("--cases", default=os.environ.get("CASES"), help="comma-separated case names (default: all)")
+    p.add_argument("--overhead-seconds", type=int, default=30,
+                   help="media seconds of the perf runs (start-up, ~0.1 s of CPU, weighs 1/N of it)")
     p.add_argument("--no-overhead", action="store_true", help="skip the perf-based non-encoder overhead runs")
     p.add_argument("--out", default="out/bench", help="where results.json and results.md go")
     args = p.parse_args()
@@ -376,8 +378,8 @@ def main():
                 for key, (w, h, rate) in SIZES.items():
                     if not wanted(args, f"overhead-{key}"):
                         continue
-                    s = args.seconds
-                    print(f"overhead-{key}: perf record of one realtime run each", flush=True)
+                    s = args.overhead_seconds
+                    print(f"overhead-{key}: perf record of one realtime {s} s run each", flush=True)
                     a = perf_overhead([args.broadcast, "record", os.path.join(work, "o.mp4")]
                                       + broadcast_encode(w, h, rate, s, True), work, f"a{key}", s)
                     b = perf_overhead(FF + ffmpeg_same_inputs(patterns[key], w, h, True) + ffmpeg_encode(w, h, rate, s)

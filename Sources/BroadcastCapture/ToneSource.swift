@@ -13,7 +13,9 @@ import Glibc
 public final class ToneSource: CaptureSource, @unchecked Sendable {
     public let sampleRate: Int
     public let channels: Int
-    /// Frames in one delivered buffer.
+    /// Frames in one delivered buffer: 480 = 10 ms at 48 kHz, a low-latency sound card's period.
+    /// (A video frame waits for the audio period it falls in before the session hands it on, to
+    /// keep capture order across types: half a period on average.)
     public let periodFrames: Int
     public let beepFrequency: Double
     public let beepDurationNanoseconds: Int64 = 50_000_000
@@ -25,7 +27,7 @@ public final class ToneSource: CaptureSource, @unchecked Sendable {
     let droppedPeriods = ManagedAtomic<Int>(0)
     public var droppedCount: Int { droppedPeriods.load(ordering: .relaxed) }
 
-    public init(sampleRate: Int = 48_000, channels: Int = 2, periodFrames: Int = 1024, beepFrequency: Double = 1000, realtime: Bool = true) {
+    public init(sampleRate: Int = 48_000, channels: Int = 2, periodFrames: Int = 480, beepFrequency: Double = 1000, realtime: Bool = true) {
         precondition(sampleRate > 0 && channels > 0 && periodFrames > 0, "tone parameters must be positive")
         self.sampleRate = sampleRate
         self.channels = channels
