@@ -117,7 +117,9 @@ public final class Recording {
     }
 
     /// Bytes written to the file so far.
-    public var bytesWritten: Int64 { muxer?.bytesWritten ?? 0 }
+    public var bytesWritten: Int64 { muxer?.bytesWritten ?? finishedBytes }
+    /// The finished file's size (after finalizing, which rewrites it).
+    private var finishedBytes: Int64 = 0
 
     /// Writes `packet`, `shiftNanoseconds` earlier than its timestamps (see `Muxer.write`).
     public func write(_ packet: EncodedPacket, shiftNanoseconds: Int64 = 0) throws(BroadcastError) {
@@ -139,6 +141,10 @@ public final class Recording {
             try muxer.finish()
         } catch {
             throw BroadcastError(.outputFailed, "recording \(path): \(error)")
+        }
+        defer {
+            var info = stat()
+            if stat(path, &info) == 0 { finishedBytes = Int64(info.st_size) }
         }
         guard container.isFinalizedByRemux else { return }
         try Self.finalize(path: path, container: container, logger: logger)

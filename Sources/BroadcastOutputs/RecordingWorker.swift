@@ -117,6 +117,8 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
         }
         do {
             try recording.finish()
+            // What finishing wrote counts too (an audio-only recording may write nothing before).
+            status.bytes.store(recording.bytesWritten, ordering: .relaxed)
             status.set(.finished)
         } catch {
             output.failed(error.message)

@@ -55,7 +55,7 @@ struct DaemonConfig {
     /// Config key → command-line flag, per table.
     static let flags: [String: [String: String]] = [
         "video": ["source": "--video", "size": "--size", "fps": "--fps", "input": "--video-input", "format": "--video-format"],
-        "audio": ["mic": "--audio-mic", "app": "--audio-app"],
+        "audio": ["mic": "--audio-mic", "app": "--audio-app", "period": "--audio-period"],
         "encoder": [
             "video_bitrate": "--video-bitrate", "audio_bitrate": "--audio-bitrate", "preset": "--preset",
             "tune": "--tune", "encoder": "--encoder", "keyframe_interval": "--keyframe-interval",

@@ -27,11 +27,23 @@ extension SourceOptions {
         )
     }
 
-    /// Opens the ALSA capture PCM `name` ('hw:1,0', 'plughw:CARD=Loopback,DEV=1', 'default').
-    func alsaSource(name: String, option: String) throws -> any CaptureSource {
+    /// --audio-period in nanoseconds, checked whether or not an ALSA source uses it.
+    func alsaPeriod() throws -> Int64 {
+        let period = try Values.duration(audioPeriod, option: "--audio-period").nanoseconds ?? 0
+        guard period >= 2_000_000, period <= 200_000_000 else {
+            throw ValueError("invalid --audio-period '\(audioPeriod)': must be from 2ms to 200ms")
+        }
+        return period
+    }
+
+    /// Opens the ALSA capture PCM `name` ('hw:1,0', 'plughw:CARD=Loopback,DEV=1', 'default') with
+    /// periods of about `periodNanoseconds`.
+    func alsaSource(name: String, option: String, periodNanoseconds: Int64) throws -> any CaptureSource {
         guard !name.isEmpty, !name.contains(where: \.isWhitespace) else {
             throw ValueError("invalid \(option) '\(name)': expected 'test', 'none' or an ALSA capture device such as hw:1,0, plughw:CARD=Loopback,DEV=1 or default")
         }
-        return try ALSASource(pcmName: name, logger: Logger(label: "broadcast.capture"))
+        var options = ALSAOptions()
+        options.periodFrames = max(16, Int((Double(periodNanoseconds) * Double(options.sampleRate) / 1e9).rounded()))
+        return try ALSASource(pcmName: name, options: options, logger: Logger(label: "broadcast.capture"))
     }
 }

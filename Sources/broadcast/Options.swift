@@ -14,6 +14,9 @@ struct SourceOptions: ParsableArguments {
     @Option(name: .customLong("audio-app"), help: ArgumentHelp("Application audio (.audioApp): 'test', an ALSA capture device (a loopback or monitor, e.g. hw:Loopback,1,0) or 'none'.", valueName: "source"))
     var audioApp: String = "none"
 
+    @Option(name: .customLong("audio-period"), help: ArgumentHelp("With an ALSA --audio-mic/--audio-app: how much audio the device hands over at a time (its period), 2ms to 200ms. Shorter: lower latency (a video frame waits for the audio period it falls in), more wake-ups and a greater risk of overruns on a busy machine. The device may round it.", valueName: "duration"))
+    var audioPeriod: String = "21ms"
+
     @Option(help: ArgumentHelp("Video size, WIDTHxHEIGHT (even numbers; default 1280x720, or the captured X11 area's size).", valueName: "WxH"))
     var size: String?
 
@@ -59,6 +62,7 @@ struct SourceOptions: ParsableArguments {
     func makeSources(logger: Logger? = nil) throws -> [(type: SampleBufferType, source: any CaptureSource)] {
         let (width, height) = try videoSize()
         let rate = try frameRate()
+        let period = try alsaPeriod()
         var sources: [(type: SampleBufferType, source: any CaptureSource)] = []
         switch video {
         case "test":
@@ -86,7 +90,7 @@ struct SourceOptions: ParsableArguments {
             case "none":
                 break
             default:
-                sources.append((type, try alsaSource(name: value, option: option)))
+                sources.append((type, try alsaSource(name: value, option: option, periodNanoseconds: period)))
             }
         }
         if sources.isEmpty {

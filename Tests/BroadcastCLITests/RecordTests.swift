@@ -42,6 +42,26 @@ import Testing
         }
     }
 
+    /// Audio alone: a playable file, and the summary line gives its real size (finishing writes
+    /// most of such a file, and the size used to be read before that).
+    @Test func audioOnlyRecordingAndItsSize() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let file = dir.path("voice.mp4")
+        let r = try broadcast(["record", file, "--video", "none", "--duration", "3s", "--no-realtime"])
+        #expect(r.status == 0, "record failed: \(r.stderr)")
+        let p = try probe(file)
+        #expect(p.video == nil)
+        let audio = try #require(p.audio)
+        #expect(audio.codec == "aac")
+        let duration = try #require(audio.duration ?? p.formatDuration)
+        #expect(abs(duration - 3) < 0.05, "audio duration \(duration) s")
+        let size = try #require(try FileManager.default.attributesOfItem(atPath: file)[.size] as? Int)
+        let summary = (r.stdout + r.stderr).split(separator: "\n").first { $0.contains("recorded ") }.map(String.init) ?? ""
+        #expect(summary.contains(" \(size / 1024) KiB"), "file of \(size) bytes; summary: '\(summary)'")
+        try expectDecodesCleanly(file)
+    }
+
     @Test func mp4IsFinalizedWithTheIndexAtTheFront() throws {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
