@@ -253,13 +253,14 @@ check "tone playing into hw:Loopback,0,1" wait_playback 1
 # The capture side's shift, set once the playback side runs.
 shift=$(amixer -c Loopback controls | sed -n "s/numid=\([0-9]*\),iface=PCM,name='PCM Rate Shift 100000',device=1,subdevice=1$/\1/p")
 amixer -q -c Loopback cset numid="$shift" 100500; echo "rate shift control numid=$shift: $(amixer -c Loopback cget numid="$shift" | tail -1)"
-record drift.mp4 --video test --size 320x180 --fps $FPS --audio-mic hw:Loopback,1,1 --duration 14s --quiet --log-level info > drift.log 2>&1
+# As --audio-app this time (a loopback/monitor device, .audioApp), so both buffer types are tested on ALSA.
+record drift.mp4 --video test --size 320x180 --fps $FPS --audio-mic none --audio-app hw:Loopback,1,1 --duration 14s --quiet --log-level info > drift.log 2>&1
 rc=$?
 kill $player 2> /dev/null
 amixer -q -c Loopback cset numid="$shift" 100000
 grep -E 'periods,|kept on' drift.log | sed 's/.*\] //'
 drift=$(sed -n 's/.*drift \(-*[0-9.]*\) ppm.*/\1/p' drift.log | tail -1)
-correction=$(sed -n 's/.*audioMic audio kept on its timestamps: resampled \(-*[0-9]*\) ppm.*, \([0-9]*\) jumps.*/\1 \2/p' drift.log | tail -1)
+correction=$(sed -n 's/.*audioApp audio kept on its timestamps: resampled \(-*[0-9]*\) ppm.*, \([0-9]*\) jumps.*/\1 \2/p' drift.log | tail -1)
 ad=$(ffprobe -v error -select_streams a:0 -show_entries stream=duration -of csv=p=0 drift.mp4 2>/dev/null)
 vd=$(ffprobe -v error -select_streams v:0 -show_entries stream=duration -of csv=p=0 drift.mp4 2>/dev/null)
 v=$(loudness drift.mp4)
