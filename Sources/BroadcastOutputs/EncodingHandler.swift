@@ -55,6 +55,8 @@ public struct EncodingStatistics: Sendable, Hashable {
     public var bitrate = 0
     /// Recordings that failed and were dropped while the others went on.
     public var failedOutputs = 0
+    /// Captured frames dropped because they did not decode (damaged MJPEG from a webcam).
+    public var undecodableFrames = 0
 
     public init() {}
 }
@@ -67,6 +69,7 @@ public final class EncodingCounters: Sendable {
     let bytesWritten = ManagedAtomic<Int64>(0)
     let bitrate = ManagedAtomic<Int>(0)
     let failedOutputs = ManagedAtomic<Int>(0)
+    let undecodableFrames = ManagedAtomic<Int>(0)
 
     public func snapshot() -> EncodingStatistics {
         var s = EncodingStatistics()
@@ -76,6 +79,7 @@ public final class EncodingCounters: Sendable {
         s.bytesWritten = bytesWritten.load(ordering: .relaxed)
         s.bitrate = bitrate.load(ordering: .relaxed)
         s.failedOutputs = failedOutputs.load(ordering: .relaxed)
+        s.undecodableFrames = undecodableFrames.load(ordering: .relaxed)
         return s
     }
 }
@@ -233,6 +237,9 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 videoEncoder.forceKeyframe()
             }
             try route(media { () throws(FFmpegError) in try videoEncoder.encode(buffer) })
+            if buffer.videoFormat?.pixelFormat == .mjpeg {
+                counters.undecodableFrames.store(videoEncoder.undecodableFrames, ordering: .relaxed)
+            }
         case .audioMic, .audioApp:
             guard let audioEncoder, mixer != nil, let format = buffer.audioFormat else { return }
             if resamplers[type]?.input != format {

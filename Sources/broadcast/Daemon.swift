@@ -467,6 +467,7 @@ final class BroadcastController: Sendable {
             ("video_frames_encoded", .number(Double(encoding.videoFramesEncoded))),
             ("bytes_written", .number(Double(encoding.bytesWritten))),
             ("failed_outputs", .number(Double(encoding.failedOutputs))),
+            ("undecodable_frames", .number(Double(encoding.undecodableFrames))),
             ("audio_drift_ppm", running.audioDevices.lazy.compactMap { $0.statistics.driftPPM }.first.map(JSONValue.number) ?? .null),
             ("types", .object(types)),
             ("outputs", .array(outputs)),

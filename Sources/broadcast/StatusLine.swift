@@ -64,6 +64,7 @@ final class StatusLine: Sendable {
         var line = "elapsed=\(clock(wallNanoseconds)) frame=\(s.encoding.videoFramesEncoded) fps=\(fixed(fps, 1)) time=\(clock(media))"
         line += " bitrate=\(fixed(Double(s.encoding.bitrate) / 1000, 1))kbit/s size=\(bytes(s.encoding.bytesWritten))"
         line += " dropped=\(dropped) speed=\(fixed(speed, 2))x"
+        if s.encoding.undecodableFrames > 0 { line += " damaged=\(s.encoding.undecodableFrames)" }
         if s.state == .paused { line += " [paused]" }
         for (type, stats) in s.session.sorted(by: { $0.key.rawValue < $1.key.rawValue }) where stats.sourceHealth.state == .deviceLost {
             line += " [\(type): no device]"

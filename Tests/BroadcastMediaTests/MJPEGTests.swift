@@ -131,4 +131,31 @@ struct MJPEGTests {
         #expect(packets == 4)
         #expect(encoder.droppedFrames == 0)
     }
+
+    @Test("the handler's statistics count damaged JPEGs (the status line and the daemon's status show them)")
+    func damagedFramesAreCountedByTheHandler() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let (width, height) = (320, 240)
+        let good = try Self.jpeg("testsrc2=s=\(width)x\(height):d=1", pixelFormat: "yuvj420p", in: directory)
+        let handler = EncodingHandler(
+            configuration: EncodingConfiguration(
+                video: VideoEncoderSettings(width: width, height: height, bitrate: 500_000),
+                audio: nil,
+                recordings: [directory.file("damaged.mkv")]
+            ),
+            logger: quietLogger()
+        )
+        try handler.broadcastStarted(setupInfo: SetupInfo())
+        let sequence = [good, Array(good.prefix(good.count / 2)), good, Array(good.prefix(200)), good]
+        for (index, bytes) in sequence.enumerated() {
+            try Self.withMJPEGBuffer(bytes, width: width, height: height, frame: index) { buffer in
+                try handler.processSampleBuffer(buffer, of: .video)
+            }
+        }
+        #expect(handler.statistics().undecodableFrames == 2)
+        handler.broadcastFinished()
+        #expect(handler.statistics().videoFramesEncoded == 3)
+        #expect(handler.statistics().undecodableFrames == 2)
+    }
 }
