@@ -148,11 +148,12 @@ struct TestPatternPainter: Sendable {
         var x: Int, y: Int, w: Int, h: Int
     }
 
-    /// What a painted frame holds beyond the bars.
+    /// What a painted frame holds beyond the bars (plain values: painting allocates nothing).
     struct Regions: Sendable, Equatable {
         /// The whole frame is the white flash.
         var flash = false
-        var drawn: [Rect] = []
+        var block: Rect?
+        var clock: Rect?
     }
 
     // 75% colour bars in BT.601 limited range: white, yellow, cyan, green, magenta, red, blue, black.
@@ -199,11 +200,12 @@ struct TestPatternPainter: Sendable {
             return Regions(flash: true)
         }
         if let previous, !previous.flash {
-            for rect in previous.drawn { restore(luma, rect) }
+            if let block = previous.block { restore(luma, block) }
+            if let clock = previous.clock { restore(luma, clock) }
         } else {
             background.withUnsafeBufferPointer { luma.update(from: $0.baseAddress!, count: $0.count) }
         }
-        var drawn: [Rect] = []
+        var drawn = Regions()
 
         // A block crossing the frame once every four seconds of frames, in the lower third.
         let side = max(8, height / 8) & ~1
@@ -212,7 +214,7 @@ struct TestPatternPainter: Sendable {
         let x0 = (travel * span / 120) & ~1
         let y0 = (height * 2 / 3) & ~1
         fillRect(luma, x: x0, y: y0, w: side, h: side, value: 235, u: 128, v: 128)
-        drawn.append(Rect(x: x0, y: y0, w: side, h: side))
+        drawn.block = Rect(x: x0, y: y0, w: side, h: side)
 
         // Running clock: "HH:MM:SS.mmm" plus the frame number, in the upper left.
         let ms = mediaTimeNanoseconds / 1_000_000
@@ -222,14 +224,14 @@ struct TestPatternPainter: Sendable {
         let textHeight = 7 * scale + 2 * scale
         let box = Rect(x: 0, y: 0, w: min(width, (text.count * 6 + 2) * scale) & ~1, h: min(height, textHeight) & ~1)
         fillRect(luma, x: box.x, y: box.y, w: box.w, h: box.h, value: 16, u: 128, v: 128)
-        drawn.append(box)
+        drawn.clock = box
         var cursor = scale
         for character in text {
             // Glyphs stay inside the box: they are not drawn past its bottom or right edge.
             drawGlyph(luma, character, x: cursor, y: scale, scale: scale, within: box)
             cursor += 6 * scale
         }
-        return Regions(drawn: drawn)
+        return drawn
     }
 
     /// Copies the bars back over `rect` (luma and both chroma planes).
@@ -243,12 +245,13 @@ struct TestPatternPainter: Sendable {
                 (luma + row * width + rect.x).update(from: source + row * width + rect.x, count: x1 - rect.x)
             }
             let cw = width / 2
-            let planeOffsets = [width * height, width * height + cw * (height / 2)]
-            for offset in planeOffsets {
-                for row in (rect.y / 2)..<(y1 / 2) {
-                    let at = offset + row * cw + rect.x / 2
-                    (luma + at).update(from: source + at, count: (x1 - rect.x) / 2)
-                }
+            let cb = width * height
+            let cr = cb + cw * (height / 2)
+            let count = (x1 - rect.x) / 2
+            for row in (rect.y / 2)..<(y1 / 2) {
+                let at = row * cw + rect.x / 2
+                (luma + cb + at).update(from: source + cb + at, count: count)
+                (luma + cr + at).update(from: source + cr + at, count: count)
             }
         }
     }

@@ -350,7 +350,8 @@ public final class BroadcastSession: @unchecked Sendable {
                 // The next buffer in capture order across types.
                 var best: SourceSink?
                 var bestTime = Int64.max
-                var empty: [SampleBufferType] = []
+                // The earliest capture time an empty queue's next buffer can have.
+                var earliestFromEmpty = Int64.max
                 for sink in session.sinks where !done.contains(sink.type) {
                     if let head = sink.ring.peek() {
                         // While a pause is pending only what was captured before it goes out.
@@ -362,13 +363,13 @@ public final class BroadcastSession: @unchecked Sendable {
                     } else if sink.hasEnded {
                         done.insert(sink.type)
                     } else {
-                        empty.append(sink.type)
+                        earliestFromEmpty = min(earliestFromEmpty, nextCapture[sink.type] ?? .min)
                     }
                 }
                 // An empty queue holds the best buffer back only if its next buffer could come first:
                 // a video frame captured in the middle of an audio period waits for that period, not
                 // for the one after it.
-                let waitingOnEmpty = empty.contains { nextCapture[$0].map { $0 <= bestTime } ?? true }
+                let waitingOnEmpty = earliestFromEmpty <= bestTime
                 guard let sink = best else {
                     if done.count == session.sinks.count {
                         return .success(durationNanoseconds != nil ? .durationReached : .sourcesEnded)
