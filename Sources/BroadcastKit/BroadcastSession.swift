@@ -280,6 +280,9 @@ public final class BroadcastSession: @unchecked Sendable {
         var pausedAt: Int64?
         /// A pause asked for at this capture time, waiting until what was captured before it is out.
         var pendingPause: Int64?
+        /// Clock time just before the commands were last taken: a resume not seen yet was asked for
+        /// after it, so only what was captured entirely before it may be dropped as paused.
+        var commandsTakenAt: Int64 = .min
         /// Delivery stopped for a buffer type: its sink ended or the duration was reached.
         var done: Set<SampleBufferType> = []
         var lastPTS: [SampleBufferType: Int64] = [:]
@@ -304,6 +307,7 @@ public final class BroadcastSession: @unchecked Sendable {
             var queued: [Command] = []
             while true {
                 // Control first: the handler hears of pause/resume/finish between two buffers.
+                commandsTakenAt = session.clock.now()
                 queued += session.commands.takeAll().sorted(by: { $0.sequence < $1.sequence }).map(\.command)
                 while pendingPause == nil, !queued.isEmpty {
                     switch queued.removeFirst() {
@@ -447,9 +451,13 @@ public final class BroadcastSession: @unchecked Sendable {
         }
 
         /// Drops buffers captured entirely after the pause began; earlier ones wait for the resume.
+        /// A buffer that ends after the commands were last read stays too: a resume may have come
+        /// before its end, which the next turn of the loop will see.
         private func dropCapturedWhilePaused(since pauseStart: Int64) {
             for sink in session.sinks {
-                while let head = sink.ring.peek(), head.captureTime >= pauseStart {
+                while let head = sink.ring.peek(), head.captureTime >= pauseStart,
+                    head.captureTime + (head.duration.nanoseconds ?? 0) <= commandsTakenAt
+                {
                     _ = sink.ring.pop()
                     sink.tookBuffer()
                     head.backing?.release()
