@@ -351,34 +351,45 @@ public final class ControlServer: @unchecked Sendable {
             headers[name] = line[line.index(after: colon)...].trimmingSpaces()
         }
         let pathAndQuery = target.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false)
+        guard let path = percentDecoded(pathAndQuery[0], plusIsSpace: false) else {
+            return .failure(.error(400, "malformed percent-encoding in the request path"))
+        }
         var query: [String: String] = [:]
         if pathAndQuery.count == 2 {
             for pair in pathAndQuery[1].split(separator: "&") {
                 let kv = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
-                query[percentDecoded(kv[0])] = kv.count == 2 ? percentDecoded(kv[1]) : ""
+                guard let key = percentDecoded(kv[0]), let value = kv.count == 2 ? percentDecoded(kv[1]) : "" else {
+                    return .failure(.error(400, "malformed percent-encoding in the query"))
+                }
+                query[key] = value
             }
         }
-        return .success(ControlRequest(method: method, path: percentDecoded(pathAndQuery[0]), query: query, headers: headers))
+        return .success(ControlRequest(method: method, path: path, query: query, headers: headers))
     }
 
-    static func percentDecoded(_ text: Substring) -> String {
+    /// `text` with its %XX escapes (and in a query, `+` for space) decoded; nil when a `%` is not
+    /// followed by two hex digits or the result is not UTF-8: such a target is refused, not guessed at.
+    static func percentDecoded(_ text: Substring, plusIsSpace: Bool = true) -> String? {
         var bytes: [UInt8] = []
-        var i = text.utf8.startIndex
-        let utf8 = text.utf8
-        while i < utf8.endIndex {
-            let c = utf8[i]
-            if c == UInt8(ascii: "%"), let a = utf8.index(i, offsetBy: 1, limitedBy: utf8.endIndex), a < utf8.endIndex,
-                let b = utf8.index(a, offsetBy: 1, limitedBy: utf8.endIndex), b < utf8.endIndex,
-                let value = UInt8(String(decoding: [utf8[a], utf8[b]], as: UTF8.self), radix: 16)
-            {
-                bytes.append(value)
-                i = utf8.index(after: b)
-            } else {
-                bytes.append(c == UInt8(ascii: "+") ? UInt8(ascii: " ") : c)
-                i = utf8.index(after: i)
+        bytes.reserveCapacity(text.utf8.count)
+        var iterator = text.utf8.makeIterator()
+        func hexValue(_ c: UInt8?) -> UInt8? {
+            switch c {
+            case let c? where (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(c): c - UInt8(ascii: "0")
+            case let c? where (UInt8(ascii: "a")...UInt8(ascii: "f")).contains(c): c - UInt8(ascii: "a") + 10
+            case let c? where (UInt8(ascii: "A")...UInt8(ascii: "F")).contains(c): c - UInt8(ascii: "A") + 10
+            default: nil
             }
         }
-        return String(decoding: bytes, as: UTF8.self)
+        while let c = iterator.next() {
+            if c == UInt8(ascii: "%") {
+                guard let high = hexValue(iterator.next()), let low = hexValue(iterator.next()) else { return nil }
+                bytes.append(high << 4 | low)
+            } else {
+                bytes.append(plusIsSpace && c == UInt8(ascii: "+") ? UInt8(ascii: " ") : c)
+            }
+        }
+        return String(validating: bytes, as: UTF8.self)
     }
 }
 

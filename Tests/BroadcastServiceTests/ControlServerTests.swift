@@ -71,6 +71,19 @@ import Testing
         return code
     }
 
+    /// Targets with broken %-escapes are refused whole, whatever the method: a POST whose query
+    /// cannot be decoded must not act on the path.
+    @Test(arguments: ["/v1/count?x=%", "/v1/count?x=%4", "/v1/count?%zz=1", "/v1/c%zzount", "/v1/count?x=%ff", "/v1/count%"])
+    func brokenPercentEncodingIsRefused(target: String) throws {
+        try withServer { path, counter in
+            let code = Self.raw(path, Array("POST \(target) HTTP/1.1\r\nContent-Length: 0\r\n\r\n".utf8))
+            #expect(code == 400, "\(target) got \(code)")
+            #expect(counter.value.withLock { $0 } == 0)
+            // The same path, well formed, is served.
+            #expect(Self.raw(path, Array("POST /v1/count?x=%41+b HTTP/1.1\r\nContent-Length: 0\r\n\r\n".utf8)) == 200)
+        }
+    }
+
     /// 10 000 random and malformed requests: the server never crashes, answers every complete one
     /// with a 4xx (never a 200 for garbage), and the state it guards is intact afterwards.
     @Test func fuzzedRequestsGetClientErrorsAndLeaveStateIntact() throws {
