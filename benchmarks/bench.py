@@ -215,40 +215,63 @@ def summarize(case, rows):
 
 
 # Non-encoder overhead: the CPU a run spends outside the encoders, from perf samples of that same run
-# (cpu-clock, every thread, user and kernel), classified by shared object and symbol.
+# (cpu-clock, every thread, user and kernel), classified by thread, shared object and symbol.
 ENCODER_DSOS = ("libx264",)
 # libavcodec holds the AAC encoder and the libx264 wrapper (encoder work) but also the AVPacket
 # helpers every muxing path uses (not encoder work).
 NOT_ENCODER_IN_AVCODEC = re.compile(r"^(av_packet_|av_new_packet|av_grow_packet|av_init_packet|avcodec_parameters_)")
+# A thread that spends at least this share of its samples in the encoders' code is one of x264's
+# worker (slice) threads: its kernel and libc time (waking the other slices, faulting in x264's own
+# buffers) is encoder work too. The thread that calls the encoder also does everything else, so it is
+# classified sample by sample; the same rule applies to ffmpeg's threads.
+ENCODER_THREAD_SHARE = 0.85
 
 
 def perf_overhead(cmd, work, name, media_seconds):
     data = os.path.join(work, f"perf-{name}.data")
     record = ["perf", "record", "-q", "-e", "cpu-clock", "-F", "999", "-o", data, "--"] + cmd
     usage = run_measured(record)
-    report = subprocess.run(["perf", "report", "-i", data, "--no-children", "--sort", "dso,sym", "--stdio",
-                             "-q", "--percent-limit", "0", "-F", "overhead,dso,sym"],
+    result = classify_perf(data)
+    os.unlink(data)
+    result["perf_cpu"] = usage["cpu"]
+    return result
+
+
+def classify_perf(data):
+    """Encoder and non-encoder shares of the samples in perf file `data`."""
+    report = subprocess.run(["perf", "report", "-i", data, "--no-children", "--sort", "pid,dso,sym", "--stdio",
+                             "-q", "--percent-limit", "0", "-F", "overhead,pid,dso,sym"],
                             capture_output=True, text=True, check=True).stdout
-    encoder = other = 0.0
-    top = []
+    samples = []  # (pct, thread, dso, sym, is encoder code)
     for line in report.splitlines():
-        m = re.match(r"\s*([\d.]+)%\s+(\S+)\s+\[.\]\s+(.*)$", line)
+        m = re.match(r"\s*([\d.]+)%\s+(\d+):\S*\s+(\S+)\s+\[.\]\s+(.*)$", line)
         if not m:
             continue
-        pct, dso, sym = float(m.group(1)), m.group(2), m.group(3).strip()
-        is_encoder = dso.startswith(ENCODER_DSOS) or (dso.startswith("libavcodec") and not NOT_ENCODER_IN_AVCODEC.match(sym))
-        if is_encoder:
+        pct, tid, dso, sym = float(m.group(1)), m.group(2), m.group(3), m.group(4).strip()
+        code = dso.startswith(ENCODER_DSOS) or (dso.startswith("libavcodec") and not NOT_ENCODER_IN_AVCODEC.match(sym))
+        samples.append((pct, tid, dso, sym, code))
+    per_thread, in_encoder = {}, {}
+    for pct, tid, _, _, code in samples:
+        per_thread[tid] = per_thread.get(tid, 0) + pct
+        in_encoder[tid] = in_encoder.get(tid, 0) + (pct if code else 0)
+    workers = {t for t, total in per_thread.items() if total > 0 and in_encoder[t] / total >= ENCODER_THREAD_SHARE}
+    encoder = other = workers_outside = 0.0
+    top = {}
+    for pct, tid, dso, sym, code in samples:
+        if code or tid in workers:
             encoder += pct
+            if not code:
+                workers_outside += pct
         else:
             other += pct
-            top.append((pct, dso, sym))
-    os.unlink(data)
+            top[(dso, sym)] = top.get((dso, sym), 0) + pct
     total = encoder + other
     share = other / total if total else float("nan")
     # perf's own cost lands outside the child's rusage only partly; the share is what matters,
     # applied to the run's CPU without perf is done by the caller.
-    top.sort(reverse=True)
-    return {"non_encoder_share": share, "perf_cpu": usage["cpu"], "top": top[:12]}
+    return {"non_encoder_share": share,
+            "encoder_threads": len(workers), "encoder_threads_outside_share": workers_outside / total if total else 0,
+            "top": sorted(((p, d, s) for (d, s), p in top.items()), reverse=True)[:12]}
 
 
 def machine():
