@@ -11,13 +11,15 @@ struct Broadcast: AsyncParsableCommand {
         commandName: "broadcast",
         abstract: "Capture video and audio on Linux, encode once, record and stream.",
         discussion: """
-            broadcast runs a capture session: sources (the built-in test pattern and tone, and soon \
-            V4L2 devices, ALSA PCMs and X11 screens) deliver timestamped sample buffers on one clock to \
-            a handler, called serially like ReplayKit's RPBroadcastSampleHandler. The built-in handler \
-            encodes H.264 + AAC with FFmpeg's libraries and writes every output from one encode.
+            broadcast runs a capture session: sources (V4L2 video devices, ALSA PCMs, X11 \
+            screens, and the built-in test pattern and tone) deliver timestamped sample buffers on \
+            one clock to a handler, called serially like ReplayKit's RPBroadcastSampleHandler. The \
+            built-in handler encodes H.264 + AAC with FFmpeg's libraries and writes every output \
+            (recordings, RTMP/RTMPS and SRT streams) from one encode.
 
             Start with:
               broadcast record demo.mp4 --duration 10s
+              broadcast devices
             """,
         subcommands: [Record.self, Stream.self, Devices.self, Daemon.self, Status.self, Start.self, Pause.self, Resume.self, Stop.self]
     )

@@ -17,16 +17,17 @@ struct Daemon: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Run as a background service with a config file and a control socket.",
         discussion: """
-            Reads a TOML config (see systemd/broadcast.toml), starts the broadcast, and serves the
-            control API as HTTP/JSON on a Unix socket:
-              curl --unix-socket /run/broadcast/control.sock http://localhost/v1/status
-              curl --unix-socket ... -X POST http://localhost/v1/broadcast/pause
-              curl --unix-socket ... http://localhost/metrics          (Prometheus)
+            Reads a TOML config (see systemd/broadcast.toml), starts the broadcast, and serves \
+            the control API as HTTP/JSON on a Unix socket:
+              S=/run/broadcast/control.sock
+              curl --unix-socket $S http://localhost/v1/status
+              curl --unix-socket $S -X POST http://localhost/v1/broadcast/pause
+              curl --unix-socket $S http://localhost/metrics       (Prometheus)
             or with `broadcast status|pause|resume|stop [--socket PATH]`.
 
-            Under systemd (Type=notify) it reports READY=1 once the outputs are up, STATUS= lines,
-            and WATCHDOG=1 only while frames flow. SIGTERM finishes cleanly (encoders flushed,
-            files finalized); SIGHUP re-reads the config's outputs.
+            Under systemd (Type=notify) it reports READY=1 once the outputs are up, STATUS= \
+            lines, and WATCHDOG=1 only while frames flow. SIGTERM finishes cleanly (encoders \
+            flushed, files finalized); SIGHUP re-reads the config's outputs.
             """
     )
 

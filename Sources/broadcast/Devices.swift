@@ -7,11 +7,13 @@ struct Devices: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "List V4L2 video capture devices, ALSA capture devices and reachable X11 screens.",
         discussion: """
-            For each V4L2 capture node: its stable links (/dev/v4l/by-id, by-path), card, driver, bus,
-            inputs, and the pixel formats, frame sizes and frame rates of its current input. For ALSA:
-            every capture PCM, by name (hw:CARD=Loopback,DEV=1) and number (hw:0,1).
+            For each V4L2 capture node: its stable links (/dev/v4l/by-id, by-path), card, \
+            driver, bus, inputs, and the pixel formats, frame sizes and frame rates of its \
+            current input. For ALSA: every capture PCM, by name (hw:CARD=Loopback,DEV=1) and \
+            number (hw:0,1).
 
-            Use them as:  broadcast record out.mp4 --video /dev/video0 --audio-mic hw:1,0
+            Use them as:
+              broadcast record out.mp4 --video /dev/video0 --audio-mic hw:1,0
             """
     )
 

@@ -15,17 +15,18 @@ struct Record: ParsableCommand {
         abstract: "Record the sources to a local file.",
         discussion: """
             The container follows the file's extension:
-              .mp4 .mov  written fragmented while recording (a crash leaves a playable file),
-                         finalized with the index at the front on a clean stop
+              .mp4 .mov  fragmented while recording (a crash leaves a playable
+                         file), finalized with the index in front on a clean stop
               .mkv .ts .flv
 
             Examples:
               broadcast record out.mp4 --duration 10s
               broadcast record talk.mkv --size 1920x1080 --fps 30 --video-bitrate 6M
-              broadcast record fast.mp4 --no-realtime --duration 1m     (as fast as the CPU allows)
+              broadcast record fast.mp4 --no-realtime --duration 1m
+                  (as fast as the CPU allows)
 
-            While recording: Ctrl-C (SIGINT) or SIGTERM stops cleanly; a second Ctrl-C quits at
-            once (the file still plays). SIGUSR1 pauses and resumes: the file has no gap.
+            While recording: Ctrl-C (SIGINT) or SIGTERM stops cleanly; a second Ctrl-C quits \
+            at once (the file still plays). SIGUSR1 pauses and resumes: the file has no gap.
             """
     )
 

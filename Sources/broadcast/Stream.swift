@@ -8,32 +8,34 @@ struct Stream: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Stream the sources live (RTMP, RTMPS, SRT), recording at the same time if asked.",
         discussion: """
-            One encode feeds every output, each on a thread of its own behind a bounded queue: a slow
-            or dead server never stalls capture, the recording or the other streams.
+            One encode feeds every output, each on a thread of its own behind a bounded queue: \
+            a slow or dead server never stalls capture, the recording or the other streams.
 
-              rtmp://HOST[:PORT]/APP/KEY    FLV over RTMP (nginx-rtmp, YouTube, Twitch, ...)
-              rtmps://HOST[:PORT]/APP/KEY   FLV over RTMP in TLS
-              srt://HOST:PORT[?streamid=...&passphrase=...]   MPEG-TS over SRT (caller mode)
+              rtmp://HOST[:PORT]/APP/KEY     FLV over RTMP (nginx-rtmp, YouTube, ...)
+              rtmps://HOST[:PORT]/APP/KEY    FLV over RTMP in TLS
+              srt://HOST:PORT[?streamid=...&passphrase=...]
+                                             MPEG-TS over SRT (caller mode)
 
-            The stream key (an RTMP URL's last element) and any password or query secret are never
-            printed: messages show rtmp://HOST/APP/****.
+            The stream key (an RTMP URL's last element) and any password or query secret are \
+            never printed: messages show rtmp://HOST/APP/****.
 
-            When the network is slower than the encoder, a stream drops video by backlog, like OBS:
-            non-reference frames past --drop-threshold, every frame but keyframes past
-            --drop-threshold-ref; never audio or keyframes; after a drop it resumes on a keyframe.
-            A broken connection is retried with jittered exponential backoff (about 0.5-1.5 s at first,
-            x1.5 each time, up to --reconnect-max-delay) and restarts on a fresh keyframe with
-            continuous timestamps. A server that refuses the stream 3 times in a row (a wrong key)
-            is given up on.
+            When the network is slower than the encoder, a stream drops video by backlog, like \
+            OBS: non-reference frames past --drop-threshold, every frame but keyframes past \
+            --drop-threshold-ref; never audio or keyframes; after a drop it resumes on a \
+            keyframe. A broken connection is retried with jittered exponential backoff (about \
+            0.5-1.5 s at first, x1.5 each time, up to --reconnect-max-delay) and restarts on a \
+            fresh keyframe with continuous timestamps. A server that refuses the stream 3 times \
+            in a row (a wrong key) is given up on.
 
             Examples:
               broadcast stream rtmp://127.0.0.1/live/demo --record demo.mp4
-              broadcast stream rtmp://a.example/live/KEY --output srt://b.example:9000 --output copy.mkv
-              broadcast stream srt://127.0.0.1:9000?mode=caller --duration 1m
+              broadcast stream rtmp://a.example/live/KEY \\
+                  --output srt://b.example:9000 --output copy.mkv
+              broadcast stream 'srt://127.0.0.1:9000?mode=caller' --duration 1m
 
-            While streaming: Ctrl-C (SIGINT) or SIGTERM stops cleanly (sends what is queued for up to
-            5 s); SIGUSR1 pauses and resumes. Exit status 1 when an output failed or a stream never
-            went live (the recording is still complete).
+            While streaming: Ctrl-C (SIGINT) or SIGTERM stops cleanly (sends what is queued for \
+            up to 5 s); SIGUSR1 pauses and resumes. Exit status 1 when an output failed or a \
+            stream never went live (the recording is still complete).
             """
     )
 

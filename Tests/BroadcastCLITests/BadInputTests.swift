@@ -48,4 +48,32 @@ import Testing
             #expect(r.stdout.contains(needle), "record --help should mention \(needle)")
         }
     }
+
+    /// Help is wrapped at 80 columns (what ArgumentParser uses when stdout is not a terminal) by
+    /// the parser, not by hand: no line runs past it unless it is one unbreakable word, and the
+    /// discussions' tables and examples keep their rows whole.
+    @Test(arguments: [[], ["record"], ["stream"], ["devices"], ["daemon"], ["status"]])
+    func helpFitsEightyColumns(command: [String]) throws {
+        let r = try broadcast(command + ["--help"])
+        #expect(r.status == 0)
+        let lines = r.stdout.split(separator: "\n", omittingEmptySubsequences: false)
+        for line in lines where line.count > 80 {
+            #expect(!line.trimmingCharacters(in: .whitespaces).contains(" "), "too wide for 80 columns: \(line)")
+        }
+        // Prose (unindented) wraps greedily at 79 columns: a line ends early only where the next word
+        // would not fit.
+        for (line, next) in zip(lines, lines.dropFirst()) {
+            guard let first = line.first, first != " ", let nextFirst = next.first, nextFirst != " " else { continue }
+            let word = next.split(separator: " ").first ?? ""
+            #expect(line.count + 1 + word.count >= 80, "a hand-made line break: '\(line)' / '\(next)'")
+        }
+        let rows = [
+            "stream": ["  rtmps://HOST[:PORT]/APP/KEY    FLV over RTMP in TLS", "  broadcast stream rtmp://127.0.0.1/live/demo --record demo.mp4"],
+            "record": ["  .mp4 .mov  fragmented while recording (a crash leaves a playable", "  broadcast record out.mp4 --duration 10s"],
+            "daemon": ["  curl --unix-socket $S http://localhost/metrics       (Prometheus)"],
+        ]
+        for row in rows[command.first ?? "", default: []] {
+            #expect(r.stdout.contains(row + "\n"), "\(command) --help lost the row: \(row)")
+        }
+    }
 }
