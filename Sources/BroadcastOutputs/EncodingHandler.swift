@@ -289,6 +289,12 @@ public final class EncodingHandler: BroadcastSampleHandler {
         } catch {
             record(BroadcastError(.outputFailed, "flushing the encoders: \(error)"))
         }
+        // The encoders are done: their memory (x264's frames and lookahead, tens of MB at 1080p)
+        // goes back before the recordings are finalized, which builds a long file's whole index
+        // in memory; the process's peak stays the recording's.
+        videoEncoder = nil
+        audioEncoder = nil
+        resamplers = [:]
         // Every output sends what it has (a live one for at most its finish timeout) and closes;
         // recordings are finalized on their own threads, together.
         for output in outputs { output.end() }
@@ -300,8 +306,6 @@ public final class EncodingHandler: BroadcastSampleHandler {
             }
         }
         updateBytesWritten()
-        videoEncoder = nil
-        audioEncoder = nil
     }
 
     private func record(_ error: BroadcastError) {
