@@ -6,7 +6,7 @@ for --pairs pairs, and reports the median of the per-pair ratios (A/B) with the 
 Figures are whole-process: user+sys CPU and peak RSS of the child from os.wait4 (getrusage), wall
 time from a monotonic clock. Nothing here is a pass/fail threshold: this reports, it does not judge.
 
-Usage: benchmarks/bench.py --broadcast PATH [--pairs 3] [--seconds 10] [--offline-seconds 20]
+Usage: benchmarks/bench.py --broadcast PATH [--pairs 3] [--seconds 8] [--offline-seconds 60]
                            [--cases rec-720,rec-1080,...] [--out DIR] [--markdown FILE]
 """
 
@@ -372,7 +372,8 @@ def main():
     p.add_argument("--broadcast", required=True, help="the broadcast binary (a release build)")
     p.add_argument("--pairs", type=int, default=int(os.environ.get("PAIRS", 3)))
     p.add_argument("--seconds", type=int, default=8, help="media seconds of a realtime run")
-    p.add_argument("--offline-seconds", type=int, default=20, help="media seconds of a non-realtime run")
+    p.add_argument("--offline-seconds", type=int, default=60,
+                   help="media seconds of a non-realtime run (60: several seconds of wall time even at 720p)")
     p.add_argument("--cases", default=os.environ.get("CASES"), help="comma-separated case names (default: all)")
     p.add_argument("--overhead-seconds", type=int, default=30,
                    help="media seconds of the perf runs (start-up, ~0.1 s of CPU, weighs 1/N of it)")
