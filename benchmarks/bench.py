@@ -359,7 +359,8 @@ def markdown(info, results, overhead, args):
                      f"| {fmt(r['rss_ratio'])} | {fps_cells} | {lat} |")
     if overhead:
         lines += ["", "Non-encoder overhead (perf cpu-clock samples of one realtime run each, same pictures; everything "
-                  "outside libx264 and libavcodec's encoders; in % of one core = share × CPU-s per media-s):", "",
+                  "outside libx264, libavcodec's encoders and x264's worker threads; in % of one core = share × CPU-s "
+                  "per media-s):", "",
                   "| case | broadcast | ffmpeg |", "|---|---|---|"]
         for name, o in overhead.items():
             lines.append(f"| {name} | {fmt(o['a_pct_core'], '.1f')} % ({fmt(100 * o['a_share'], '.1f')} % of its CPU) "
