@@ -227,20 +227,74 @@ NOT_ENCODER_IN_AVCODEC = re.compile(r"^(av_packet_|av_new_packet|av_grow_packet|
 ENCODER_THREAD_SHARE = 0.85
 
 
+# By call chain: a sample is the encoder's when the encoder is on its stack (libx264, or libavcodec
+# under one of its encode entry points), wherever its leaf is: the libc memcpy x264 calls to take in
+# a picture, AAC's libm cbrtf, the kernel waking x264's slice threads or faulting in its buffers.
+# Everything else (capture, conversion, muxing, the session, their kernel time) is overhead.
+ENCODER_ENTRY_POINTS = {"avcodec_send_frame", "avcodec_receive_packet", "avcodec_encode_video2",
+                        "avcodec_encode_audio2", "avcodec_open2", "avcodec_close", "avcodec_free_context",
+                        "avcodec_flush_buffers"}
+
+
 def perf_overhead(cmd, work, name, media_seconds):
     data = os.path.join(work, f"perf-{name}.data")
-    record = ["perf", "record", "-q", "-e", "cpu-clock", "-F", "999", "-o", data, "--"] + cmd
+    # DWARF unwinding (.eh_frame), since x264 and FFmpeg keep no frame pointers; 499 Hz keeps the
+    # file (8 KB of stack per sample) to tens of MB for a 30 s run.
+    record = ["perf", "record", "-q", "-e", "cpu-clock", "-F", "499", "--call-graph", "dwarf,8192",
+              "-o", data, "--"] + cmd
     usage = run_measured(record)
     result = classify_perf(data)
+    result.update(classify_callchains(data))
     os.unlink(data)
     result["perf_cpu"] = usage["cpu"]
     return result
 
 
+def classify_callchains(data):
+    """Non-encoder share of the samples in `data` by call chain (see ENCODER_ENTRY_POINTS), and the
+    leaf symbols of the non-encoder samples, biggest first."""
+    script = subprocess.run(["perf", "script", "-i", data, "-F", "tid,ip,sym,dso"],
+                            capture_output=True, text=True).stdout
+    total = other = 0
+    top = {}
+
+    def close(frames):
+        nonlocal total, other
+        if not frames:
+            return
+        total += 1
+        encoder = any("libx264" in dso or ("libavcodec" in dso and sym in ENCODER_ENTRY_POINTS)
+                      for sym, dso in frames)
+        # A chain that could not be unwound out of libavcodec (hand-written assembly has no unwind
+        # tables) is the encoder's when its leaf is: libavcodec is nothing but codecs and packet helpers.
+        leaf_sym, leaf_dso = frames[0]
+        if not encoder and "libavcodec" in leaf_dso and not NOT_ENCODER_IN_AVCODEC.match(leaf_sym):
+            encoder = all("libavcodec" in dso for _, dso in frames)
+        if not encoder:
+            other += 1
+            key = (os.path.basename(leaf_dso), leaf_sym)
+            top[key] = top.get(key, 0) + 1
+
+    frames = []
+    for line in script.splitlines():
+        if line.startswith("\t"):
+            m = re.match(r"\t\s*[0-9a-f]+\s+(.*?)\s+\((.*)\)$", line)
+            if m and m.group(2) != "inlined":  # an inlined frame's real one follows it
+                frames.append((m.group(1).split("+")[0], m.group(2)))
+        elif line.strip():
+            close(frames)
+            frames = []
+    close(frames)
+    if not total:
+        return {}
+    return {"chain_non_encoder_share": other / total, "chain_samples": total,
+            "chain_top": sorted(((100 * n / total, d, s) for (d, s), n in top.items()), reverse=True)[:12]}
+
+
 def classify_perf(data):
     """Encoder and non-encoder shares of the samples in perf file `data`."""
     report = subprocess.run(["perf", "report", "-i", data, "--no-children", "--sort", "pid,dso,sym", "--stdio",
-                             "-q", "--percent-limit", "0", "-F", "overhead,pid,dso,sym"],
+                             "-q", "--percent-limit", "0", "-F", "overhead,pid,dso,sym", "-g", "none"],
                             capture_output=True, text=True, check=True).stdout
     samples = []  # (pct, thread, dso, sym, is encoder code)
     for line in report.splitlines():
@@ -365,6 +419,14 @@ def markdown(info, results, overhead, args):
         for name, o in overhead.items():
             lines.append(f"| {name} | {fmt(o['a_pct_core'], '.1f')} % ({fmt(100 * o['a_share'], '.1f')} % of its CPU) "
                          f"| {fmt(o['b_pct_core'], '.1f')} % ({fmt(100 * o['b_share'], '.1f')} % of its CPU) |")
+        chained = [(n, o) for n, o in overhead.items() if "a_chain_share" in o]
+        if chained:
+            lines += ["", "The same runs by call chain (a sample is the encoder's when libx264 or libavcodec's "
+                      "encode calls are on its stack, wherever its leaf is):", "",
+                      "| case | broadcast | ffmpeg |", "|---|---|---|"]
+            for name, o in chained:
+                lines.append(f"| {name} | {fmt(o['a_chain_pct_core'], '.1f')} % ({fmt(100 * o['a_chain_share'], '.1f')} % "
+                             f"of its CPU) | {fmt(o['b_chain_pct_core'], '.1f')} % ({fmt(100 * o['b_chain_share'], '.1f')} % of its CPU) |")
     return "\n".join(lines) + "\n"
 
 
@@ -417,12 +479,22 @@ def main():
                         "a_pct_core": 100 * a["non_encoder_share"] * a_cpu,
                         "b_pct_core": 100 * b["non_encoder_share"] * b_cpu,
                         "a_top": a["top"], "b_top": b["top"]}
-                    print(f"  broadcast non-encoder {100 * a['non_encoder_share']:.1f}% of CPU; "
+                    if "chain_non_encoder_share" in a and "chain_non_encoder_share" in b:
+                        overhead[f"{h}p30 record, realtime"].update({
+                            "a_chain_share": a["chain_non_encoder_share"], "b_chain_share": b["chain_non_encoder_share"],
+                            "a_chain_pct_core": 100 * a["chain_non_encoder_share"] * a_cpu,
+                            "b_chain_pct_core": 100 * b["chain_non_encoder_share"] * b_cpu,
+                            "a_chain_top": a["chain_top"], "b_chain_top": b["chain_top"]})
+                    o = overhead[f"{h}p30 record, realtime"]
+                    print(f"  non-encoder by code/thread: broadcast {100 * a['non_encoder_share']:.1f}% of CPU, "
                           f"ffmpeg {100 * b['non_encoder_share']:.1f}%", flush=True)
-                    for pct, dso, sym in a["top"][:6]:
-                        print(f"    broadcast {pct:5.2f}% {dso} {sym}")
-                    for pct, dso, sym in b["top"][:6]:
-                        print(f"    ffmpeg    {pct:5.2f}% {dso} {sym}")
+                    if "a_chain_share" in o:
+                        print(f"  non-encoder by call chain:  broadcast {100 * o['a_chain_share']:.1f}% of CPU "
+                              f"({o['a_chain_pct_core']:.1f}% of a core), ffmpeg {100 * o['b_chain_share']:.1f}% "
+                              f"({o['b_chain_pct_core']:.1f}%)", flush=True)
+                    for who, top in (("broadcast", o.get("a_chain_top", a["top"])), ("ffmpeg   ", o.get("b_chain_top", b["top"]))):
+                        for pct, dso, sym in top[:6]:
+                            print(f"    {who} {pct:5.2f}% {dso} {sym}")
         finally:
             if nginx:
                 nginx.stop()
