@@ -367,6 +367,9 @@ func waitUntilRecording(_ socket: String) throws -> String {
         #expect(paused.stdout.contains("\"name\":\"rec\",\"kind\":\"recording\""), "\(paused.stdout)")
         let wrong = try broadcast(["pause", "--output", "nope", "--socket", socket])
         #expect(wrong.status == 1 && wrong.stderr.contains("no output named nope"), "\(wrong.stderr)")
+        // A name no config allows (a space, a '%') is still sent as that name and answered as one.
+        let odd = try broadcast(["pause", "--output", "no such 50%", "--socket", socket])
+        #expect(odd.status == 1 && odd.stderr.contains("no output named no such 50%"), "\(odd.stderr)")
         usleep(3_000_000)
         let resumed = try broadcast(["resume", "--output", "rec", "--socket", socket])
         #expect(resumed.status == 0, "\(resumed.stderr)")
