@@ -287,7 +287,7 @@ def classify_callchains(data):
     close(frames)
     if not total:
         return {}
-    return {"chain_non_encoder_share": other / total, "chain_samples": total,
+    return {"chain_non_encoder_share": other / total,
             "chain_top": sorted(((100 * n / total, d, s) for (d, s), n in top.items()), reverse=True)[:12]}
 
 
@@ -309,13 +309,11 @@ def classify_perf(data):
         per_thread[tid] = per_thread.get(tid, 0) + pct
         in_encoder[tid] = in_encoder.get(tid, 0) + (pct if code else 0)
     workers = {t for t, total in per_thread.items() if total > 0 and in_encoder[t] / total >= ENCODER_THREAD_SHARE}
-    encoder = other = workers_outside = 0.0
+    encoder = other = 0.0
     top = {}
     for pct, tid, dso, sym, code in samples:
         if code or tid in workers:
             encoder += pct
-            if not code:
-                workers_outside += pct
         else:
             other += pct
             top[(dso, sym)] = top.get((dso, sym), 0) + pct
@@ -324,7 +322,6 @@ def classify_perf(data):
     # perf's own cost lands outside the child's rusage only partly; the share is what matters,
     # applied to the run's CPU without perf is done by the caller.
     return {"non_encoder_share": share,
-            "encoder_threads": len(workers), "encoder_threads_outside_share": workers_outside / total if total else 0,
             "top": sorted(((p, d, s) for (d, s), p in top.items()), reverse=True)[:12]}
 
 
