@@ -16,7 +16,8 @@ RELEASE_BUILD := $(SWIFT) build -c release --static-swift-stdlib
 # nginx with its RTMP module as a local streaming server.
 APT_PACKAGES := pkg-config libavcodec-dev libavformat-dev libavutil-dev libswscale-dev \
                 libswresample-dev libv4l-dev libasound2-dev ffmpeg nginx libnginx-mod-rtmp libnginx-mod-stream openssl \
-                libxcb1-dev libxcb-shm0-dev libxcb-xfixes0-dev libxcb-damage0-dev xvfb x11-apps
+                libxcb1-dev libxcb-shm0-dev libxcb-xfixes0-dev libxcb-damage0-dev xvfb x11-apps \
+                libpipewire-0.3-dev libsystemd-dev
 
 .PHONY: deps build release demo test test-unit clean vm-deps vm-test install
 

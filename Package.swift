@@ -45,12 +45,18 @@ let package = Package(
             "CXCB", pkgConfig: "xcb-damage",
             apt: ["libxcb1-dev", "libxcb-shm0-dev", "libxcb-xfixes0-dev", "libxcb-damage0-dev"]
         ),
+        // Wayland desktop: libpipewire (streams) and sd-bus from libsystemd (the ScreenCast portal).
+        systemLibrary("CPipeWire", pkgConfig: "libpipewire-0.3", apt: ["libpipewire-0.3-dev"]),
+        systemLibrary("CSystemd", pkgConfig: "libsystemd", apt: ["libsystemd-dev"]),
         // The one C target: what Swift cannot import (macros, variadic functions, ioctl numbers).
         .target(
             name: "CBroadcastShim",
             dependencies: ["CAVUtil", "CAVCodec", "CAVFormat", "CV4L2", "CALSA"],
             path: "Sources/CBroadcastShim"
         ),
+        // PipeWire/SPA's macros and variadic builders, apart from the FFmpeg/V4L2 shim so that only
+        // what captures from PipeWire links libpipewire.
+        .target(name: "CPipeWireShim", dependencies: ["CPipeWire"], path: "Sources/CPipeWireShim"),
 
         .target(
             name: "BroadcastKit",
@@ -63,7 +69,7 @@ let package = Package(
         .target(
             name: "BroadcastCapture",
             dependencies: [
-                "BroadcastKit", "CXCB", "CV4L2", "CALSA", "CBroadcastShim",
+                "BroadcastKit", "CXCB", "CV4L2", "CALSA", "CBroadcastShim", "CPipeWire", "CPipeWireShim", "CSystemd",
                 .product(name: "Atomics", package: "swift-atomics"),
                 .product(name: "Logging", package: "swift-log"),
             ],

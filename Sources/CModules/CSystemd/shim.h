@@ -1,0 +1,3 @@
+#pragma once
+// sd-bus (libsystemd): the D-Bus client for the xdg-desktop-portal ScreenCast API.
+#include <systemd/sd-bus.h>
