@@ -12,12 +12,17 @@ OUT ?= out
 # fewer libraries for the dynamic linker at start-up).
 RELEASE_BUILD := $(SWIFT) build -c release --static-swift-stdlib
 
+# The Wayland desktop tests (scripts/desktop-session.sh): session bus, PipeWire + WirePlumber +
+# pipewire-pulse, headless sway, the ScreenCast portal (wlr), gcc for its preloaded fix.
+DESKTOP_APT_PACKAGES := dbus pipewire pipewire-bin wireplumber pipewire-pulse pulseaudio-utils \
+                sway swaybg foot fonts-dejavu-core grim xdg-desktop-portal xdg-desktop-portal-wlr gcc libc6-dev
 # Build needs: the C libraries' -dev packages. Tests and demo need: ffmpeg/ffprobe to check outputs,
 # nginx with its RTMP module as a local streaming server.
 APT_PACKAGES := pkg-config libavcodec-dev libavformat-dev libavutil-dev libswscale-dev \
                 libswresample-dev libv4l-dev libasound2-dev ffmpeg nginx libnginx-mod-rtmp libnginx-mod-stream openssl \
                 libxcb1-dev libxcb-shm0-dev libxcb-xfixes0-dev libxcb-damage0-dev xvfb x11-apps \
-                libpipewire-0.3-dev libsystemd-dev
+                libpipewire-0.3-dev libsystemd-dev \
+                $(DESKTOP_APT_PACKAGES)
 
 .PHONY: deps build release demo test test-unit clean vm-deps vm-test install
 

@@ -1,0 +1,144 @@
+import Foundation
+import Testing
+
+/// A headless desktop of the test's own (scripts/desktop-session.sh): a private session bus,
+/// PipeWire + WirePlumber + pipewire-pulse, headless sway and the ScreenCast portal, all under a
+/// fresh directory, stopped by `stop()`. Each test starts its own (under a second), so tests
+/// running in parallel never share a bus, a PipeWire graph or a screen.
+///
+/// Every package it needs is in the Makefile's APT_PACKAGES; a missing one fails the test with its
+/// name rather than skipping it.
+final class DesktopSession: @unchecked Sendable {
+    struct Options {
+        var size = "1280x720"
+        /// The background colour ("#rrggbb").
+        var background = "#ff0000"
+        /// false: PipeWire only (no sway, no portal).
+        var compositor = true
+        /// false: no xdg-desktop-portal on the bus.
+        var portal = true
+        /// true: a small terminal at (0,0) redraws 30 times a second, so the cast keeps sending frames.
+        var activity = false
+        var maxFPS = 30
+    }
+
+    let directory: URL
+    /// The session's environment (XDG_RUNTIME_DIR, DBUS_SESSION_BUS_ADDRESS, WAYLAND_DISPLAY, ...).
+    let environment: [String: String]
+
+    static let script: String = {
+        // Tests/BroadcastCLITests/DesktopSession.swift → the package root.
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        return root.appendingPathComponent("scripts/desktop-session.sh").path
+    }()
+
+    init(_ options: Options = Options()) throws {
+        for tool in ["/usr/bin/pipewire", "/usr/bin/wireplumber", "/usr/bin/pactl", "/usr/bin/sway", "/usr/bin/grim",
+                     "/usr/bin/foot", "/usr/libexec/xdg-desktop-portal", "/usr/libexec/xdg-desktop-portal-wlr", "/usr/bin/gcc"]
+        where !FileManager.default.isExecutableFile(atPath: tool) {
+            throw DesktopSessionError("\(tool) is missing: `make deps` installs the desktop test packages")
+        }
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("broadcast-desktop-\(UUID().uuidString.prefix(8))")
+        let settings = [
+            "DESKTOP_SIZE": options.size, "DESKTOP_BG": options.background,
+            "DESKTOP_COMPOSITOR": options.compositor ? "1" : "0", "DESKTOP_PORTAL": options.portal ? "1" : "0",
+            "DESKTOP_ACTIVITY": options.activity ? "1" : "0", "DESKTOP_MAX_FPS": String(options.maxFPS),
+        ]
+        let start = try Child("/bin/bash", [Self.script, "start", directory.path], environment: settings).wait(timeout: 60)
+        guard start.status == 0 else {
+            _ = try? Child("/bin/bash", [Self.script, "stop", directory.path]).wait(timeout: 30)
+            throw DesktopSessionError("the desktop did not start: \(start.stderr)")
+        }
+        let text = try String(contentsOf: directory.appendingPathComponent("env.sh"), encoding: .utf8)
+        var environment: [String: String] = [:]
+        for line in text.split(separator: "\n") where line.hasPrefix("export ") {
+            let assignment = line.dropFirst("export ".count)
+            guard let equals = assignment.firstIndex(of: "=") else { continue }
+            var value = assignment[assignment.index(after: equals)...]
+            if value.hasPrefix("'"), value.hasSuffix("'"), value.count >= 2 { value = value.dropFirst().dropLast() }
+            environment[String(assignment[..<equals])] = String(value)
+        }
+        self.environment = environment
+    }
+
+    /// Runs a tool inside the session (swaymsg, pactl, pw-play, pw-cli, ...).
+    @discardableResult
+    func run(_ executable: String, _ arguments: [String], timeout: Double = 30) throws -> ProcessResult {
+        try Child(executable, arguments, environment: environment).wait(timeout: timeout)
+    }
+
+    /// Starts a tool inside the session and leaves it running (a player, a second broadcast).
+    func start(_ executable: String, _ arguments: [String]) throws -> Child {
+        try Child(executable, arguments, environment: environment)
+    }
+
+    /// broadcast itself, inside the session.
+    func broadcast(_ arguments: [String], timeout: Double = 120) throws -> ProcessResult {
+        try Child(broadcastBinary, arguments, environment: environment).wait(timeout: timeout)
+    }
+
+    /// Paints the whole output one colour (sway's background; the portal sends the change as a frame).
+    func setBackground(_ colour: String) throws {
+        let r = try run("/usr/bin/swaymsg", ["output", "HEADLESS-1", "bg", colour, "solid_color"])
+        guard r.status == 0 else { throw DesktopSessionError("swaymsg bg \(colour): \(r.stderr)") }
+    }
+
+    /// What a log of the session says (logs/NAME.log: bus, pipewire, wireplumber, sway, portal, portal-wlr).
+    func log(_ name: String) -> String {
+        (try? String(contentsOf: directory.appendingPathComponent("logs/\(name).log"), encoding: .utf8)) ?? ""
+    }
+
+    func stop() {
+        _ = try? Child("/bin/bash", [Self.script, "stop", directory.path]).wait(timeout: 30)
+        try? FileManager.default.removeItem(at: directory)
+    }
+
+    deinit { stop() }
+}
+
+struct DesktopSessionError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+@Suite("Desktop test session")
+struct DesktopSessionTests {
+    /// The harness itself: the portal answers on the private bus, the default sink is the test sink,
+    /// and a change of background reaches the screen. Everything else in the desktop tests rests on this.
+    @Test func startsAPortalAPipeWireGraphAndAScreen() throws {
+        let desktop = try DesktopSession(.init(background: "#0000ff"))
+        defer { desktop.stop() }
+        let version = try desktop.run("/usr/bin/dbus-send", [
+            "--session", "--print-reply", "--dest=org.freedesktop.portal.Desktop", "/org/freedesktop/portal/desktop",
+            "org.freedesktop.DBus.Properties.Get", "string:org.freedesktop.portal.ScreenCast", "string:version",
+        ])
+        #expect(version.status == 0 && version.stdout.contains("uint32"), "ScreenCast version: \(version.stdout) \(version.stderr)")
+        let sink = try desktop.run("/usr/bin/pactl", ["get-default-sink"])
+        #expect(sink.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "test_sink")
+        let source = try desktop.run("/usr/bin/pactl", ["get-default-source"])
+        #expect(source.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "test_mic")
+        try desktop.setBackground("#00ff00")
+        var pixel = ""
+        for _ in 0..<100 {
+            let grab = try desktop.run("/bin/sh", ["-c", "grim -g '640,360 1x1' -t ppm - | tail -c 3 | od -An -tx1 | tr -d ' \\n'"])
+            pixel = grab.stdout
+            if pixel == "00ff00" { break }
+            usleep(20_000)
+        }
+        #expect(pixel == "00ff00", "the screen's centre after the change: \(pixel)")
+    }
+
+    /// Audio-only sessions have no compositor and no portal, so "no portal answers" can be tested.
+    @Test func audioOnlySessionHasNoPortal() throws {
+        let desktop = try DesktopSession(.init(compositor: false))
+        defer { desktop.stop() }
+        #expect(desktop.environment["WAYLAND_DISPLAY"] == nil)
+        let names = try desktop.run("/usr/bin/dbus-send", [
+            "--session", "--print-reply", "--dest=org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus.ListNames",
+        ])
+        #expect(names.status == 0)
+        #expect(!names.stdout.contains("org.freedesktop.portal.Desktop"))
+        let sinks = try desktop.run("/usr/bin/pactl", ["list", "short", "sinks"])
+        #expect(sinks.stdout.contains("test_sink"))
+    }
+}
