@@ -1,5 +1,5 @@
 # broadcast — two entry points, both work as root on a fresh Debian 12:
-#   make demo   record (and, once streaming lands, stream) the built-in test pattern and tone
+#   make demo   record and stream the built-in test pattern and tone
 #   make test   build and run every test
 # Both install the Debian packages they need first (apt-get update only when something is missing).
 

@@ -29,8 +29,8 @@ public struct ALSAOptions: Sendable {
 /// Timestamps: the PCM's status timestamp (htstamp, CLOCK_MONOTONIC) gives the capture time of
 /// each period; buffers are stamped by sample count from the first one, so audio has no jitter
 /// gaps, and re-anchored when the two part by more than 30 ms (an xrun). The drift of the device's
-/// clock against the monotonic clock is measured (`driftPPM`); correcting it by resampling is
-/// not done yet, so over long runs the timeline is re-anchored instead.
+/// clock against the monotonic clock is measured (`driftPPM`) and handed on with the buffers; the
+/// encoder side resamples it away (see docs/DESIGN.md, drift correction).
 public final class ALSASource: CaptureSource, @unchecked Sendable {
     public let pcmName: String
     public let isRealtime = true

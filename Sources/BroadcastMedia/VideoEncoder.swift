@@ -50,9 +50,9 @@ public final class VideoEncoder {
     ///   (AVFMT_GLOBALHEADER: MP4, MOV, MKV, FLV); sets AV_CODEC_FLAG_GLOBAL_HEADER.
     /// - Parameter streamIndex: the index the packets carry (the stream's order in every output).
     ///
-    /// A hardware encoder (h264_vaapi, h264_nvenc, ...) that cannot open is replaced by libx264
-    /// with a warning. (h264_vaapi needs frames uploaded to a VAAPI surface, which this encoder
-    /// does not do yet, so it always falls back.)
+    /// A hardware encoder (h264_nvenc) that cannot open is replaced by libx264 with a warning.
+    /// Encoders that need frames on hardware surfaces (VAAPI, QSV) are not supported: frames are
+    /// handed over in memory as yuv420p.
     public init(
         settings: VideoEncoderSettings,
         globalHeader: Bool,
@@ -113,7 +113,7 @@ public final class VideoEncoder {
         let c = context.pointer
         c.pointee.width = Int32(settings.width)
         c.pointee.height = Int32(settings.height)
-        c.pointee.pix_fmt = settings.encoder.hasSuffix("_vaapi") ? AV_PIX_FMT_VAAPI : AV_PIX_FMT_YUV420P
+        c.pointee.pix_fmt = AV_PIX_FMT_YUV420P
         c.pointee.time_base = timeBase.av
         c.pointee.framerate = AVRational(
             num: Int32(settings.frameRate.numerator),

@@ -35,7 +35,8 @@ public enum RateControl: Sendable, Hashable {
 /// What to encode video as. Validate names with `knownPresets` and `encoderExists(_:)` before
 /// starting anything.
 public struct VideoEncoderSettings: Sendable, Hashable {
-    /// An FFmpeg encoder name: "libx264" (default), "h264_nvenc", "h264_vaapi".
+    /// An FFmpeg encoder name: "libx264" (default) or "h264_nvenc" (takes yuv420p frames from
+    /// memory like libx264). VAAPI encoders need hardware surfaces and are not supported.
     public var encoder: String
     /// Output size in pixels (even numbers for 4:2:0); input frames of another size are scaled.
     public var width: Int

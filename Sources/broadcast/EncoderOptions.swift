@@ -9,7 +9,7 @@ struct EncoderOptions: ParsableArguments {
     @Option(name: .customLong("audio-bitrate"), help: ArgumentHelp("Audio bitrate: 128k.", valueName: "rate"))
     var audioBitrate: String = "128k"
 
-    @Option(help: ArgumentHelp("Video encoder: libx264, h264_vaapi, h264_nvenc (hardware falls back to libx264 when absent).", valueName: "name"))
+    @Option(help: ArgumentHelp("Video encoder: libx264, or h264_nvenc (NVIDIA; falls back to libx264 when it cannot open).", valueName: "name"))
     var encoder: String = "libx264"
 
     @Option(help: ArgumentHelp("x264 preset, ultrafast ... veryslow.", valueName: "name"))
@@ -57,7 +57,8 @@ struct EncoderOptions: ParsableArguments {
             throw ValueError("unknown --profile '\(profile)': accepted are baseline, main and high")
         }
         guard threads >= 0, threads <= 64 else { throw ValueError("invalid --threads '\(threads)': accepted is 0 to 64") }
-        let known = ["libx264", "h264_vaapi", "h264_nvenc"]
+        // h264_vaapi is not offered: it needs frames uploaded to VAAPI surfaces, which we do not do.
+        let known = ["libx264", "h264_nvenc"]
         guard known.contains(encoder) else {
             throw ValueError("unknown --encoder '\(encoder)': accepted are \(known.joined(separator: ", "))")
         }

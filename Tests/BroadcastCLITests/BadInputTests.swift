@@ -19,6 +19,8 @@ import Testing
         (["record", "out.mp4", "--duration", "0s"], "0s"),
         (["record", "out.mp4", "--keyframe-interval", "2x"], "2x"),
         (["record", "out.mp4", "--encoder", "h265_magic"], "h265_magic"),
+        // Offered until it was found never to encode (no upload to VAAPI surfaces): refused now.
+        (["record", "out.mp4", "--encoder", "h264_vaapi"], "h264_vaapi"),
         (["record", "out.mp4", "--preset", "warpspeed"], "warpspeed"),
         (["record", "out.mp4", "--video", "/dev/nothing"], "/dev/nothing"),
         (["record", "out.mp4", "--log-level", "loud"], "loud"),

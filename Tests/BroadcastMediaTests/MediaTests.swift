@@ -26,7 +26,7 @@ struct EncoderSettingsTests {
 
     @Test("a hardware encoder that cannot open falls back to libx264")
     func hardwareFallback() throws {
-        let settings = VideoEncoderSettings(encoder: "h264_vaapi", width: 320, height: 240)
+        let settings = VideoEncoderSettings(encoder: "h264_nvenc", width: 320, height: 240)  // no NVIDIA device here
         let encoder = try VideoEncoder(settings: settings, globalHeader: true, logger: quietLogger())
         #expect(encoder.settings.encoder == "libx264")
         #expect(encoder.stream.parameters.codecName == "h264")
