@@ -95,10 +95,8 @@ let package = Package(
         .target(
             name: "BroadcastService",
             dependencies: [
-                "BroadcastKit", "BroadcastMedia", "BroadcastOutputs",
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-                .product(name: "Metrics", package: "swift-metrics"),
-                .product(name: "Prometheus", package: "swift-prometheus"),
+                "BroadcastKit", "BroadcastOutputs",
+                .product(name: "Atomics", package: "swift-atomics"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: swiftSettings
@@ -108,6 +106,9 @@ let package = Package(
             dependencies: [
                 "BroadcastKit", "BroadcastCapture", "BroadcastMedia", "BroadcastOutputs", "BroadcastService",
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "Atomics", package: "swift-atomics"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -134,22 +135,23 @@ let package = Package(
         ),
         .testTarget(
             name: "BroadcastMediaTests",
-            dependencies: ["BroadcastKit", "BroadcastCapture", "BroadcastMedia", "BroadcastOutputs"],
+            dependencies: ["BroadcastKit", "BroadcastMedia", "BroadcastOutputs", .product(name: "Logging", package: "swift-log")],
             swiftSettings: swiftSettings
         ),
         .testTarget(
             name: "BroadcastServiceTests",
-            dependencies: ["BroadcastService"],
+            dependencies: ["BroadcastKit", "BroadcastService", .product(name: "Logging", package: "swift-log")],
             swiftSettings: swiftSettings
         ),
         .testTarget(
             name: "BroadcastX11Tests",
-            dependencies: ["BroadcastKit", "BroadcastCapture"],
+            dependencies: ["BroadcastKit", "BroadcastCapture", .product(name: "Logging", package: "swift-log")],
             swiftSettings: swiftSettings
         ),
         .testTarget(
+            // Runs the built `broadcast` binary; imports none of the package's modules.
             name: "BroadcastCLITests",
-            dependencies: ["BroadcastKit"],
+            dependencies: [],
             swiftSettings: swiftSettings
         ),
     ]
