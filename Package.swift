@@ -48,12 +48,11 @@ let package = Package(
         // Wayland desktop: libpipewire (streams) and sd-bus from libsystemd (the ScreenCast portal).
         systemLibrary("CPipeWire", pkgConfig: "libpipewire-0.3", apt: ["libpipewire-0.3-dev"]),
         systemLibrary("CSystemd", pkgConfig: "libsystemd", apt: ["libsystemd-dev"]),
-        // The one C target: what Swift cannot import (macros, variadic functions, ioctl numbers).
-        .target(
-            name: "CBroadcastShim",
-            dependencies: ["CAVUtil", "CAVCodec", "CAVFormat", "CV4L2", "CALSA"],
-            path: "Sources/CBroadcastShim"
-        ),
+        // What Swift cannot import (macros, variadic functions, ioctl numbers), one shim per family of
+        // libraries, so each Swift target links only its own: FFmpeg for BroadcastMedia, the device
+        // libraries for BroadcastCapture (a handler built on the capture sources links no FFmpeg).
+        .target(name: "CFFmpegShim", dependencies: ["CAVUtil"], path: "Sources/CFFmpegShim"),
+        .target(name: "CDeviceShim", dependencies: ["CV4L2", "CALSA"], path: "Sources/CDeviceShim"),
         // PipeWire/SPA's macros and variadic builders, apart from the FFmpeg/V4L2 shim so that only
         // what captures from PipeWire links libpipewire.
         .target(name: "CPipeWireShim", dependencies: ["CPipeWire"], path: "Sources/CPipeWireShim"),
@@ -69,7 +68,7 @@ let package = Package(
         .target(
             name: "BroadcastCapture",
             dependencies: [
-                "BroadcastKit", "CXCB", "CV4L2", "CALSA", "CBroadcastShim", "CPipeWire", "CPipeWireShim", "CSystemd",
+                "BroadcastKit", "CXCB", "CV4L2", "CALSA", "CDeviceShim", "CPipeWire", "CPipeWireShim", "CSystemd",
                 .product(name: "Atomics", package: "swift-atomics"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -78,7 +77,7 @@ let package = Package(
         .target(
             name: "BroadcastMedia",
             dependencies: [
-                "BroadcastKit", "CAVCodec", "CAVFormat", "CAVUtil", "CSwScale", "CSwResample", "CBroadcastShim",
+                "BroadcastKit", "CAVCodec", "CAVFormat", "CAVUtil", "CSwScale", "CSwResample", "CFFmpegShim",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: swiftSettings

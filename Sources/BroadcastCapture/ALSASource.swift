@@ -1,7 +1,7 @@
 import Atomics
 public import BroadcastKit
 internal import CALSA
-internal import CBroadcastShim
+internal import CDeviceShim
 public import Logging
 
 #if canImport(Glibc)

@@ -1,4 +1,4 @@
-internal import CBroadcastShim
+internal import CDeviceShim
 internal import CV4L2
 
 #if canImport(Glibc)

@@ -1,7 +1,7 @@
 internal import CAVCodec
 internal import CAVFormat
 internal import CAVUtil
-internal import CBroadcastShim
+internal import CFFmpegShim
 internal import CSwResample
 internal import CSwScale
 public import Logging

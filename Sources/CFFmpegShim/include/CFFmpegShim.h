@@ -1,0 +1,33 @@
+// What Swift cannot import from FFmpeg: function-like macros (AVERROR & co) and variadic
+// functions (the av_log callback), each as a plain prefixed C function in plain C types.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+// MARK: FFmpeg error codes and constants
+/// AVERROR(errnum): FFmpeg's negative error code for a POSIX errno.
+int CBroadcast_AVERROR(int errnum);
+/// AVERROR_EOF
+int CBroadcast_AVERROR_EOF(void);
+/// AVERROR(EAGAIN)
+int CBroadcast_AVERROR_EAGAIN(void);
+/// AVERROR_EXIT, AVERROR_ENCODER_NOT_FOUND, AVERROR_MUXER_NOT_FOUND, AVERROR_PROTOCOL_NOT_FOUND
+int CBroadcast_AVERROR_EXIT(void);
+int CBroadcast_AVERROR_ENCODER_NOT_FOUND(void);
+int CBroadcast_AVERROR_MUXER_NOT_FOUND(void);
+int CBroadcast_AVERROR_PROTOCOL_NOT_FOUND(void);
+int CBroadcast_AVERROR_HTTP_FORBIDDEN(void);
+/// AVERROR_DECODER_NOT_FOUND, AVERROR_INVALIDDATA
+int CBroadcast_AVERROR_DECODER_NOT_FOUND(void);
+int CBroadcast_AVERROR_INVALIDDATA(void);
+/// AV_NOPTS_VALUE
+int64_t CBroadcast_AV_NOPTS_VALUE(void);
+/// av_err2str into a caller buffer (at least 64 bytes).
+void CBroadcast_av_err2str(int errnum, char *buffer, size_t size);
+
+// MARK: FFmpeg log
+/// Receives one formatted FFmpeg log line (no trailing newline) with its AV_LOG_* level.
+typedef void (*CBroadcast_LogHandler)(int level, const char *line, void *context);
+/// Routes av_log through `handler` (NULL restores FFmpeg's default callback).
+/// Lines above `maxLevel` are dropped before formatting.
+void CBroadcast_av_log_set_handler(CBroadcast_LogHandler handler, void *context, int maxLevel);

@@ -1,0 +1,29 @@
+import Foundation
+import Testing
+
+/// Each Swift target links only the C libraries it wraps: a handler built on BroadcastKit and the
+/// capture sources (samples/LevelMeter) must not drag FFmpeg in.
+@Suite struct LinkageTests {
+    static let ffmpegLibraries = ["libavcodec", "libavformat", "libavutil", "libswscale", "libswresample"]
+
+    func linkedLibraries(_ binary: String) throws -> [String] {
+        let r = try run("/usr/bin/ldd", [binary])
+        try #require(r.status == 0, "ldd \(binary): \(r.stderr)")
+        return r.stdout.split(separator: "\n").compactMap { $0.split(whereSeparator: { $0 == " " || $0 == "\t" }).first.map(String.init) }
+    }
+
+    @Test func levelMeterSampleLinksNoFFmpeg() throws {
+        let sample = URL(fileURLWithPath: broadcastBinary).deletingLastPathComponent().appendingPathComponent("level-meter").path
+        try #require(FileManager.default.fileExists(atPath: sample), "build the sample first (swift build)")
+        let linked = try linkedLibraries(sample)
+        let ffmpeg = linked.filter { library in Self.ffmpegLibraries.contains { library.hasPrefix($0) } }
+        #expect(ffmpeg.isEmpty, "level-meter links \(ffmpeg)")
+        // The capture sources' own libraries are there: the check looks at the right binary.
+        #expect(linked.contains { $0.hasPrefix("libasound") })
+    }
+
+    @Test func broadcastLinksFFmpeg() throws {
+        let linked = try linkedLibraries(broadcastBinary)
+        #expect(linked.contains { $0.hasPrefix("libavcodec") })
+    }
+}
