@@ -24,7 +24,7 @@ APT_PACKAGES := pkg-config libavcodec-dev libavformat-dev libavutil-dev libswsca
                 libpipewire-0.3-dev libsystemd-dev \
                 $(DESKTOP_APT_PACKAGES)
 
-.PHONY: deps build release demo test test-unit clean vm-deps vm-test install
+.PHONY: deps build release demo test test-unit docs clean vm-deps vm-test install
 
 deps:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
@@ -59,7 +59,13 @@ demo: release
 test: deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build 2>&1 | tee .test-output.log; exit $${PIPESTATUS[0]}
+	$(MAKE) docs
 	$(MAKE) vm-test
+
+# BroadcastKit's documentation (DocC: the API and the article "Writing a broadcast handler"), built
+# with warnings as errors so a renamed symbol or a broken link fails the tests.
+docs:
+	$(SWIFT) package --disable-sandbox generate-documentation --target BroadcastKit --warnings-as-errors
 
 clean:
 	rm -rf .build $(OUT)

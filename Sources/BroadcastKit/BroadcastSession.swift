@@ -97,7 +97,13 @@ public final class BroadcastSession: @unchecked Sendable {
     private let sinksReady = ManagedAtomic<Bool>(false)
     private var sinks: [SourceSink] = []
 
-    /// - Parameter sources: at most one source per buffer type.
+    /// Creates a session; nothing is captured until ``run(setupInfo:)``.
+    ///
+    /// - Parameters:
+    ///   - handler: called serially on the thread that calls `run`.
+    ///   - sources: at most one source per buffer type.
+    ///   - options: duration limit, queue sizes, reorder window.
+    ///   - logger: the session's own log lines (start, stop, per-type statistics).
     public init(
         handler: any BroadcastSampleHandler,
         sources: [(type: SampleBufferType, source: any CaptureSource)],
