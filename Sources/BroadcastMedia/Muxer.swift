@@ -110,8 +110,13 @@ public final class Muxer {
     /// Opens the file or connection and writes the header. `options` go to the muxer and the
     /// format context (e.g. movflags, flush_packets); any not recognised are logged. `ioOptions` go
     /// to the protocol (rw_timeout, send_buffer_size, tls_verify); the protocol ignores those it
-    /// does not know, silently, since which ones apply depends on the URL's scheme.
-    public func writeHeader(options: [String: String] = [:], ioOptions: [String: String] = [:]) throws(FFmpegError) {
+    /// does not know, silently, since which ones apply depends on the URL's scheme. `seekable`
+    /// false: the muxer is told it cannot seek back (a FIFO, a character device), so it writes
+    /// nothing that needs it (Matroska's index at the end); libavformat finds that out by itself
+    /// only for FIFOs.
+    public func writeHeader(
+        options: [String: String] = [:], ioOptions: [String: String] = [:], seekable: Bool = true
+    ) throws(FFmpegError) {
         let what = "opening output \(displayName)"
         if context.pointee.oformat.pointee.flags & AVFMT_NOFILE == 0 {
             var io = OptionDictionary(ioOptions)
@@ -120,6 +125,7 @@ public final class Muxer {
                 what
             )
             ioOpen = true
+            if !seekable { context.pointee.pb.pointee.seekable = 0 }
         }
         var dictionary = OptionDictionary(options)
         try check(

@@ -39,8 +39,9 @@ public struct EncodingConfiguration: Sendable {
         }
         if let problem = video?.problem() { throw BroadcastError(.invalidArgument, "video: \(problem)") }
         for output in allOutputs {
-            if case .file(let path) = output.destination { try Recording.validate(path: path) }
+            if case .file(let path) = output.destination { try Recording.validate(path: path, overwrite: output.overwrite) }
         }
+        try OutputConfiguration.checkDistinctFiles(allOutputs)
     }
 }
 
@@ -187,7 +188,8 @@ public final class EncodingHandler: BroadcastSampleHandler {
     private func makeWorker(for output: Output, joining: Bool = false) throws(BroadcastError) -> any OutputWorker {
         switch output.destination {
         case .file(let path):
-            let recording = try Recording(path: path, streams: streams, logger: logger)
+            let recording = try Recording(
+                path: path, streams: streams, overwrite: output.configuration.overwrite, logger: logger)
             return RecordingWorker(
                 output: output, recording: recording, hasVideo: videoEncoder != nil, streams: streams,
                 segments: output.configuration.segments, joinsRunningBroadcast: joining, logger: logger)
@@ -211,6 +213,9 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 configuration: configuration, keyframeRequest: keyframeRequest, failedOutputs: counters.failedOutputs,
                 logger: logger)
             do {
+                // Never two recordings in one file, whatever the new set says.
+                let others = current + next.filter { added in !current.contains { $0 === added } }
+                try OutputConfiguration.checkDistinctFiles(others.map(\.configuration) + [configuration])
                 output.start(try makeWorker(for: output, joining: true))
                 next.append(output)
                 logger.notice("output \(output.name) added (\(output.target))")

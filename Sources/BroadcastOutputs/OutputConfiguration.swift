@@ -113,16 +113,43 @@ public struct OutputConfiguration: Sendable, Hashable {
     public var live: LiveStreamSettings
     /// For a file destination: cut into segments (the destination is the first segment's path).
     public var segments: RecordingSegments?
+    /// For a file destination: an existing file may be replaced (when the new recording is
+    /// complete). Without it an existing file is refused before anything starts.
+    public var overwrite: Bool
 
     public init(
         name: String? = nil,
         destination: OutputDestination,
         live: LiveStreamSettings = LiveStreamSettings(),
-        segments: RecordingSegments? = nil
+        segments: RecordingSegments? = nil,
+        overwrite: Bool = false
     ) {
         self.name = name ?? destination.description
         self.destination = destination
         self.live = live
         self.segments = segments
+        self.overwrite = overwrite
+    }
+
+    /// The file this output writes, links resolved (see `Recording.resolvedPath`); nil for a live
+    /// output or a directory that does not exist.
+    public var resolvedFile: String? {
+        guard case .file(let path) = destination else { return nil }
+        return Recording.resolvedPath(path)
+    }
+
+    /// Refuses two outputs that write one file (`rec.mp4` and `./rec.mp4`, or a link to it): they
+    /// would make one corrupt file. Compares resolved paths.
+    public static func checkDistinctFiles(_ outputs: [OutputConfiguration]) throws(BroadcastError) {
+        var seen: [String: OutputConfiguration] = [:]
+        for output in outputs {
+            guard case .file(let path) = output.destination, let file = output.resolvedFile else { continue }
+            if let first = seen[file] {
+                let names = first.name == first.destination.description && output.name == path
+                    ? "\(first.destination) and \(path)" : "outputs \(first.name) and \(output.name)"
+                throw BroadcastError(.invalidArgument, "\(names) are the same file (\(file)): one file cannot take two recordings")
+            }
+            seen[file] = output
+        }
     }
 }

@@ -68,21 +68,10 @@ public final class Recording {
         return container
     }
 
-    /// Checks, before anything starts, that `path` can be recorded to: a supported extension, an
-    /// existing writable directory, and not a directory itself. Creates nothing.
-    public static func validate(path: String) throws(BroadcastError) {
-        _ = try container(for: path)
-        let directory = Self.directory(of: path)
-        var info = stat()
-        guard stat(directory, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {
-            throw BroadcastError(.invalidArgument, "recording \(path): directory \(directory) does not exist")
-        }
-        guard access(directory, W_OK) == 0 else {
-            throw BroadcastError(.invalidArgument, "recording \(path): directory \(directory) is not writable")
-        }
-        if stat(path, &info) == 0, info.st_mode & S_IFMT == S_IFDIR {
-            throw BroadcastError(.invalidArgument, "recording \(path): is a directory")
-        }
+    /// Checks, before anything starts, that `path` can be recorded to (see `target(for:overwrite:)`).
+    /// Creates nothing.
+    public static func validate(path: String, overwrite: Bool = false) throws(BroadcastError) {
+        _ = try target(for: path, overwrite: overwrite)
     }
 
     static func directory(of path: String) -> String {
@@ -91,29 +80,174 @@ public final class Recording {
         return directory.isEmpty ? "/" : directory
     }
 
+    static func name(of path: String) -> String {
+        path.split(separator: "/", omittingEmptySubsequences: false).last.map(String.init) ?? path
+    }
+
+    /// The file `path` names, as the kernel would find it: the directory's real path (symbolic
+    /// links resolved) plus the name, and when the name itself is a symbolic link, its target. Two
+    /// outputs write the same file exactly when these are equal. nil when the directory does not exist.
+    public static func resolvedPath(_ path: String) -> String? {
+        guard let directory = realPath(Self.directory(of: path)) else { return nil }
+        let joined = (directory == "/" ? "" : directory) + "/" + Self.name(of: path)
+        var info = stat()
+        if lstat(joined, &info) == 0, info.st_mode & S_IFMT == S_IFLNK { return realPath(joined) }
+        return joined
+    }
+
+    static func realPath(_ path: String) -> String? {
+        guard let resolved = realpath(path, nil) else { return nil }
+        defer { free(resolved) }
+        return String(cString: resolved)
+    }
+
+    /// Decides where a recording of `path` goes, before anything is created; refuses (an
+    /// `invalidArgument` error, one line) what would destroy data or cannot work:
+    ///
+    /// - a missing file: created by this run (exclusively: if it appears meanwhile, the recording
+    ///   fails rather than replace it), written in place, so a crash leaves it under its name;
+    /// - an existing regular file: refused unless `overwrite`; then the recording goes to a new
+    ///   file beside it (`NAME.partial.EXT`) renamed over it only once it is complete;
+    /// - a symbolic link: followed to its target (which is what gets written or replaced, the
+    ///   link stays); a link to nothing is refused;
+    /// - a FIFO or a character device (`/dev/null`): written as a stream, never replaced or
+    ///   deleted; MP4/MOV stay fragmented (they play as they are; finalizing needs a file it can
+    ///   read back), MKV has no index at the end (it cannot seek back to write one);
+    /// - a directory, a block device, a socket: refused.
+    public static func target(for path: String, overwrite: Bool) throws(BroadcastError) -> RecordingTarget {
+        let container = try container(for: path)
+        let directory = Self.directory(of: path)
+        var info = stat()
+        guard stat(directory, &info) == 0, info.st_mode & S_IFMT == S_IFDIR, let realDirectory = realPath(directory) else {
+            throw BroadcastError(.invalidArgument, "recording \(path): directory \(directory) does not exist")
+        }
+        var resolved = (realDirectory == "/" ? "" : realDirectory) + "/" + name(of: path)
+        if Self.name(of: path).isEmpty || lstat(resolved, &info) == 0 && info.st_mode & S_IFMT == S_IFDIR {
+            throw BroadcastError(.invalidArgument, "recording \(path): is a directory")
+        }
+        if lstat(resolved, &info) == 0, info.st_mode & S_IFMT == S_IFLNK {
+            guard let target = realPath(resolved), stat(target, &info) == 0 else {
+                throw BroadcastError(
+                    .invalidArgument, "recording \(path): is a symbolic link to a file that does not exist; "
+                        + "broadcast follows links but does not create their targets")
+            }
+            resolved = target
+        }
+        guard lstat(resolved, &info) == 0 else {
+            guard errno == ENOENT else {
+                throw BroadcastError(.invalidArgument, "recording \(path): \(String(cString: strerror(errno)))")
+            }
+            guard access(Self.directory(of: resolved), W_OK) == 0 else {
+                throw BroadcastError(.invalidArgument, "recording \(path): directory \(directory) is not writable")
+            }
+            return RecordingTarget(path: resolved, kind: .newFile, container: container)
+        }
+        switch info.st_mode & S_IFMT {
+        case S_IFREG:
+            guard overwrite else {
+                throw BroadcastError(
+                    .invalidArgument,
+                    "recording \(path): the file exists; broadcast replaces a file only when asked (--overwrite or -y)")
+            }
+            guard access(resolved, W_OK) == 0, access(Self.directory(of: resolved), W_OK) == 0 else {
+                throw BroadcastError(
+                    .invalidArgument,
+                    "recording \(path): the file exists and is not writable (or its directory is not): not replaced")
+            }
+            return RecordingTarget(path: resolved, kind: .replace, container: container)
+        case S_IFIFO, S_IFCHR:
+            guard access(resolved, W_OK) == 0 else {
+                throw BroadcastError(.invalidArgument, "recording \(path): not writable")
+            }
+            return RecordingTarget(path: resolved, kind: .stream, container: container)
+        case S_IFDIR:
+            throw BroadcastError(.invalidArgument, "recording \(path): is a directory")
+        case S_IFBLK:
+            throw BroadcastError(.invalidArgument, "recording \(path): is a block device; broadcast does not write to disks")
+        default:
+            throw BroadcastError(.invalidArgument, "recording \(path): is a socket or another special file, not something to record to")
+        }
+    }
+
+    /// Creates `path` if it does not exist (O_EXCL: never one that does); false when it exists or
+    /// cannot be created, errno telling why.
+    static func createExclusively(_ path: String) -> Bool {
+        let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o666)
+        guard fd >= 0 else { return false }
+        close(fd)
+        return true
+    }
+
+    /// A new, empty file in `destination`'s directory, created by this call: `NAME` with `tag`
+    /// before the extension (`rec.partial.mp4`), or a dot file (`.rec.mp4.finalizing.mp4`) when
+    /// `hidden`; a number is added while the name is taken.
+    static func createTemporary(beside destination: String, tag: String, hidden: Bool) throws(BroadcastError) -> String {
+        let directory = Self.directory(of: destination)
+        let name = Self.name(of: destination)
+        let ext = name.lastIndex(of: ".").map { String(name[$0...]) } ?? ""
+        for n in 1...1000 {
+            let number = n == 1 ? "" : ".\(n)"
+            let candidate = hidden
+                ? "\(directory)/.\(name)\(number).\(tag)\(ext)"
+                : "\(directory)/\(name.dropLast(ext.count))\(number).\(tag)\(ext)"
+            if createExclusively(candidate) { return candidate }
+            guard errno == EEXIST else {
+                throw BroadcastError(
+                    .outputFailed, "recording \(destination): cannot create \(candidate): \(String(cString: strerror(errno)))")
+            }
+        }
+        throw BroadcastError(.outputFailed, "recording \(destination): no free name for a temporary file")
+    }
+
+    /// The path as given.
     public let path: String
+    /// Where it really goes and how (new file, replacement, stream).
+    public let target: RecordingTarget
+    /// The file being written: the target, or for a replacement the new file beside it.
+    public let writingPath: String
     public let container: Container
     private let logger: Logger
     private var muxer: Muxer?
     private var finished = false
 
-    /// Creates the file and writes the header. On failure nothing is left behind.
-    public init(path: String, streams: [StreamDescription], logger: Logger) throws(BroadcastError) {
-        try Self.validate(path: path)
-        let container = try Self.container(for: path)
+    /// Creates the file and writes the header. On failure nothing is left behind, and nothing that
+    /// was there before is touched. `overwrite`: an existing file may be replaced (at the end, when
+    /// the new one is complete).
+    public init(path: String, streams: [StreamDescription], overwrite: Bool = false, logger: Logger) throws(BroadcastError) {
+        let target = try Self.target(for: path, overwrite: overwrite)
         self.path = path
-        self.container = container
+        self.target = target
+        self.container = target.container
         self.logger = logger
+        switch target.kind {
+        case .newFile:
+            guard Self.createExclusively(target.path) else {
+                let reason = errno == EEXIST ? "the file appeared meanwhile; not replaced" : String(cString: strerror(errno))
+                throw BroadcastError(.outputFailed, "recording \(path): \(reason)")
+            }
+            writingPath = target.path
+        case .replace:
+            writingPath = try Self.createTemporary(beside: target.path, tag: "partial", hidden: false)
+        case .stream:
+            writingPath = target.path
+        }
         do {
-            let muxer = try Muxer(url: path, formatName: container.formatName, logger: logger)
+            let muxer = try Muxer(url: writingPath, formatName: container.formatName, displayName: path, logger: logger)
             for stream in streams { try muxer.addStream(stream) }
-            try muxer.writeHeader(options: container.recordingOptions)
+            var options = container.recordingOptions
+            // FLV would try to seek back to its header to write the duration and size.
+            if target.kind == .stream, container == .flv { options["flvflags"] = "no_duration_filesize" }
+            try muxer.writeHeader(options: options, seekable: target.kind != .stream)
             self.muxer = muxer
         } catch {
-            unlink(path)
+            // Only what this run created goes: never the target of a stream, never a replaced file.
+            if target.kind != .stream { unlink(writingPath) }
             throw BroadcastError(.outputFailed, "recording \(path): \(error)")
         }
-        logger.info("recording to \(path)", metadata: ["container": "\(container.formatName)"])
+        logger.info(
+            "recording to \(path)",
+            metadata: ["container": "\(container.formatName)", "written_as": "\(target.kind)"]
+                .merging(writingPath == path ? [:] : ["file": "\(writingPath)"]) { $1 })
     }
 
     /// Bytes written to the file so far.
@@ -131,23 +265,44 @@ public final class Recording {
         }
     }
 
-    /// Writes the trailer, and for MP4/MOV rewrites the file with its index at the front. If that
-    /// rewrite fails, the fragmented file stays (it plays) and the error says so.
+    /// Writes the trailer, and for MP4/MOV rewrites the file with its index at the front; a
+    /// replacement is then renamed over the file it replaces. If the rewrite fails, the fragmented
+    /// file stays (it plays) and the error says so; a file being replaced is then left as it was.
     public func finish() throws(BroadcastError) {
         guard !finished, let muxer else { return }
         finished = true
         self.muxer = nil
+        let kept = target.kind == .replace ? " (\(target.path) is unchanged; what was recorded is in \(writingPath))" : ""
         do {
             try muxer.finish()
         } catch {
-            throw BroadcastError(.outputFailed, "recording \(path): \(error)")
+            throw BroadcastError(.outputFailed, "recording \(path): \(error)\(kept)")
         }
         defer {
             var info = stat()
-            if stat(path, &info) == 0 { finishedBytes = Int64(info.st_size) }
+            if stat(target.path, &info) == 0, info.st_mode & S_IFMT == S_IFREG { finishedBytes = Int64(info.st_size) }
         }
-        guard container.isFinalizedByRemux else { return }
-        try Self.finalize(path: path, container: container, logger: logger)
+        switch target.kind {
+        case .stream:
+            return
+        case .newFile:
+            if container.isFinalizedByRemux {
+                try Self.finalize(source: writingPath, destination: target.path, container: container, logger: logger)
+            }
+        case .replace:
+            if container.isFinalizedByRemux {
+                do {
+                    try Self.finalize(source: writingPath, destination: target.path, container: container, logger: logger)
+                } catch {
+                    throw BroadcastError(.outputFailed, "\(error.message)\(kept)")
+                }
+                unlink(writingPath)
+            } else if rename(writingPath, target.path) != 0 {
+                throw BroadcastError(
+                    .outputFailed, "recording \(path): could not replace it: \(String(cString: strerror(errno)))\(kept)")
+            }
+            logger.notice("recording \(path): replaced the file that was there")
+        }
     }
 
     /// Rewrites a fragmented MP4/MOV at `path` as a regular file with its index at the front,
@@ -155,11 +310,17 @@ public final class Recording {
     /// the fragmented file stays (it plays) and the error says so. Also used to repair recordings
     /// a crash left fragmented.
     public static func finalize(path: String, container: Container, logger: Logger) throws(BroadcastError) {
-        let name = path.split(separator: "/").last.map(String.init) ?? path
-        let temporary = "\(Self.directory(of: path))/.\(name).finalizing.\(container.rawValue)"
+        try finalize(source: path, destination: path, container: container, logger: logger)
+    }
+
+    /// Rewrites the fragmented MP4/MOV `source` as a regular file at `destination` (which may be
+    /// the same path), through a temporary file beside `destination` created for it and renamed
+    /// over `destination` only when complete. On failure only that temporary file is removed.
+    static func finalize(source: String, destination: String, container: Container, logger: Logger) throws(BroadcastError) {
+        let temporary = try createTemporary(beside: destination, tag: "finalizing", hidden: true)
         do {
             try Muxer.remux(
-                from: path,
+                from: source,
                 to: temporary,
                 formatName: container.formatName,
                 options: ["movflags": "+faststart"],
@@ -169,22 +330,40 @@ public final class Recording {
             unlink(temporary)
             throw BroadcastError(
                 .outputFailed,
-                "recording \(path): could not finalize (the fragmented recording is kept and plays): \(error)"
+                "recording \(destination): could not finalize (the fragmented recording is kept and plays): \(error)"
             )
         }
-        guard rename(temporary, path) == 0 else {
+        guard rename(temporary, destination) == 0 else {
             let reason = String(cString: strerror(errno))
             unlink(temporary)
             throw BroadcastError(
-                .outputFailed, "recording \(path): could not replace it with the finalized file: \(reason)")
+                .outputFailed, "recording \(destination): could not replace it with the finalized file: \(reason)")
         }
     }
 
-    /// Closes the file without finalizing and deletes it (a broadcast that never really started).
+    /// Closes the file without finalizing and deletes it if this run created it (a broadcast that
+    /// never really started): a stream's target (a FIFO, a device) is never deleted.
     func discard() {
         finished = true
         try? muxer?.finish()
         muxer = nil
-        unlink(path)
+        if target.kind != .stream { unlink(writingPath) }
     }
+}
+
+/// Where a recording goes (see `Recording.target(for:overwrite:)`).
+public struct RecordingTarget: Sendable, Hashable {
+    public enum Kind: String, Sendable, Hashable, CustomStringConvertible {
+        /// A file this run creates.
+        case newFile = "new file"
+        /// An existing file, replaced by a new one when the recording is complete.
+        case replace = "replacement"
+        /// A FIFO or character device, written as a stream.
+        case stream = "stream"
+        public var description: String { rawValue }
+    }
+    /// Absolute, links resolved.
+    public var path: String
+    public var kind: Kind
+    public var container: Recording.Container
 }

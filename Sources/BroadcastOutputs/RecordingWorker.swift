@@ -11,7 +11,8 @@ import Glibc
 ///
 /// Paused on its own (the stream goes on), a recording skips the paused time: it resumes on a
 /// keyframe, and every later packet is written earlier by the length of the pause, so the file has
-/// no gap. With segments, a new file starts at the first keyframe past the segment length; each
+/// no gap. An output added while the broadcast runs starts on a keyframe at time zero. With
+/// segments, a new file starts at the first keyframe past the segment length; each
 /// file starts at time zero, no packet is lost or repeated at the cut, and old files are deleted
 /// by age and total size.
 final class RecordingWorker: OutputWorker, @unchecked Sendable {
@@ -83,6 +84,9 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
                     continue
                 }
                 joining = false
+                // Its file starts at zero, in every container, like a segment's (not at the
+                // broadcast's current time, which MKV, TS and FLV would keep as a leading gap).
+                shift = dts
             }
             if awaitingKeyframe {
                 guard isStartPoint(packet) else {
@@ -155,7 +159,8 @@ public enum RecordingRetention {
         }
     }
 
-    static func expand(_ template: String) -> String {
+    /// strftime(3) of `template` now, in local time.
+    public static func expand(_ template: String) -> String {
         var now = time(nil)
         var parts = tm()
         localtime_r(&now, &parts)

@@ -332,7 +332,9 @@ final class BroadcastController: Sendable {
                         retainBytes: output.retainBytes
                     )
                 }
-                return OutputConfiguration(name: output.name, destination: .file(RecordingRetention.nextPath(template)), segments: segments)
+                // Without overwrite an existing file is never touched: the recording takes a new name beside it.
+                let path = output.overwrite ? RecordingRetention.expand(template) : RecordingRetention.nextPath(template)
+                return OutputConfiguration(name: output.name, destination: .file(path), segments: segments, overwrite: output.overwrite)
             case .live(let url):
                 return OutputConfiguration(name: output.name, destination: try OutputDestination.parse(url))
             }
@@ -384,7 +386,7 @@ final class BroadcastController: Sendable {
         default: sameKind = false
         }
         return sameKind && a.name == b.name && a.segment == b.segment && a.retainFor == b.retainFor
-            && a.retainBytes == b.retainBytes
+            && a.retainBytes == b.retainBytes && a.overwrite == b.overwrite
     }
 
     func deliveredFrames() -> Int {

@@ -39,6 +39,9 @@ struct DaemonConfig {
         var retainFor: MediaTime?
         /// Delete the oldest finished segments beyond this many bytes (recordings).
         var retainBytes: Int64?
+        /// Replace an existing file at `path` (when the new recording is complete) instead of
+        /// recording under a new name beside it.
+        var overwrite = false
     }
 
     var file: String
@@ -64,7 +67,7 @@ struct DaemonConfig {
     ]
     static let controlKeys = ["socket", "socket_mode", "tcp", "token"]
     static let daemonKeys = ["autostart"]
-    static let outputKeys = ["name", "path", "url", "segment", "retain_for", "retain_bytes"]
+    static let outputKeys = ["name", "path", "url", "segment", "retain_for", "retain_bytes", "overwrite"]
     static let tables = ["video", "audio", "encoder", "setup", "control", "daemon", "output"]
 
     /// Where each flag came from, to point errors found by the shared option parsing at the config.
@@ -122,6 +125,7 @@ struct DaemonConfig {
             if tableName != "output" && document.arrayTableNames.contains(tableName) {
                 throw error(table.line, nil, "[[\(tableName)]] must be a single table: write [\(tableName)]")
             }
+            var overwrite = false
             var output: (name: String?, path: String?, url: String?, line: Int, segment: MediaTime?, retainFor: MediaTime?, retainBytes: Int64?) =
                 (nil, nil, nil, table.line, nil, nil, nil)
             for key in table.keys {
@@ -185,6 +189,9 @@ struct DaemonConfig {
                             throw error(entry.line, dotted, "expected a size such as \"10G\", \"500M\" or 1000000, got \(text)")
                         }
                         output.retainBytes = bytes
+                    case "overwrite":
+                        guard case .boolean(let b) = entry.value else { throw error(entry.line, dotted, "expected true or false, got \(entry.value.typeName)") }
+                        overwrite = b
                     default:
                         throw unknownKey(dotted, entry.line, known: Self.outputKeys, table: "[output]")
                     }
@@ -212,10 +219,17 @@ struct DaemonConfig {
                 default:
                     throw error(table.line, "output", "output \"\(name)\" has both path and url: choose one")
                 }
-                if case .live = kind, output.segment != nil || output.retainFor != nil || output.retainBytes != nil {
-                    throw error(table.line, "output", "segment and retain_* apply to recordings (path), not to \"\(name)\"")
+                if case .live = kind, output.segment != nil || output.retainFor != nil || output.retainBytes != nil || overwrite {
+                    throw error(table.line, "output", "segment, retain_* and overwrite apply to recordings (path), not to \"\(name)\"")
                 }
-                outputs.append(Output(name: name, kind: kind, line: table.line, segment: output.segment, retainFor: output.retainFor, retainBytes: output.retainBytes))
+                // One file cannot take two recordings: compared with the directories' links resolved.
+                if case .recording(let template) = kind, let other = outputs.first(where: {
+                    if case .recording(let t) = $0.kind { return Self.sameFile(t, template) }
+                    return false
+                }) {
+                    throw error(table.line, "output.path", "outputs \"\(other.name)\" (line \(other.line)) and \"\(name)\" write the same file \(template)")
+                }
+                outputs.append(Output(name: name, kind: kind, line: table.line, segment: output.segment, retainFor: output.retainFor, retainBytes: output.retainBytes, overwrite: overwrite))
             }
         }
     }
@@ -341,6 +355,16 @@ struct DaemonConfig {
 }
 
 extension DaemonConfig {
+    /// Whether two recording paths (strftime templates) name one file: equal once their
+    /// directories' links are resolved (a directory that does not exist yet compares as written).
+    static func sameFile(_ a: String, _ b: String) -> Bool {
+        func normal(_ path: String) -> String {
+            if let resolved = Recording.resolvedPath(path) { return resolved }
+            return "/" + path.split(separator: "/").filter { $0 != "." }.joined(separator: "/")
+        }
+        return normal(a) == normal(b)
+    }
+
     /// Where `flag` stands as a whole flag in `text` (not as the start of a longer one).
     static func flagRange(_ flag: String, in text: String) -> Range<String.Index>? {
         var searchStart = text.startIndex

@@ -111,6 +111,9 @@ struct RunOptions: ParsableArguments {
     @Option(name: .customLong("log-level"), help: ArgumentHelp("trace, debug, info, notice, warning, error or critical.", valueName: "level"))
     var logLevel: String = "info"
 
+    @Flag(name: [.customLong("overwrite"), .customShort("y")], help: "Replace a recording file that exists (only once the new recording is complete). Without it an existing file is refused.")
+    var overwrite = false
+
     func mediaDuration() throws -> MediaTime? {
         try duration.map { try Values.duration($0, option: "--duration") }
     }

@@ -18,6 +18,9 @@ struct Record: ParsableCommand {
               .mp4 .mov  fragmented while recording (a crash leaves a playable
                          file), finalized with the index in front on a clean stop
               .mkv .ts .flv
+            An existing file is refused unless --overwrite (-y); it is then replaced only
+            when the new recording is complete. A FIFO or /dev/null is written as a stream
+            (MP4 stays fragmented).
 
             Examples:
               broadcast record out.mp4 --duration 10s
@@ -53,7 +56,8 @@ struct Record: ParsableCommand {
         let configuration = EncodingConfiguration(
             video: hasVideo ? try encoding.videoSettings(width: size.width, height: size.height, frameRate: rate, live: false) : nil,
             audio: hasAudio ? try encoding.audioSettings() : nil,
-            recordings: [file]
+            recordings: [],
+            outputs: [OutputConfiguration(destination: .file(file), overwrite: runOptions.overwrite)]
         )
         try configuration.validate()
         let setupInfo = try sources.setupInfo()

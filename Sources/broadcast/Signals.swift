@@ -17,6 +17,9 @@ enum Signals {
 
     /// Installs the handlers. Call first thing in main.
     static func install() {
+        // A closed stdout/stderr (`broadcast record x.mp4 2>&1 | head -2`) must not end a recording:
+        // writes to it fail with EPIPE, which every writer here ignores.
+        signal(SIGPIPE, SIG_IGN)
         var fds: [Int32] = [-1, -1]
         guard pipe(&fds) == 0 else { return }
         for fd in fds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }

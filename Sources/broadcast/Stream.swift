@@ -94,9 +94,12 @@ struct Stream: ParsableCommand {
         guard StreamURL.looksLikeURL(url) else {
             throw ValueError("not a stream URL: '\(url)': expected rtmp://HOST/APP/KEY, rtmps://... or srt://HOST:PORT")
         }
+        let overwrite = runOptions.overwrite
         var configured = [OutputConfiguration(destination: try OutputDestination.parse(url), live: live)]
-        if let record { configured.append(OutputConfiguration(destination: .file(record), live: live)) }
-        for text in outputs { configured.append(OutputConfiguration(destination: try OutputDestination.parse(text), live: live)) }
+        if let record { configured.append(OutputConfiguration(destination: .file(record), live: live, overwrite: overwrite)) }
+        for text in outputs {
+            configured.append(OutputConfiguration(destination: try OutputDestination.parse(text), live: live, overwrite: overwrite))
+        }
         let secrets = configured.flatMap { output -> [String] in
             if case .live(let u) = output.destination { return u.secrets }
             return []
