@@ -127,6 +127,7 @@ let package = Package(
         .testTarget(
             name: "BroadcastKitTests",
             dependencies: ["BroadcastKit", .product(name: "Atomics", package: "swift-atomics")],
+            exclude: ["CompileChecks"],
             swiftSettings: swiftSettings
         ),
         .testTarget(

@@ -127,6 +127,10 @@ public enum MediaFormat: Sendable, Hashable, CustomStringConvertible {
 }
 
 /// One plane of sample data: where its bytes are and how long a row is.
+///
+/// Sources describe their memory with planes when they make a ``SampleBuffer``. A handler never
+/// holds one: it reads a buffer's bytes through ``SampleBuffer/withPlane(_:_:)``, as a `RawSpan`
+/// that cannot outlive the call.
 public struct Plane: @unchecked Sendable {
     public let base: UnsafeRawPointer
     /// Bytes in the plane.
@@ -152,15 +156,18 @@ public protocol SampleBufferBacking: AnyObject, Sendable {
 
 /// Media delivered to a handler: a video frame or a run of audio frames, with its presentation time.
 ///
-/// It is valid only during the `processSampleBuffer` call that hands it over (it is `~Copyable`
-/// and borrowed, so it cannot escape); a handler that keeps media for later calls `copy()`.
+/// It is valid only during the `processSampleBuffer` call that hands it over, and the compiler holds
+/// a handler to that: the buffer is `~Copyable` and borrowed, so it cannot be stored, and its bytes
+/// are lent as a non-escapable `RawSpan` inside ``withPlane(_:_:)``, so no pointer to them can be
+/// kept either. A handler that keeps media for later calls ``copy()``.
 public struct SampleBuffer: ~Copyable, @unchecked Sendable {
     public let format: MediaFormat
     /// Media time on the session clock: zero at broadcastStarted, standing still while paused.
     public let presentationTime: MediaTime
     public let duration: MediaTime
     /// Video: one per plane of the pixel format. Audio: one for interleaved formats, one per channel for planar.
-    public let planes: [Plane]
+    /// Raw pointers, for this package's own encoders only; handlers use ``withPlane(_:_:)``.
+    package let planes: [Plane]
     /// Audio frames (samples per channel); 0 for video.
     public let frameCount: Int
     let owner: AnyObject?
@@ -189,6 +196,29 @@ public struct SampleBuffer: ~Copyable, @unchecked Sendable {
     public var audioFormat: AudioFormat? {
         if case .audio(let a) = format { return a }
         return nil
+    }
+
+    /// How many planes ``withPlane(_:_:)`` can lend: video, one per plane of the pixel format;
+    /// audio, one for interleaved formats and one per channel for planar ones.
+    public var planeCount: Int { planes.count }
+
+    /// Lends the bytes of one plane for the length of `body`.
+    ///
+    /// `bytes` is a `RawSpan`: it cannot be stored or returned, so nothing of the buffer outlives
+    /// the handler call (keep media with ``copy()``). For video, `bytesPerRow` is the distance from
+    /// one row to the next (at least the row's width in bytes); for audio it is the whole plane.
+    ///
+    /// - Parameters:
+    ///   - index: `0..<planeCount`.
+    ///   - body: reads the plane's bytes; what it returns is returned.
+    public func withPlane<Result, Failure: Error>(
+        _ index: Int,
+        _ body: (_ bytes: RawSpan, _ bytesPerRow: Int) throws(Failure) -> Result
+    ) throws(Failure) -> Result {
+        precondition(planes.indices.contains(index), "plane \(index) of a buffer with \(planes.count)")
+        let plane = planes[index]
+        let bytes = unsafe RawSpan(_unsafeBytes: plane.bytes)
+        return try body(bytes, plane.bytesPerRow)
     }
 
     /// A copy that owns its bytes and stays valid as long as it lives.

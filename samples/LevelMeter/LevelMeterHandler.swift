@@ -63,22 +63,31 @@ public final class LevelMeterHandler: BroadcastSampleHandler {
         second += 1
     }
 
-    /// Adds the squares of every sample (scaled to -1...1) of an audio buffer.
+    /// Adds the squares of every sample (scaled to -1...1) of an audio buffer. The bytes are lent
+    /// for the length of `withPlane`'s closure only: nothing here can keep them.
     private func accumulate(_ buffer: borrowing SampleBuffer, format: AudioFormat, into total: inout (sumOfSquares: Double, samples: Int)) {
         let count = buffer.frameCount * (format.sampleFormat.isPlanar ? 1 : format.channels)
-        for plane in buffer.planes {
-            switch format.sampleFormat {
-            case .s16:
-                let samples = plane.bytes.assumingMemoryBound(to: Int16.self)
-                for i in 0..<min(count, samples.count) { let v = Double(samples[i]) / 32768; total.sumOfSquares += v * v }
-            case .s32:
-                let samples = plane.bytes.assumingMemoryBound(to: Int32.self)
-                for i in 0..<min(count, samples.count) { let v = Double(samples[i]) / 2147483648; total.sumOfSquares += v * v }
-            case .f32, .f32Planar:
-                let samples = plane.bytes.assumingMemoryBound(to: Float.self)
-                for i in 0..<min(count, samples.count) { let v = Double(samples[i]); total.sumOfSquares += v * v }
+        for index in 0..<buffer.planeCount {
+            total.sumOfSquares += buffer.withPlane(index) { bytes, _ in
+                switch format.sampleFormat {
+                case .s16: Self.sumOfSquares(bytes, count: count, as: Int16.self) { Double($0) / 32768 }
+                case .s32: Self.sumOfSquares(bytes, count: count, as: Int32.self) { Double($0) / 2147483648 }
+                case .f32, .f32Planar: Self.sumOfSquares(bytes, count: count, as: Float.self) { Double($0) }
+                }
             }
             total.samples += count
         }
+    }
+
+    private static func sumOfSquares<Sample: BitwiseCopyable>(
+        _ bytes: RawSpan, count: Int, as type: Sample.Type, scaled: (Sample) -> Double
+    ) -> Double {
+        let available = min(count, bytes.byteCount / MemoryLayout<Sample>.stride)
+        var sum = 0.0
+        for i in 0..<available {
+            let v = scaled(bytes.unsafeLoadUnaligned(fromByteOffset: i * MemoryLayout<Sample>.stride, as: Sample.self))
+            sum += v * v
+        }
+        return sum
     }
 }
