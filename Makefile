@@ -48,7 +48,7 @@ demo: release
 	$$($(RELEASE_BUILD) --show-bin-path)/level-meter 3
 	@echo
 	@echo "== recording 10 s of the test pattern and tone to $(OUT)/demo.mp4 =="
-	$$($(RELEASE_BUILD) --show-bin-path)/broadcast record $(OUT)/demo.mp4 --video test --audio-mic test --duration 10s
+	$$($(RELEASE_BUILD) --show-bin-path)/broadcast record $(OUT)/demo.mp4 -y --video test --audio-mic test --duration 10s
 	@echo
 	@echo "Recorded $(abspath $(OUT))/demo.mp4"
 	@echo "Play it with:  ffplay $(abspath $(OUT))/demo.mp4   (or mpv, vlc, a browser)"

@@ -73,7 +73,7 @@ def make_pattern(broadcast, work, key, w, h):
     """Records 4 s of broadcast's test sources losslessly (x264 qp 0, the block's full cycle) and
     decodes them to raw yuv420p and s16le files."""
     mkv = os.path.join(work, f"pattern-{key}.mkv")
-    subprocess.run([broadcast, "record", mkv, "--video", "test", "--audio-mic", "test", "--size", f"{w}x{h}",
+    subprocess.run([broadcast, "record", mkv, "-y", "--video", "test", "--audio-mic", "test", "--size", f"{w}x{h}",
                     "--fps", str(FPS), "--duration", "4s", "--no-realtime", "--rate-control", "crf", "--crf", "0",
                     "--video-bitrate", "500M", "--preset", "ultrafast", "--audio-bitrate", "320k", "--quiet",
                     "--log-level", "error"], check=True)
@@ -93,7 +93,7 @@ def broadcast_encode(w, h, bitrate, seconds, realtime):
     return (["--video", "test", "--audio-mic", "test", "--size", f"{w}x{h}", "--fps", str(FPS),
              "--duration", f"{seconds}s", "--preset", "veryfast", "--tune", "zerolatency",
              "--video-bitrate", bitrate, "--rate-control", "cbr", "--keyframe-interval", "2s",
-             "--audio-bitrate", "128k", "--quiet", "--log-level", "error"]
+             "--audio-bitrate", "128k", "--quiet", "--log-level", "error", "-y"]
             + ([] if realtime else ["--no-realtime"]))
 
 

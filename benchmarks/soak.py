@@ -67,7 +67,7 @@ def main():
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(os.path.abspath(args.out), "soak.mp4")
-    cmd = [os.path.abspath(args.broadcast), "record", path, "--video", "test", "--audio-mic", "test",
+    cmd = [os.path.abspath(args.broadcast), "record", path, "-y", "--video", "test", "--audio-mic", "test",
            "--size", args.size, "--fps", "30", "--duration", f"{args.duration}s", "--no-realtime",
            "--preset", "veryfast", "--tune", "zerolatency", "--video-bitrate", "500k", "--quiet"]
     print(" ".join(cmd), flush=True)

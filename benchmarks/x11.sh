@@ -33,7 +33,7 @@ for size in 1280x720 1920x1080; do
             DISPLAY=:$n xlogo -bw 0 -bg red -fg red -geometry $((w / 2))x$((h / 2))+0+0 >/dev/null 2>&1 & client=$!
         fi
         sleep 1
-        b=$(cpu "$BROADCAST" record "$OUT/b.mp4" --video "x11::$n?cursor=off" --audio-mic none --fps 30 \
+        b=$(cpu "$BROADCAST" record "$OUT/b.mp4" -y --video "x11::$n?cursor=off" --audio-mic none --fps 30 \
             --duration ${SECONDS_PER_RUN}s --quiet)
         f=$(cpu ffmpeg -nostdin -v error -y -f x11grab -draw_mouse 0 -framerate 30 -video_size $size -i :$n \
             -t $SECONDS_PER_RUN -c:v libx264 -preset veryfast -tune zerolatency -b:v 3M -maxrate 4.5M -bufsize 6M \

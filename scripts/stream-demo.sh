@@ -33,7 +33,7 @@ url=rtmp://127.0.0.1:$port/live/demo
 [ "$port" = 1935 ] && url=rtmp://127.0.0.1/live/demo
 echo "nginx-rtmp (pid $(cat "$tmp/nginx.pid" 2>/dev/null || echo '?')) listening on 127.0.0.1:$port"
 echo "Watch it live while it runs:  ffplay $url"
-"$bin" stream "$url" --record "$out/demo-stream.mp4" --video test --audio-mic test --duration "${seconds}s"
+"$bin" stream "$url" --record "$out/demo-stream.mp4" -y --video test --audio-mic test --duration "${seconds}s"
 echo
 echo "Recorded locally:     $out/demo-stream.mp4"
 echo "nginx's own copy:     $(ls "$out"/demo*-server.flv 2>/dev/null | head -1)"

@@ -8,7 +8,7 @@ set -u
 B=${BROADCAST:?BROADCAST (the host-built binary) is not set}
 # Under emulation (TCG) the CPU is slow: encode with the cheapest x264 preset so capture, not
 # encoding, is what is measured.
-record() { "$B" record "$@" --preset ultrafast; }
+record() { "$B" record "$@" --preset ultrafast -y; }
 # Webcam frame rate: 15 fps (vivid offers it at 320x180), not 25. Under TCG on a busy 2-core host the
 # emulated CPU cannot always encode 25 fps in real time (the baseline below measures it), and vivid's
 # own thread then runs late too; the checks are about capture, so the rate leaves headroom.

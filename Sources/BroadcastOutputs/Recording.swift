@@ -319,6 +319,22 @@ public final class Recording {
     static func finalize(source: String, destination: String, container: Container, logger: Logger) throws(BroadcastError) {
         let temporary = try createTemporary(beside: destination, tag: "finalizing", hidden: true)
         do {
+            // In memory that does not grow with the recording's length; libavformat's remux (about
+            // 30 MB more per hour) only for what the streaming rewrite does not understand.
+            try MP4Defragmenter.defragment(source: source, destination: temporary)
+            guard rename(temporary, destination) == 0 else {
+                let reason = String(cString: strerror(errno))
+                unlink(temporary)
+                throw BroadcastError(
+                    .outputFailed, "recording \(destination): could not replace it with the finalized file: \(reason)")
+            }
+            return
+        } catch let error as BroadcastError {
+            throw error
+        } catch {
+            logger.notice("recording \(destination): finalizing with libavformat (\(error))")
+        }
+        do {
             try Muxer.remux(
                 from: source,
                 to: temporary,
