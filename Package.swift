@@ -30,6 +30,8 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
+        // Tests only: property-based checks of the value parsers.
+        .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.1"),
     ],
     targets: [
         // C libraries, each behind a module map and a shim header.
@@ -133,7 +135,10 @@ let package = Package(
         ),
         .testTarget(
             name: "BroadcastServiceTests",
-            dependencies: ["BroadcastService"],
+            dependencies: [
+                "BroadcastService", "BroadcastKit",
+                .product(name: "PropertyBased", package: "swift-property-based"),
+            ],
             swiftSettings: swiftSettings
         ),
         .testTarget(
