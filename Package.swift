@@ -32,6 +32,8 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
         // `swift package generate-documentation --target BroadcastKit` (run by make test, so the docs cannot rot).
         .package(url: "https://github.com/swiftlang/swift-docc-plugin.git", from: "1.5.0"),
+        // Tests only: property-based checks of the value parsers.
+        .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.1"),
     ],
     targets: [
         // C libraries, each behind a module map and a shim header.
@@ -142,7 +144,11 @@ let package = Package(
         ),
         .testTarget(
             name: "BroadcastServiceTests",
-            dependencies: ["BroadcastKit", "BroadcastService", .product(name: "Logging", package: "swift-log")],
+            dependencies: [
+                "BroadcastService", "BroadcastKit",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "PropertyBased", package: "swift-property-based"),
+            ],
             swiftSettings: swiftSettings
         ),
         .testTarget(

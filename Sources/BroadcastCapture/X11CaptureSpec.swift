@@ -86,8 +86,10 @@ public struct X11CaptureSpec: Sendable, Hashable, CustomStringConvertible {
                 let end = geometry.firstIndex(of: "/") ?? geometry.endIndex
                 let position = geometry[geometry.index(after: geometry.startIndex)..<end].split(
                     separator: ",", omittingEmptySubsequences: false)
-                guard position.count == 2, let px = Int(position[0]), let py = Int(position[1]), px >= 0, py >= 0 else {
-                    throw invalid("the region's position must be +X,Y with X and Y from 0")
+                guard position.count == 2, let px = Int(position[0]), let py = Int(position[1]),
+                    (0...32767).contains(px), (0...32767).contains(py)
+                else {
+                    throw invalid("the region's position must be +X,Y with X and Y from 0 to 32767")
                 }
                 (x, y) = (px, py)
                 geometry = geometry[end...]

@@ -185,10 +185,11 @@ struct DaemonConfig {
                         output.retainFor = try duration(entry, key: dotted, environment: environment)
                     case "retain_bytes":
                         let text = try scalarText(entry, key: dotted, environment: environment)
-                        guard let bytes = Self.byteCount(text) else {
-                            throw error(entry.line, dotted, "expected a size such as \"10G\", \"500M\" or 1000000, got \(text)")
+                        do {
+                            output.retainBytes = try Values.byteCount(text, option: dotted)
+                        } catch let e as ValueError {
+                            throw error(entry.line, dotted, e.description.replacingFirst("invalid \(dotted) ", with: ""))
                         }
-                        output.retainBytes = bytes
                     case "overwrite":
                         guard case .boolean(let b) = entry.value else { throw error(entry.line, dotted, "expected true or false, got \(entry.value.typeName)") }
                         overwrite = b
@@ -281,28 +282,11 @@ struct DaemonConfig {
 
     private func duration(_ entry: TOMLDocument.Entry, key: String, environment: [String: String]) throws -> MediaTime {
         let text = try scalarText(entry, key: key, environment: environment)
-        var value = text
-        var days: Int64 = 0
-        if text.hasSuffix("d"), let d = Int64(text.dropLast()) {
-            days = d
-            value = ""
-        }
-        if days > 0 { return MediaTime(value: days * 86_400, timescale: 1) }
         do {
-            return try Values.duration(value, option: key)
+            return try Values.duration(text, option: key)
         } catch let e as ValueError {
             throw error(entry.line, key, e.description.replacingFirst("invalid \(key) ", with: ""))
         }
-    }
-
-    /// "10G", "500M", "64k", "1000000": bytes (powers of 1024 for the suffixes).
-    static func byteCount(_ text: String) -> Int64? {
-        let units: [Character: Int64] = ["k": 1 << 10, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40]
-        if let last = text.last, let unit = units[last], let n = Double(text.dropLast()), n > 0 {
-            return Int64(n * Double(unit))
-        }
-        if let n = Int64(text), n > 0 { return n }
-        return nil
     }
 
     /// Runs the shared option parsing on what the config said; errors point back at the config.

@@ -63,6 +63,10 @@ struct EncoderOptions: ParsableArguments {
             throw ValueError("unknown --encoder '\(encoder)': accepted are \(known.joined(separator: ", "))")
         }
         let keyframe = try Values.duration(keyframeInterval, option: "--keyframe-interval")
+        // The GOP (interval × rate frames) is a 32-bit number in libavcodec; x264 itself caps it lower.
+        guard keyframe.seconds <= 600 else {
+            throw ValueError("invalid --keyframe-interval '\(keyframeInterval)': must be at most 10m")
+        }
         let settings = VideoEncoderSettings(
             encoder: encoder,
             width: width,
