@@ -45,6 +45,7 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
     private let gone = ManagedAtomic<Bool>(false)
     private let losses = ManagedAtomic<Int>(0)
     private let slateFrames = ManagedAtomic<Int>(0)
+    private let blanks = ManagedAtomic<Int>(0)
 
     /// New images taken from PipeWire.
     public var capturedCount: Int { captured.load(ordering: .relaxed) }
@@ -116,7 +117,7 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
             last?.backing?.release()
             connection?.close()
             logger.info(
-                "\(spec.description): \(capturedCount + repeatedCount) frames delivered, \(capturedCount) new from PipeWire, \(repeatedCount) repeated (screen unchanged), \(corruptedCount) corrupted buffers skipped, \(busy.load(ordering: .relaxed)) new frames held back (all frames with the session), \(droppedCount) slots skipped, \(slateFrames.load(ordering: .relaxed)) slate frames, \(losses.load(ordering: .relaxed)) losses"
+                "\(spec.description): \(capturedCount + repeatedCount) frames delivered, \(capturedCount) new from PipeWire, \(repeatedCount) repeated (screen unchanged; \(blanks.load(ordering: .relaxed)) of them black before the first), \(corruptedCount) corrupted buffers skipped, \(busy.load(ordering: .relaxed)) new frames held back (all frames with the session), \(droppedCount) slots skipped, \(slateFrames.load(ordering: .relaxed)) slate frames, \(losses.load(ordering: .relaxed)) losses"
             )
         }
         while running.load(ordering: .acquiring) && !sink.isStopping {
@@ -194,6 +195,18 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
                     }
                 }
                 CBroadcastPWVideo_release(current.stream)
+            }
+            if last == nil {
+                // Nothing yet: the compositor sends its first frame only when something on screen
+                // changes. Black at the announced size until then, so the broadcast does not wait.
+                if let blank = converter.blankFrame(width: lastSize.width, height: lastSize.height) {
+                    last = CapturedBuffer(
+                        format: .video(blank.1), captureTime: due, duration: duration,
+                        planes: [Plane(base: UnsafeRawPointer(blank.0.memory), count: blank.0.bytesPerRow * blank.1.height, bytesPerRow: blank.0.bytesPerRow)],
+                        backing: blank.0)
+                    blanks.wrappingIncrement(ordering: .relaxed)
+                    logger.info("\(spec.description): no frame yet (the compositor sends one when the screen changes); black until then")
+                }
             }
             if var buffer = last, let image = buffer.backing as? PipeWireFrame {
                 (fresh ? captured : repeated).wrappingIncrement(ordering: .relaxed)
@@ -401,6 +414,16 @@ struct PipeWireFrameConverter {
         let frame = PipeWireFrame(byteCount: byteCount)
         pool.append(frame)
         return frame.claim() ? frame : nil
+    }
+
+    /// A black BGRx frame, for the time before the first frame.
+    mutating func blankFrame(width: Int, height: Int) -> (PipeWireFrame, VideoFormat)? {
+        let w = max(16, width & ~1)
+        let h = max(16, height & ~1)
+        guard let frame = acquire(byteCount: w * h * 4) else { return nil }
+        frame.bytesPerRow = w * 4
+        frame.memory.initializeMemory(as: UInt8.self, repeating: 0, count: w * h * 4)
+        return (frame, VideoFormat(pixelFormat: .bgr0, width: w, height: h))
     }
 
     mutating func convert(_ f: CBroadcastPWVideoFrame) -> Result {
