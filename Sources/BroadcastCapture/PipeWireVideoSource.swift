@@ -186,6 +186,15 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
                                 backing: image)
                             lastSize = (format.width, format.height)
                             fresh = true
+                            if logger.logLevel <= .debug {
+                                // The producer's time of the frame on the session clock, when it is on
+                                // the monotonic clock (within a minute of it): how late the tick was.
+                                let monotonic = MonotonicClock().now()
+                                let sessionNow = sink.clock.now()
+                                let pts = frame.pts > 0 && abs(frame.pts - monotonic) < 60_000_000_000
+                                    ? "\(frame.pts - monotonic + sessionNow - sink.startTime)" : "none"
+                                logger.debug("new frame: producer time \(pts) ns, tick \(due - sink.startTime) ns, damage regions \(frame.damageRegions)")
+                            }
                         case .busy:
                             busy.wrappingIncrement(ordering: .relaxed)
                         case .unusable(let why):
