@@ -5,7 +5,7 @@ import BroadcastService
 /// `broadcast devices`: what can be captured here.
 struct Devices: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "List V4L2 video capture devices, ALSA capture devices and reachable X11 screens.",
+        abstract: "List V4L2 video capture devices, ALSA capture devices, reachable X11 screens, PipeWire video nodes and the ScreenCast portal.",
         discussion: """
             For each V4L2 capture node: its stable links (/dev/v4l/by-id, by-path), card, \
             driver, bus, inputs, and the pixel formats, frame sizes and frame rates of its \
@@ -24,7 +24,12 @@ struct Devices: ParsableCommand {
         let video = DeviceDiscovery.videoCaptureDevices(details: true)
         let audio = DeviceDiscovery.audioCaptureDevices()
         let screens = X11ScreenSource.reachableScreens()
-        print(json ? Self.json(video: video, audio: audio, screens: screens) : Self.text(video: video, audio: audio, screens: screens), terminator: "")
+        let pipeWireVideo = PipeWireVideoListing.discover()
+        print(
+            json
+                ? Self.json(video: video, audio: audio, screens: screens, extra: pipeWireVideo.json)
+                : Self.text(video: video, audio: audio, screens: screens) + pipeWireVideo.text,
+            terminator: "")
     }
 
     static func text(video: [DeviceDiscovery.VideoDevice], audio: [DeviceDiscovery.AudioCaptureDevice], screens: [X11ScreenInfo] = []) -> String {
@@ -59,7 +64,10 @@ struct Devices: ParsableCommand {
         return out
     }
 
-    static func json(video: [DeviceDiscovery.VideoDevice], audio: [DeviceDiscovery.AudioCaptureDevice], screens: [X11ScreenInfo] = []) -> String {
+    static func json(
+        video: [DeviceDiscovery.VideoDevice], audio: [DeviceDiscovery.AudioCaptureDevice], screens: [X11ScreenInfo] = [],
+        extra: [(String, JSON)] = []
+    ) -> String {
         let videoJSON = video.map { device in
             JSON.object([
                 ("path", .string(device.path)),
@@ -99,7 +107,7 @@ struct Devices: ParsableCommand {
                 ("depth", .number(screen.depth)),
             ])
         }
-        return JSON.object([("video", .array(videoJSON)), ("audio", .array(audioJSON)), ("x11", .array(screensJSON))]).text + "\n"
+        return JSON.object([("video", .array(videoJSON)), ("audio", .array(audioJSON)), ("x11", .array(screensJSON))] + extra).text + "\n"
     }
 }
 

@@ -5,7 +5,7 @@ import Logging
 
 /// Where media comes from: shared by every command that captures.
 struct SourceOptions: ParsableArguments {
-    @Option(name: .long, help: ArgumentHelp("Video source: 'test' (built-in pattern), 'x11:DISPLAY[+X,Y/WxH][?window=ID|title=TEXT,cursor=off,window-gone=keep]' (an X11 screen, region or window) or 'none'.", valueName: "source"))
+    @Option(name: .long, help: ArgumentHelp("Video source: 'test' (built-in pattern), 'x11:DISPLAY[+X,Y/WxH][?window=ID|title=TEXT,cursor=off,window-gone=keep]' (an X11 screen, region or window), 'portal[:window][?cursor=embedded|metadata|hidden]' (a Wayland desktop through the ScreenCast portal), 'pipewire:NODE' (a PipeWire video node by name or serial) or 'none'.", valueName: "source"))
     var video: String = "test"
 
     @Option(name: .customLong("audio-mic"), help: ArgumentHelp("Microphone audio (.audioMic): 'test' (built-in tone), an ALSA capture device (hw:1,0, plughw:CARD=Loopback,DEV=1, default) or 'none'.", valueName: "source"))
@@ -45,6 +45,11 @@ struct SourceOptions: ParsableArguments {
         {
             return (max(16, native.width & ~1), max(16, native.height & ~1))
         }
+        if size == nil, let cast = sources.lazy.compactMap({ $0.source as? PipeWireVideoSource }).first,
+            let native = cast.announcedSize
+        {
+            return (max(16, native.width & ~1), max(16, native.height & ~1))
+        }
         return try videoSize()
     }
     func frameRate() throws -> (numerator: Int, denominator: Int) { try Values.frameRate(fps) }
@@ -76,11 +81,13 @@ struct SourceOptions: ParsableArguments {
         case let spec where spec.hasPrefix("x11:"):
             let x11 = try X11CaptureSpec(parsing: spec)
             sources.append((.video, X11ScreenSource(spec: x11, frameRate: rate, logger: logger ?? Logger(label: "broadcast.x11"))))
+        case let spec where PipeWireVideoSpec.matches(spec):
+            sources.append((.video, try pipeWireVideoSource(spec: spec, rate: rate)))
         case let path where Self.isV4L2Path(path):
             sources.append((.video, try v4l2Source(path: path, width: width, height: height, rate: rate)))
         default:
             throw ValueError(
-                "unsupported --video '\(video)': accepted are 'test', 'x11:DISPLAY' and 'none' or a V4L2 device such as /dev/video0"
+                "unsupported --video '\(video)': accepted are 'test', 'x11:DISPLAY', 'portal', 'portal:window', 'pipewire:NODE' and 'none' or a V4L2 device such as /dev/video0"
             )
         }
         for (type, value, option) in [(SampleBufferType.audioMic, audioMic, "--audio-mic"), (.audioApp, audioApp, "--audio-app")] {

@@ -12,3 +12,4 @@ void CBroadcastPW_init(void);
 struct pw_properties *CBroadcastPW_properties(const char *const *keys, const char *const *values, size_t count);
 /// SPA_RESULT_IS_ERROR / spa_strerror: a readable text for a negative SPA/PipeWire result.
 const char *CBroadcastPW_strerror(int result);
+#include "CPipeWireVideo.h"

@@ -1,0 +1,555 @@
+import Atomics
+public import BroadcastKit
+internal import CPipeWireShim
+public import Logging
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
+
+/// Captures a Wayland desktop through the ScreenCast portal (`--video portal`), or any PipeWire
+/// video node (`--video pipewire:NODE`), with one `pw_stream`.
+///
+/// - The portal is asked at construction (so a refusal is an error at start, exit 2); its restore
+///   token is stored after every Start (see `PortalTokenStore`).
+/// - PipeWire's loop runs on this source's own thread: the thread iterates it (`pw_loop_iterate`)
+///   until the next frame is due, then takes the newest buffer, copies it into one of a few
+///   frames of its own (honouring the chunk's offset and stride and the crop region, converting
+///   RGB-family orders to BGRx, drawing cursor metadata) and gives the buffer straight back.
+///   Buffers flagged corrupted are skipped and counted. Only shared memory (MemFd/MemPtr) is
+///   accepted: DMA-BUF would need a GPU context to map; producers fall back to SHM.
+/// - Frames are due at the output rate on the session clock. PipeWire delivers only when the
+///   screen changes, so when nothing new came the last frame is delivered again (by reference),
+///   as `X11ScreenSource` does; a size change arrives as a new format and is scaled by the encoder.
+/// - A lost stream (the portal closed the session, the node went away, PipeWire restarted) is a
+///   source loss: a "no signal" slate at the frame rate, `health` says `.deviceLost`, and the
+///   portal (with the stored token) or the node is tried again every two seconds.
+public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
+    public let spec: PipeWireVideoSpec
+    public let frameRate: (numerator: Int, denominator: Int)
+    public var isRealtime: Bool { true }
+    public var name: String { spec.description }
+
+    private let logger: Logger
+    private let tokens: PortalTokenStore
+    private var thread: OSThread?
+    private var handoff: PipeWireVideoConnection?
+    private let running = ManagedAtomic<Bool>(false)
+    private let captured = ManagedAtomic<Int>(0)
+    private let repeated = ManagedAtomic<Int>(0)
+    private let corrupt = ManagedAtomic<Int>(0)
+    private let skipped = ManagedAtomic<Int>(0)
+    private let busy = ManagedAtomic<Int>(0)
+    private let gone = ManagedAtomic<Bool>(false)
+    private let losses = ManagedAtomic<Int>(0)
+    private let slateFrames = ManagedAtomic<Int>(0)
+    private let blanks = ManagedAtomic<Int>(0)
+
+    /// New images taken from PipeWire.
+    public var capturedCount: Int { captured.load(ordering: .relaxed) }
+    /// Frames delivered again because nothing new came.
+    public var repeatedCount: Int { repeated.load(ordering: .relaxed) }
+    /// Buffers skipped because the producer flagged them corrupted.
+    public var corruptedCount: Int { corrupt.load(ordering: .relaxed) }
+    public var droppedCount: Int { skipped.load(ordering: .relaxed) }
+    /// Size of the cast as the portal announced it (nil for a node or when not said).
+    public let announcedSize: (width: Int, height: Int)?
+
+    public var health: CaptureHealth {
+        CaptureHealth(state: gone.load(ordering: .relaxed) ? .deviceLost : .capturing, deviceLosses: losses.load(ordering: .relaxed))
+    }
+
+    /// Asks the portal (or finds the node) and connects the stream now: any refusal throws here.
+    public init(
+        spec: PipeWireVideoSpec, frameRate: (numerator: Int, denominator: Int), tokens: PortalTokenStore = PortalTokenStore(),
+        logger: Logger
+    ) throws(BroadcastError) {
+        precondition(frameRate.numerator > 0 && frameRate.denominator > 0, "frame rate must be positive")
+        self.spec = spec
+        self.frameRate = frameRate
+        self.logger = logger
+        self.tokens = tokens
+        let connection = try PipeWireVideoConnection.open(spec: spec, tokens: tokens, logger: logger, startTimeout: 300)
+        announcedSize = connection.announcedSize
+        handoff = connection
+    }
+
+    deinit { handoff?.close() }
+
+    public func start(into sink: SourceSink) throws {
+        guard let connection = handoff else {
+            throw BroadcastError(.sourceFailed, "\(spec.description): the source was already started once")
+        }
+        handoff = nil
+        running.store(true, ordering: .releasing)
+        logger.info("capturing \(spec.description) at \(TestPatternSource.rateText(frameRate)) fps")
+        thread = OSThread { [self] in
+            produce(connection, into: sink)
+        }
+    }
+
+    public func stop() {
+        running.store(false, ordering: .releasing)
+        thread?.join()
+        thread = nil
+    }
+
+    private func slotTime(_ index: Int64) -> Int64 {
+        index * 1_000_000_000 * Int64(frameRate.denominator) / Int64(frameRate.numerator)
+    }
+
+    private func slot(at elapsed: Int64) -> Int64 {
+        elapsed * Int64(frameRate.numerator) / (1_000_000_000 * Int64(frameRate.denominator))
+    }
+
+    private func produce(_ first: PipeWireVideoConnection, into sink: SourceSink) {
+        let duration = MediaTime(value: Int64(frameRate.denominator), timescale: Int32(frameRate.numerator))
+        var connection: PipeWireVideoConnection? = first
+        var converter = PipeWireFrameConverter(drawCursor: spec.cursor == .metadata)
+        var index: Int64 = 0
+        var last: CapturedBuffer?
+        var lastSize = (width: announcedSize?.width ?? 1280, height: announcedSize?.height ?? 720)
+        var slate: SlateGenerator?
+        var nextRetry: Int64 = 0
+        defer {
+            last?.backing?.release()
+            connection?.close()
+            logger.info(
+                "\(spec.description): \(capturedCount + repeatedCount) frames delivered, \(capturedCount) new from PipeWire, \(repeatedCount) repeated (screen unchanged; \(blanks.load(ordering: .relaxed)) of them black before the first), \(corruptedCount) corrupted buffers skipped, \(busy.load(ordering: .relaxed)) new frames held back (all frames with the session), \(droppedCount) slots skipped, \(slateFrames.load(ordering: .relaxed)) slate frames, \(losses.load(ordering: .relaxed)) losses"
+            )
+        }
+        while running.load(ordering: .acquiring) && !sink.isStopping {
+            guard let current = connection else {
+                // Lost: slate at the frame rate, and a new attempt every two seconds.
+                if slate == nil {
+                    slate = SlateGenerator(width: lastSize.width, height: lastSize.height, frameDuration: slotTime(1), start: sink.clock.now())
+                }
+                let now = sink.clock.now()
+                if now >= nextRetry {
+                    nextRetry = now + 2_000_000_000
+                    if let reopened = try? PipeWireVideoConnection.open(spec: spec, tokens: tokens, logger: logger, startTimeout: 5) {
+                        connection = reopened
+                        slate = nil
+                        gone.store(false, ordering: .relaxed)
+                        logger.notice("\(spec.description): back")
+                        index = slot(at: sink.clock.now() - sink.startTime) + 1
+                        continue
+                    }
+                }
+                slate!.deliverDue(into: sink, now: sink.clock.now(), counter: slateFrames)
+                MonotonicClock.sleep(until: min(nextRetry, slate!.nextDue))
+                continue
+            }
+
+            let due = sink.startTime + slotTime(index)
+            // PipeWire's loop until the frame is due (events, format changes, buffers).
+            var loopFailed = false
+            while running.load(ordering: .relaxed) {
+                let left = due - sink.clock.now()
+                if left <= 0 { break }
+                if CBroadcastPWVideo_iterate(current.stream, Int32(min((left + 999_999) / 1_000_000, 100))) < 0 {
+                    loopFailed = true
+                    break
+                }
+            }
+            let portalAlive = current.portal?.poll() ?? true
+            let state = CBroadcastPWVideo_state(current.stream)
+            if loopFailed || !portalAlive || state == Int32(CBroadcastPWVideoState_lost) {
+                let why = !portalAlive ? "the portal closed the screen-cast session" : String(cString: CBroadcastPWVideo_error(current.stream))
+                logger.warning("\(spec.description): lost (\(why)); sending a no-signal slate and retrying")
+                current.close()
+                connection = nil
+                gone.store(true, ordering: .relaxed)
+                losses.wrappingIncrement(ordering: .relaxed)
+                nextRetry = sink.clock.now() + 2_000_000_000
+                last?.backing?.release()
+                last = nil
+                continue
+            }
+
+            var frame = CBroadcastPWVideoFrame()
+            var fresh = false
+            if CBroadcastPWVideo_acquire(current.stream, &frame) == 1 {
+                if frame.corrupted != 0 {
+                    corrupt.wrappingIncrement(ordering: .relaxed)
+                } else {
+                    converter.noteCursor(frame)
+                    if frame.data != nil {
+                        switch converter.convert(frame) {
+                        case .frame(let image, let format):
+                            last?.backing?.release()
+                            last = CapturedBuffer(
+                                format: .video(format), captureTime: due, duration: duration,
+                                planes: [Plane(base: UnsafeRawPointer(image.memory), count: image.bytesPerRow * format.height, bytesPerRow: image.bytesPerRow)],
+                                backing: image)
+                            lastSize = (format.width, format.height)
+                            fresh = true
+                            if logger.logLevel <= .debug {
+                                // The producer's time of the frame on the session clock, when it is on
+                                // the monotonic clock (within a minute of it): how late the tick was.
+                                let monotonic = MonotonicClock().now()
+                                let sessionNow = sink.clock.now()
+                                let pts = frame.pts > 0 && abs(frame.pts - monotonic) < 60_000_000_000
+                                    ? "\(frame.pts - monotonic + sessionNow - sink.startTime)" : "none"
+                                logger.debug("new frame: producer time \(pts) ns, tick \(due - sink.startTime) ns, damage regions \(frame.damageRegions)")
+                            }
+                        case .busy:
+                            busy.wrappingIncrement(ordering: .relaxed)
+                        case .unusable(let why):
+                            logger.warning("\(spec.description): buffer skipped: \(why)")
+                            corrupt.wrappingIncrement(ordering: .relaxed)
+                        }
+                    }
+                }
+                CBroadcastPWVideo_release(current.stream)
+            }
+            if last == nil {
+                // Nothing yet: the compositor sends its first frame only when something on screen
+                // changes. Black at the announced size until then, so the broadcast does not wait.
+                if let blank = converter.blankFrame(width: lastSize.width, height: lastSize.height) {
+                    last = CapturedBuffer(
+                        format: .video(blank.1), captureTime: due, duration: duration,
+                        planes: [Plane(base: UnsafeRawPointer(blank.0.memory), count: blank.0.bytesPerRow * blank.1.height, bytesPerRow: blank.0.bytesPerRow)],
+                        backing: blank.0)
+                    blanks.wrappingIncrement(ordering: .relaxed)
+                    logger.info("\(spec.description): no frame yet (the compositor sends one when the screen changes); black until then")
+                }
+            }
+            if var buffer = last, let image = buffer.backing as? PipeWireFrame {
+                (fresh ? captured : repeated).wrappingIncrement(ordering: .relaxed)
+                buffer.captureTime = due
+                image.retain()
+                sink.offer(buffer)
+            } else {
+                skipped.wrappingIncrement(ordering: .relaxed)
+            }
+            index += 1
+            let now = slot(at: sink.clock.now() - sink.startTime)
+            if now > index + Int64(frameRate.numerator / frameRate.denominator) {
+                skipped.wrappingIncrement(by: Int(now - index), ordering: .relaxed)
+                index = now
+            }
+        }
+    }
+}
+
+/// One attempt: the portal session (if any) and the stream on its PipeWire remote.
+final class PipeWireVideoConnection: @unchecked Sendable {
+    let portal: ScreenCastPortal?
+    let stream: OpaquePointer
+    let announcedSize: (width: Int, height: Int)?
+
+    private init(portal: ScreenCastPortal?, stream: OpaquePointer, announcedSize: (width: Int, height: Int)?) {
+        self.portal = portal
+        self.stream = stream
+        self.announcedSize = announcedSize
+    }
+
+    private var closed = false
+
+    func close() {
+        guard !closed else { return }
+        closed = true
+        CBroadcastPWVideo_close(stream)
+        portal?.close()
+    }
+
+    static func open(spec: PipeWireVideoSpec, tokens: PortalTokenStore, logger: Logger, startTimeout: Int) throws(BroadcastError) -> PipeWireVideoConnection {
+        var errorText = [CChar](repeating: 0, count: 512)
+        switch spec.target {
+        case .portal(let kind):
+            let portal = try ScreenCastPortal()
+            let cast: ScreenCastPortal.Cast
+            do {
+                cast = try portal.start(kind: kind, cursor: spec.cursor, restoreToken: tokens.load(kind), timeoutSeconds: startTimeout)
+            } catch {
+                portal.close()
+                throw error
+            }
+            if let token = cast.restoreToken {
+                do {
+                    try tokens.save(token, for: kind)
+                } catch {
+                    logger.warning("\(error.message); the portal will ask again next time")
+                }
+            }
+            let fd: Int32
+            do { fd = try portal.openPipeWireRemote() } catch {
+                portal.close()
+                throw error
+            }
+            guard let stream = CBroadcastPWVideo_open(fd, nil, cast.nodeID, spec.cursor == .metadata ? 1 : 0, "broadcast", &errorText, errorText.count) else {
+                portal.close()
+                throw BroadcastError(.sourceFailed, "\(spec.description): \(Self.text(errorText))")
+            }
+            let connection = PipeWireVideoConnection(
+                portal: portal, stream: stream, announcedSize: cast.width.flatMap { w in cast.height.map { (w, $0) } })
+            try connection.waitConnected(spec)
+            logger.info("\(spec.description): PipeWire node \(cast.nodeID)\(cast.width.map { ", \($0)x\(cast.height ?? 0)" } ?? "")")
+            return connection
+        case .node(let node):
+            let nodes = PipeWireNodes.list(classPrefix: "")
+            guard let nodes else {
+                throw BroadcastError(.sourceFailed, "\(spec.description): PipeWire is not reachable (is pipewire running, and XDG_RUNTIME_DIR set?)")
+            }
+            let video = nodes.filter { $0.mediaClass.hasPrefix("Video/") || $0.mediaClass.hasPrefix("Stream/Output/Video") }
+            guard let match = video.first(where: { $0.name == node || String($0.serial) == node }) else {
+                let known = video.map { "\($0.name) (serial \($0.serial))" }
+                throw BroadcastError(
+                    .sourceFailed,
+                    "no PipeWire video node named '\(node)'; known: \(known.isEmpty ? "none" : known.joined(separator: ", ")) (see 'broadcast devices')"
+                )
+            }
+            guard let stream = CBroadcastPWVideo_open(-1, String(match.serial), 0xffff_ffff, 0, "broadcast", &errorText, errorText.count) else {
+                throw BroadcastError(.sourceFailed, "\(spec.description): \(Self.text(errorText))")
+            }
+            let connection = PipeWireVideoConnection(portal: nil, stream: stream, announcedSize: nil)
+            try connection.waitConnected(spec)
+            return connection
+        }
+    }
+
+    static func text(_ buffer: [CChar]) -> String {
+        String(decoding: buffer.prefix(while: { $0 != 0 }).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    /// Runs the loop until the stream is linked (paused or streaming), at most five seconds.
+    private func waitConnected(_ spec: PipeWireVideoSpec) throws(BroadcastError) {
+        let deadline = MonotonicClock().now() + 5_000_000_000
+        while MonotonicClock().now() < deadline {
+            _ = CBroadcastPWVideo_iterate(stream, 50)
+            let state = CBroadcastPWVideo_state(stream)
+            if state == Int32(CBroadcastPWVideoState_paused) || state == Int32(CBroadcastPWVideoState_streaming) { return }
+            if state == Int32(CBroadcastPWVideoState_lost) {
+                let why = String(cString: CBroadcastPWVideo_error(stream))
+                close()
+                throw BroadcastError(.sourceFailed, "\(spec.description): the PipeWire stream failed: \(why)")
+            }
+        }
+        close()
+        throw BroadcastError(.sourceFailed, "\(spec.description): the PipeWire stream was not linked within 5 s")
+    }
+}
+
+/// The frames the source fills from PipeWire buffers: counted references, like `X11Frame`, since the
+/// same image goes to the session again while the screen does not change.
+final class PipeWireFrame: SampleBufferBacking, @unchecked Sendable {
+    let memory: UnsafeMutableRawPointer
+    let byteCount: Int
+    var bytesPerRow = 0
+    private let references = ManagedAtomic<Int>(0)
+
+    init(byteCount: Int) {
+        self.byteCount = byteCount
+        memory = .allocate(byteCount: max(byteCount, 1), alignment: 64)
+    }
+
+    deinit { memory.deallocate() }
+
+    var isFree: Bool { references.load(ordering: .acquiring) == 0 }
+    func claim() -> Bool { references.compareExchange(expected: 0, desired: 1, ordering: .acquiring).exchanged }
+    func retain() { references.wrappingIncrement(ordering: .relaxed) }
+    func release() { references.wrappingDecrement(ordering: .releasing) }
+}
+
+/// Copies PipeWire buffers into frames of its own (crop, stride, pixel order, cursor). One thread.
+struct PipeWireFrameConverter {
+    enum Result {
+        case frame(PipeWireFrame, VideoFormat)
+        case busy
+        case unusable(String)
+    }
+
+    let drawCursor: Bool
+    private var pool: [PipeWireFrame] = []
+    private static let poolLimit = 4
+    /// The cursor as the last metadata said: position minus hotspot, and its bitmap as BGRA.
+    private var cursorVisible = false
+    private var cursorX = 0
+    private var cursorY = 0
+    private var cursorWidth = 0
+    private var cursorHeight = 0
+    private var cursorPixels: [UInt32] = []
+
+    init(drawCursor: Bool) { self.drawCursor = drawCursor }
+
+    mutating func noteCursor(_ f: CBroadcastPWVideoFrame) {
+        guard drawCursor else { return }
+        guard f.hasCursor != 0 else { return }
+        cursorVisible = true
+        if f.hasBitmap != 0, let bits = f.bitmapData, f.bitmapWidth <= 1024, f.bitmapHeight <= 1024 {
+            let w = Int(f.bitmapWidth)
+            let h = Int(f.bitmapHeight)
+            let stride = f.bitmapStride > 0 ? Int(f.bitmapStride) : w * 4
+            cursorWidth = w
+            cursorHeight = h
+            cursorPixels = [UInt32](repeating: 0, count: w * h)
+            for y in 0..<h {
+                let row = UnsafeRawPointer(bits + y * stride)
+                for x in 0..<w {
+                    let v = row.loadUnaligned(fromByteOffset: x * 4, as: UInt32.self)
+                    cursorPixels[y * w + x] = Self.toBGRA(v, format: f.bitmapFormat)
+                }
+            }
+        }
+        cursorX = Int(f.cursorX) - Int(f.hotX)
+        cursorY = Int(f.cursorY) - Int(f.hotY)
+    }
+
+    /// A 32-bit pixel in `format`'s byte order, as B,G,R,A bytes (a little-endian UInt32).
+    static func toBGRA(_ v: UInt32, format: UInt32) -> UInt32 {
+        switch Int(format) {
+        case Int(CBroadcastPWVideoFormat_BGRx), Int(CBroadcastPWVideoFormat_BGRA): return v
+        case Int(CBroadcastPWVideoFormat_RGBx), Int(CBroadcastPWVideoFormat_RGBA):
+            return (v & 0xff00_ff00) | ((v & 0xff) << 16) | ((v >> 16) & 0xff)
+        case Int(CBroadcastPWVideoFormat_xRGB), Int(CBroadcastPWVideoFormat_ARGB): return v.byteSwapped
+        case Int(CBroadcastPWVideoFormat_xBGR), Int(CBroadcastPWVideoFormat_ABGR): return (v >> 8) | (v << 24)
+        default: return v
+        }
+    }
+
+    private mutating func acquire(byteCount: Int) -> PipeWireFrame? {
+        for (i, frame) in pool.enumerated() where frame.isFree {
+            if frame.byteCount >= byteCount {
+                if frame.claim() { return frame }
+            } else {
+                pool.remove(at: i)  // too small since the size grew
+                break
+            }
+        }
+        guard pool.count < Self.poolLimit else { return nil }
+        let frame = PipeWireFrame(byteCount: byteCount)
+        pool.append(frame)
+        return frame.claim() ? frame : nil
+    }
+
+    /// A black BGRx frame, for the time before the first frame.
+    mutating func blankFrame(width: Int, height: Int) -> (PipeWireFrame, VideoFormat)? {
+        let w = max(16, width & ~1)
+        let h = max(16, height & ~1)
+        guard let frame = acquire(byteCount: w * h * 4) else { return nil }
+        frame.bytesPerRow = w * 4
+        frame.memory.initializeMemory(as: UInt8.self, repeating: 0, count: w * h * 4)
+        return (frame, VideoFormat(pixelFormat: .bgr0, width: w, height: h))
+    }
+
+    mutating func convert(_ f: CBroadcastPWVideoFrame) -> Result {
+        guard let data = f.data else { return .unusable("no data") }
+        let packed422 = f.format == UInt32(CBroadcastPWVideoFormat_YUY2) || f.format == UInt32(CBroadcastPWVideoFormat_UYVY)
+        guard f.format != UInt32(CBroadcastPWVideoFormat_unknown) else { return .unusable("unsupported pixel format") }
+        let bpp = packed422 ? 2 : 4
+        var x = 0
+        var y = 0
+        var w = Int(f.width)
+        var h = Int(f.height)
+        if f.hasCrop != 0 {
+            let cx = max(0, Int(f.cropX))
+            let cy = max(0, Int(f.cropY))
+            let cw = min(Int(f.cropWidth), w - cx)
+            let ch = min(Int(f.cropHeight), h - cy)
+            if cw > 0, ch > 0 { (x, y, w, h) = (cx, cy, cw, ch) }
+        }
+        if packed422 {
+            x &= ~1
+            w &= ~1
+        }
+        guard w > 0, h > 0 else { return .unusable("empty frame") }
+        let stride = f.stride > 0 ? Int(f.stride) : Int(f.width) * bpp
+        let needed = (y + h - 1) * stride + (x + w) * bpp
+        guard Int(f.size) >= needed else { return .unusable("chunk of \(f.size) bytes is smaller than \(w)x\(h) at stride \(stride)") }
+        let rowBytes = w * bpp
+        guard let frame = acquire(byteCount: rowBytes * h) else { return .busy }
+        frame.bytesPerRow = rowBytes
+        let source = UnsafeRawPointer(data)
+        let swizzle = !packed422 && f.format != UInt32(CBroadcastPWVideoFormat_BGRx) && f.format != UInt32(CBroadcastPWVideoFormat_BGRA)
+        for row in 0..<h {
+            let from = source + (y + row) * stride + x * bpp
+            let to = frame.memory + row * rowBytes
+            if swizzle {
+                let src = from.bindMemory(to: UInt32.self, capacity: w)
+                let dst = to.bindMemory(to: UInt32.self, capacity: w)
+                for i in 0..<w { dst[i] = Self.toBGRA(src[i], format: f.format) }
+            } else {
+                to.copyMemory(from: from, byteCount: rowBytes)
+            }
+        }
+        if drawCursor && cursorVisible && !packed422 { blendCursor(into: frame.memory, width: w, height: h, originX: x, originY: y) }
+        let pixelFormat: PixelFormat =
+            packed422 ? (f.format == UInt32(CBroadcastPWVideoFormat_YUY2) ? .yuyv422 : .uyvy422) : .bgr0
+        return .frame(frame, VideoFormat(pixelFormat: pixelFormat, width: w, height: h))
+    }
+
+    /// Straight-alpha blend of the cursor bitmap at its place (frame coordinates minus the crop origin).
+    private func blendCursor(into memory: UnsafeMutableRawPointer, width: Int, height: Int, originX: Int, originY: Int) {
+        let left = cursorX - originX
+        let top = cursorY - originY
+        let pixels = memory.assumingMemoryBound(to: UInt32.self)
+        for cy in 0..<cursorHeight {
+            let py = top + cy
+            if py < 0 || py >= height { continue }
+            for cx in 0..<cursorWidth {
+                let px = left + cx
+                if px < 0 || px >= width { continue }
+                let s = cursorPixels[cy * cursorWidth + cx]
+                let alpha = s >> 24
+                if alpha == 0 { continue }
+                let d = py * width + px
+                if alpha == 255 {
+                    pixels[d] = s
+                    continue
+                }
+                let dst = pixels[d]
+                var out: UInt32 = 0
+                for shift in stride(from: 0, through: 16, by: 8) {
+                    let sc = (s >> UInt32(shift)) & 0xff
+                    let dc = (dst >> UInt32(shift)) & 0xff
+                    out |= ((sc * alpha + dc * (255 - alpha)) / 255) << UInt32(shift)
+                }
+                pixels[d] = out
+            }
+        }
+    }
+}
+
+/// PipeWire nodes, for `broadcast devices` and for finding `pipewire:NODE`.
+public enum PipeWireNodes {
+    public struct Node: Sendable, Hashable {
+        public var id: UInt32
+        public var serial: UInt64
+        public var name: String
+        public var description: String
+        public var mediaClass: String
+    }
+
+    /// Nodes whose media.class starts with `classPrefix`; nil when PipeWire is not reachable.
+    public static func list(classPrefix: String) -> [Node]? {
+        var capacity = 64
+        while true {
+            var raw = [CBroadcastPWNode](repeating: CBroadcastPWNode(), count: capacity)
+            let count = Int(CBroadcastPW_listNodes(classPrefix, &raw, Int32(capacity)))
+            if count < 0 { return nil }
+            if count > capacity {
+                capacity = count
+                continue
+            }
+            return raw.prefix(count).map { n in
+                var n = n
+                return Node(
+                    id: n.id, serial: n.serial,
+                    name: withUnsafeBytes(of: &n.name) { String(cString: $0.bindMemory(to: CChar.self).baseAddress!) },
+                    description: withUnsafeBytes(of: &n.description) { String(cString: $0.bindMemory(to: CChar.self).baseAddress!) },
+                    mediaClass: withUnsafeBytes(of: &n.mediaClass) { String(cString: $0.bindMemory(to: CChar.self).baseAddress!) })
+            }
+        }
+    }
+
+    /// PipeWire video nodes: sources (cameras, virtual sources) and video streams others offer.
+    public static func video() -> [Node]? {
+        list(classPrefix: "")?.filter { $0.mediaClass.hasPrefix("Video/") || $0.mediaClass.hasPrefix("Stream/Output/Video") }
+    }
+
+    /// The libpipewire version this program runs with.
+    public static var libraryVersion: String { String(cString: CBroadcastPW_libraryVersion()) }
+}
