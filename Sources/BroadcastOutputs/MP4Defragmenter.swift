@@ -13,7 +13,7 @@ import Glibc
 /// table and the media go, are known before anything is written), a second writes each table's
 /// entries through a small buffer of its own straight to its place in the output, and the media
 /// is copied fragment by fragment behind the index. What is held: one fragment's `moof` (a few KB)
-/// at a time, 64 KB per table, and 24 bytes per fragment (a fragment per keyframe interval).
+/// at a time, 64 KB per table, and 32 bytes per fragment (a fragment per keyframe interval).
 ///
 /// The presentation is exactly the fragmented file's: same samples, sizes, flags, decoding and
 /// composition times (a track whose first decoding time is not zero gets an edit list that keeps
