@@ -41,9 +41,12 @@ enum MP4Defragmenter {
         var pendingMoof: (offset: Int64, size: Int64)?
         while let box = try input.boxHeader(at: offset), box.end <= input.size {
             switch box.type {
-            case "ftyp": ftyp = try input.read(at: box.offset, count: Int(box.size))
-            case "moov": moov = try input.read(at: box.offset, count: Int(box.size))
-            case "moof": pendingMoof = (box.offset, box.size)
+            case "ftyp", "moov", "moof":
+                // Index boxes are small; a huge one is damage, not something to read into memory.
+                guard box.size <= 64 << 20 else { throw Unsupported(reason: "a \(box.type) box of \(box.size) bytes") }
+                if box.type == "ftyp" { ftyp = try input.read(at: box.offset, count: Int(box.size)) }
+                if box.type == "moov" { moov = try input.read(at: box.offset, count: Int(box.size)) }
+                if box.type == "moof" { pendingMoof = (box.offset, box.size) }
             case "mdat":
                 if let moof = pendingMoof {
                     fragments.append(Fragment(moofOffset: moof.offset, moofSize: Int32(moof.size), mdatPayload: box.payloadOffset, mdatEnd: box.end))
@@ -64,8 +67,13 @@ enum MP4Defragmenter {
             count.add(run)
             counts[trackID] = count
         }
-        for track in movie.tracks where counts[track.id]!.samples == 0 {
-            throw Unsupported(reason: "track \(track.id) has no samples")
+        for track in movie.tracks {
+            let count = counts[track.id]!
+            guard count.samples > 0 else { throw Unsupported(reason: "track \(track.id) has no samples") }
+            // 2^40 ticks is 139 days at 90 kHz: anything longer is damage (and would overflow below).
+            guard count.duration < 1 << 40, (count.firstDecodeTime ?? 0) < 1 << 40 else {
+                throw Unsupported(reason: "track \(track.id) lasts too long")
+            }
         }
 
         // The layout: sizes first, with 32-bit chunk offsets unless the file is too large for them.
@@ -77,6 +85,7 @@ enum MP4Defragmenter {
             wide = true
             moovSize = movie.size(counts: counts, wideOffsets: true)
         }
+        guard moovSize < Int64(UInt32.max) else { throw Unsupported(reason: "an index over 4 GB") }
         mdatHeader = payloadBytes + 8 > Int64(UInt32.max) ? 16 : 8
         let payloadStart = Int64(ftyp.count) + moovSize + mdatHeader
 
@@ -141,12 +150,17 @@ enum MP4Defragmenter {
         guard let tfhd = boxes.first(where: { $0.type == "tfhd" }) else { throw Unsupported(reason: "traf without tfhd") }
         var p = tfhd.payload.lowerBound
         let tfhdFlags = Bytes.readU32(data, p) & 0xFF_FFFF
+        let tfhdLength = 8 + (tfhdFlags & 0x1 != 0 ? 8 : 0) + [0x2, 0x8, 0x10, 0x20].filter { tfhdFlags & $0 != 0 }.count * 4
+        guard tfhd.payload.count >= tfhdLength else { throw Unsupported(reason: "a short tfhd") }
         let trackID = Bytes.readU32(data, p + 4)
         p += 8
         guard let trex = movie.trex[trackID] else { throw Unsupported(reason: "no trex for track \(trackID)") }
         var base: Int64 = moofOffset
         if tfhdFlags & 0x1 != 0 {
-            base = Int64(Bytes.readU64(data, p))
+            guard let explicit = Int64(exactly: Bytes.readU64(data, p)), explicit < 1 << 56 else {
+                throw Unsupported(reason: "a base offset too large")
+            }
+            base = explicit
             p += 8
         } else if tfhdFlags & 0x2_0000 == 0 {
             throw Unsupported(reason: "fragments without default-base-is-moof")
@@ -162,17 +176,25 @@ enum MP4Defragmenter {
         if tfhdFlags & 0x20 != 0 { defaultFlags = Bytes.readU32(data, p); p += 4 }
         var decodeTime: UInt64?
         if let tfdt = boxes.first(where: { $0.type == "tfdt" }) {
+            guard tfdt.payload.count >= 8 else { throw Unsupported(reason: "a short tfdt") }
             let version = data[tfdt.payload.lowerBound]
+            guard version == 0 || tfdt.payload.count >= 12 else { throw Unsupported(reason: "a short tfdt") }
             decodeTime = version == 1
                 ? Bytes.readU64(data, tfdt.payload.lowerBound + 4) : UInt64(Bytes.readU32(data, tfdt.payload.lowerBound + 4))
         }
         var nextData = base
         for trun in boxes where trun.type == "trun" {
             var q = trun.payload.lowerBound
+            guard trun.payload.count >= 8 else { throw Unsupported(reason: "a short trun") }
             let version = data[q]
             let flags = Bytes.readU32(data, q) & 0xFF_FFFF
             let count = Int(Bytes.readU32(data, q + 4))
+            // A fragment per keyframe interval holds a few hundred samples; millions is damage.
+            guard count <= 1_000_000 else { throw Unsupported(reason: "a trun of \(count) samples") }
             q += 8
+            guard trun.payload.upperBound - q >= (flags & 0x1 != 0 ? 4 : 0) + (flags & 0x4 != 0 ? 4 : 0) else {
+                throw Unsupported(reason: "a short trun")
+            }
             var dataOffset = nextData
             if flags & 0x1 != 0 { dataOffset = base + Int64(Int32(bitPattern: Bytes.readU32(data, q))); q += 4 }
             var firstFlags: UInt32?
@@ -184,6 +206,9 @@ enum MP4Defragmenter {
                 data: data, entries: q, count: count, flags: flags, signedOffsets: version == 1,
                 firstFlags: firstFlags, defaultDuration: defaultDuration, defaultSize: defaultSize,
                 defaultFlags: defaultFlags, decodeTime: decodeTime, dataOffset: dataOffset)
+            guard dataOffset >= 0, let time = decodeTime ?? 0 as UInt64?, time < 1 << 48 else {
+                throw Unsupported(reason: "a data offset or decoding time out of range")
+            }
             try body(trackID, run)
             nextData = dataOffset + run.bytes
             decodeTime = decodeTime.map { $0 + run.duration }
@@ -283,7 +308,7 @@ enum MP4Defragmenter {
             }
             run.forEachSample { sample in
                 samples += 1
-                duration += UInt64(sample.duration)
+                duration = min(duration + UInt64(sample.duration), 1 << 60)  // damage must not trap
                 if lastDuration != sample.duration {
                     sttsEntries += 1
                     lastDuration = sample.duration
@@ -454,6 +479,7 @@ enum MP4Defragmenter {
                 case "trak": trakBoxes.append(child)
                 case "mvex":
                     for trex in try children(of: moov, in: child.payload) where trex.type == "trex" {
+                        guard trex.payload.count >= 24 else { throw Unsupported(reason: "a short trex") }
                         let p = trex.payload.lowerBound + 4
                         trexes[Bytes.readU32(moov, p)] = Trex(
                             descriptionIndex: Bytes.readU32(moov, p + 4), duration: Bytes.readU32(moov, p + 8),
@@ -462,7 +488,9 @@ enum MP4Defragmenter {
                 default: others.append(Array(moov[child.range]))
                 }
             }
-            guard let mvhd else { throw Unsupported(reason: "moov without mvhd") }
+            guard let mvhd, HeaderBox.isWhole(mvhd), HeaderBox.timescale(mvhd) > 0, HeaderBox.timescale(mvhd) <= 1 << 22 else {
+                throw Unsupported(reason: "moov without a whole mvhd")
+            }
             self.mvhd = mvhd
             self.others = others
             movieTimescale = HeaderBox.timescale(mvhd)
@@ -494,6 +522,7 @@ enum MP4Defragmenter {
                                             stsd = Array(data[s.range])
                                         } else if ["stts", "stsc", "stsz", "stco", "co64"].contains(s.type) {
                                             // empty_moov: these hold no entries.
+                                            guard s.payload.count >= (s.type == "stsz" ? 12 : 8) else { throw Unsupported(reason: "a short \(s.type)") }
                                             let entries = Bytes.readU32(data, s.payload.lowerBound + (s.type == "stsz" ? 8 : 4))
                                             if entries != 0 { throw Unsupported(reason: "samples in the moov") }
                                         } else {
@@ -511,6 +540,9 @@ enum MP4Defragmenter {
                 }
             }
             guard let tkhd, let mdhd, let stsd else { throw Unsupported(reason: "a track without tkhd, mdhd or stsd") }
+            guard HeaderBox.isWhole(tkhd), HeaderBox.isWhole(mdhd), HeaderBox.timescale(mdhd) > 0 else {
+                throw Unsupported(reason: "a damaged tkhd or mdhd")
+            }
             let id = Bytes.readU32(tkhd, tkhd[8] == 1 ? 8 + 4 + 16 : 8 + 4 + 8)
             return Track(
                 id: id, mediaTimescale: HeaderBox.timescale(mdhd), tkhd: tkhd, mdhd: mdhd, mdiaOthers: mdiaOthers,
@@ -629,6 +661,13 @@ enum MP4Defragmenter {
             return ((wide ? 12 + 16 : 12 + 8) + between(box), wide)
         }
 
+        /// Long enough for its version's fields up to the duration (checked before any is read).
+        static func isWhole(_ box: [UInt8]) -> Bool {
+            guard box.count >= 12, box[8] <= 1 else { return false }
+            let (offset, wide) = durationField(box)
+            return box.count >= offset + (wide ? 8 : 4)
+        }
+
         static func size(_ box: [UInt8], duration: UInt64) -> Int {
             durationField(box).wide || duration <= UInt64(UInt32.max) ? box.count : box.count + 12
         }
@@ -666,12 +705,13 @@ enum MP4Defragmenter {
             var header = 8
             if size == 1 {
                 guard p + 16 <= range.upperBound else { throw Unsupported(reason: "truncated box") }
-                size = Int(Bytes.readU64(data, p + 8))
+                guard let large = Int(exactly: Bytes.readU64(data, p + 8)) else { throw Unsupported(reason: "a box too large") }
+                size = large
                 header = 16
             } else if size == 0 {
                 size = range.upperBound - p
             }
-            guard size >= header, p + size <= range.upperBound else { throw Unsupported(reason: "a box overruns its parent") }
+            guard size >= header, size <= range.upperBound - p else { throw Unsupported(reason: "a box overruns its parent") }
             let type = String(decoding: data[(p + 4)..<(p + 8)], as: UTF8.self)
             result.append(Child(type: type, range: p..<(p + size), payload: (p + header)..<(p + size)))
             p += size
@@ -680,8 +720,10 @@ enum MP4Defragmenter {
     }
 
     enum Bytes {
+        /// 0 past the end: a damaged file must never trap (every length is also checked before use).
         static func readU32(_ d: [UInt8], _ p: Int) -> UInt32 {
-            UInt32(d[p]) << 24 | UInt32(d[p + 1]) << 16 | UInt32(d[p + 2]) << 8 | UInt32(d[p + 3])
+            guard p >= 0, p + 4 <= d.count else { return 0 }
+            return UInt32(d[p]) << 24 | UInt32(d[p + 1]) << 16 | UInt32(d[p + 2]) << 8 | UInt32(d[p + 3])
         }
         static func readU64(_ d: [UInt8], _ p: Int) -> UInt64 { UInt64(readU32(d, p)) << 32 | UInt64(readU32(d, p + 4)) }
         static func u32(_ v: UInt32) -> [UInt8] { [UInt8(v >> 24), UInt8(v >> 16 & 0xFF), UInt8(v >> 8 & 0xFF), UInt8(v & 0xFF)] }

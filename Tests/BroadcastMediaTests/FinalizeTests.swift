@@ -83,6 +83,48 @@ import Testing
         #expect(directory.contents().sorted() == ["final.\(ext)", "fragmented.\(ext)"], "\(directory.contents())")
     }
 
+    /// Damaged files (bytes of the index boxes overwritten, cut at any point) never crash the
+    /// finalize: it succeeds, or fails with an error and leaves the file as it was. Deterministic
+    /// (a fixed-seed generator), so a failure can be replayed.
+    @Test func damagedRecordingsNeverCrashTheFinalize() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let fragmented = try fragmentedRecording(in: directory, ext: "mp4", tune: "film", seconds: 3)
+        let original = [UInt8](try Data(contentsOf: URL(fileURLWithPath: fragmented)))
+        // Where the index lives: everything but the media payload (damaging samples tests the decoder, not us).
+        var indexRanges: [Range<Int>] = []
+        var offset = 0
+        while offset + 8 <= original.count {
+            let size = Int(original[offset]) << 24 | Int(original[offset + 1]) << 16 | Int(original[offset + 2]) << 8 | Int(original[offset + 3])
+            let type = String(decoding: original[(offset + 4)..<(offset + 8)], as: UTF8.self)
+            guard size >= 8 else { break }
+            indexRanges.append(offset..<(offset + (type == "mdat" ? 8 : min(size, original.count - offset))))
+            offset += size
+        }
+        var random = SplitMix(seed: 12)
+        let copy = directory.file("damaged.mp4")
+        for round in 0..<150 {
+            var bytes = original
+            if round % 5 == 4 {
+                bytes = Array(bytes.prefix(Int(random.next() % UInt64(bytes.count))))
+            } else {
+                for _ in 0..<(1 + Int(random.next() % 4)) {
+                    let range = indexRanges[Int(random.next() % UInt64(indexRanges.count))]
+                    let at = range.lowerBound + Int(random.next() % UInt64(range.count))
+                    bytes[at] = [0x00, 0xFF, 0x7F, 0x80, UInt8(truncatingIfNeeded: random.next())][Int(random.next() % 5)]
+                }
+            }
+            try Data(bytes).write(to: URL(fileURLWithPath: copy))
+            do {
+                try Recording.finalize(path: copy, container: .mp4, logger: quietLogger())
+            } catch {
+                let after = [UInt8](try Data(contentsOf: URL(fileURLWithPath: copy)))
+                #expect(after == bytes, "round \(round): a failed finalize changed the file")
+            }
+            #expect(directory.contents().sorted() == ["damaged.mp4", "fragmented.mp4"], "round \(round): \(directory.contents())")
+        }
+    }
+
     /// A recording cut short (a crash in the middle of a fragment) is finalized with every complete
     /// fragment; the torn one is left out.
     @Test func truncatedRecordingKeepsItsCompleteFragments() throws {
@@ -100,5 +142,18 @@ import Testing
         #expect(video >= 2 * 30 && video < 5 * 30, "\(video) video packets")
         let decode = try run(["ffmpeg", "-nostdin", "-v", "error", "-i", copy, "-f", "null", "-"])
         #expect(decode.status == 0 && decode.standardError.isEmpty, "\(decode.standardError)")
+    }
+}
+
+/// A small deterministic generator (SplitMix64).
+struct SplitMix {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
     }
 }
