@@ -302,7 +302,7 @@ final class PipeWireVideoConnection: @unchecked Sendable {
                     "no PipeWire video node named '\(node)'; known: \(known.isEmpty ? "none" : known.joined(separator: ", ")) (see 'broadcast devices')"
                 )
             }
-            guard let stream = CBroadcastPWVideo_open(-1, String(match.serial), 0xffff_ffff, 0, "broadcast", &errorText, errorText.count) else {
+            guard let stream = CBroadcastPWVideo_open(-1, String(match.serial), match.id, 0, "broadcast", &errorText, errorText.count) else {
                 throw BroadcastError(.sourceFailed, "\(spec.description): \(Self.text(errorText))")
             }
             let connection = PipeWireVideoConnection(portal: nil, stream: stream, announcedSize: nil)

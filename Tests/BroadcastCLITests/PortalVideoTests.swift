@@ -223,4 +223,39 @@ struct PortalVideoTests {
         #expect(missing.status == 2 && missing.stderr.contains("no PipeWire video node named 'no-such-node'"), "\(missing.stderr)")
         #expect(!FileManager.default.fileExists(atPath: dir.path("none.mkv")))
     }
+
+    /// The cast ends while recording (the portal's backend dies, taking its PipeWire node): a source
+    /// loss, not the end of the broadcast: a "no signal" slate at the frame rate, retries, and the
+    /// recording runs to its end with the full frame count.
+    @Test func lostCastBecomesASlateAndTheRecordingGoesOn() throws {
+        let desktop = try DesktopSession(.init(size: "320x240", activity: true))
+        defer { desktop.stop() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let file = dir.path("lost.mkv")
+        let recording = try desktop.start(broadcastBinary, [
+            "record", file, "--video", "portal", "--audio-mic", "none", "--fps", "30", "--duration", "6s", "-q",
+        ])
+        Thread.sleep(forTimeInterval: 2.0)
+        let processes = try String(contentsOf: desktop.directory.appendingPathComponent("processes"), encoding: .utf8)
+        let backend = processes.split(separator: "\n").compactMap { line -> Int32? in
+            let fields = line.split(separator: " ")
+            return fields.count == 2 && fields[1] == "portal-wlr" ? Int32(fields[0]) : nil
+        }.first
+        #expect(backend != nil, "processes: \(processes)")
+        if let backend { kill(-backend, SIGKILL) }
+        let r = recording.wait(timeout: 120)
+        #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
+        #expect(r.stderr.contains("lost (") && r.stderr.contains("no-signal slate"), "\(r.stderr.suffix(2000))")
+        let slates = r.stderr.split(separator: "\n").last { $0.contains("slate frames") }.flatMap { line -> Int? in
+            guard let range = line.range(of: " slate frames") else { return nil }
+            return Int(line[..<range.lowerBound].split(separator: " ").last ?? "")
+        } ?? 0
+        #expect(slates >= 60, "slate frames: \(slates)")
+        let frames = try probe(file).video?.frames ?? 0
+        #expect(abs(frames - 180) <= 3, "6 s at 30 fps: \(frames) frames")
+        let colours = try Self.centreColours(file)
+        #expect(colours.prefix(30).contains { Self.near($0, 255, 0, 0) }, "red before the loss")
+        #expect(colours.suffix(30).allSatisfy { Self.near($0, 0, 0, 255) }, "the slate (blue) after it: \(colours.suffix(3).map { "\($0)" })")
+    }
 }
