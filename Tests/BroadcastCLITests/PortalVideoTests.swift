@@ -258,4 +258,34 @@ struct PortalVideoTests {
         #expect(colours.prefix(30).contains { Self.near($0, 255, 0, 0) }, "red before the loss")
         #expect(colours.suffix(30).allSatisfy { Self.near($0, 0, 0, 255) }, "the slate (blue) after it: \(colours.suffix(3).map { "\($0)" })")
     }
+
+    /// The monitor's mode changes mid-recording: the stream renegotiates, the new frames come in the
+    /// new size and are scaled to the recording's (unchanged) size, at the same rate.
+    @Test func sizeChangeRenegotiatesAndIsScaled() throws {
+        let desktop = try DesktopSession(.init(size: "640x360", background: "#ff0000"))
+        defer { desktop.stop() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let file = dir.path("resized.mp4")
+        let recording = try desktop.start(broadcastBinary, [
+            "record", file, "--video", "portal", "--audio-mic", "none", "--fps", "30", "--duration", "4s", "-q",
+        ])
+        Thread.sleep(forTimeInterval: 1.5)
+        let mode = try desktop.run("/usr/bin/swaymsg", ["output", "HEADLESS-1", "resolution", "800x600"])
+        #expect(mode.status == 0, "swaymsg: \(mode.stderr)")
+        Thread.sleep(forTimeInterval: 0.3)
+        try desktop.setBackground("#00ff00")
+        let r = recording.wait(timeout: 120)
+        #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
+        let formats = r.stderr.split(separator: "\n").last { $0.contains("formats negotiated") }.flatMap { line -> Int? in
+            guard let range = line.range(of: " formats negotiated") else { return nil }
+            return Int(line[..<range.lowerBound].split(separator: " ").last ?? "")
+        } ?? 0
+        #expect(formats >= 2, "formats negotiated: \(formats)")
+        let p = try probe(file)
+        #expect(p.video?.width == 640 && p.video?.height == 360, "size: \(String(describing: p.video))")
+        #expect(abs((p.video?.frames ?? 0) - 120) <= 1, "4 s at 30 fps: \(p.video?.frames ?? 0)")
+        let colours = try Self.centreColours(file)
+        #expect(colours.suffix(10).allSatisfy { Self.near($0, 0, 255, 0) }, "green after the change: \(colours.suffix(3).map { "\($0)" })")
+    }
 }
