@@ -289,3 +289,55 @@ struct PortalVideoTests {
         #expect(colours.suffix(10).allSatisfy { Self.near($0, 0, 255, 0) }, "green after the change: \(colours.suffix(3).map { "\($0)" })")
     }
 }
+
+@Suite("The user service", .serialized)
+struct UserServiceTests {
+    static let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+
+    /// systemd/broadcast-user.service passes `systemd-analyze verify` and ties itself to the session.
+    @Test func userUnitVerifies() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let unit = try String(contentsOf: Self.repository.appendingPathComponent("systemd/broadcast-user.service"), encoding: .utf8)
+        for needle in ["Type=notify", "WatchdogSec=", "StateDirectory=broadcast", "RuntimeDirectory=broadcast",
+                       "PartOf=graphical-session.target", "WantedBy=graphical-session.target", "%E/broadcast/broadcast.toml",
+                       "WAYLAND_DISPLAY", "DBUS_SESSION_BUS_ADDRESS"] {
+            #expect(unit.contains(needle), "the user unit should have \(needle)")
+        }
+        let local = dir.path("broadcast-user.service")
+        try unit.replacingOccurrences(of: "/usr/local/bin/broadcast", with: broadcastBinary).write(toFile: local, atomically: true, encoding: .utf8)
+        let r = try run("/usr/bin/systemd-analyze", ["verify", local])
+        #expect(r.status == 0, "systemd-analyze verify: \(r.stdout) \(r.stderr)")
+        #expect(r.stderr.trimmingCharacters(in: .whitespacesAndNewlines).isEmpty, "warnings: \(r.stderr)")
+    }
+
+    /// The user config as the unit runs it (state directory, the session's environment): the daemon
+    /// casts the desktop through the portal, records, and keeps the restore token in $STATE_DIRECTORY.
+    @Test func userConfigRecordsTheDesktop() throws {
+        let desktop = try DesktopSession(.init(size: "320x240"))
+        defer { desktop.stop() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let state = dir.path("home/.local/state/broadcast")
+        try FileManager.default.createDirectory(atPath: state, withIntermediateDirectories: true)
+        let config = Self.repository.appendingPathComponent("systemd/broadcast-user.toml").path
+        let environment = desktop.environment.merging(["HOME": dir.path("home"), "STATE_DIRECTORY": state]) { $1 }
+        let daemon = try Child(broadcastBinary, ["daemon", "--config", config], directory: URL(fileURLWithPath: state), environment: environment)
+        let socket = (desktop.environment["XDG_RUNTIME_DIR"] ?? "") + "/broadcast/control.sock"
+        var up = false
+        for _ in 0..<150 {
+            if FileManager.default.fileExists(atPath: socket) { up = true; break }
+            usleep(100_000)
+        }
+        Thread.sleep(forTimeInterval: 2)
+        daemon.signal(SIGTERM)
+        let r = daemon.wait(timeout: 30)
+        #expect(up, "no control socket at \(socket): \(r.stderr.suffix(1500))")
+        #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(1500))")
+        let files = (try? FileManager.default.contentsOfDirectory(atPath: state)) ?? []
+        #expect(files.contains("portal-monitor.token"), "files: \(files)")
+        let recording = files.first { $0.hasPrefix("desk-") && $0.hasSuffix(".mp4") }
+        #expect(recording != nil, "files: \(files)")
+        if let recording { #expect(try probe(state + "/" + recording).video != nil) }
+    }
+}
