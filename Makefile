@@ -102,6 +102,7 @@ bench: deps
 	$(RELEASE_BUILD) --product broadcast
 	python3 benchmarks/bench.py --broadcast $$($(RELEASE_BUILD) --show-bin-path)/broadcast \
 		--pairs $(PAIRS) --out $(OUT)/bench $(if $(CASES),--cases $(CASES))
+	benchmarks/portal.sh $$($(RELEASE_BUILD) --show-bin-path)/broadcast 10 | tee $(OUT)/bench/portal.md
 
 soak: deps
 	$(RELEASE_BUILD) --product broadcast

@@ -134,7 +134,7 @@ let package = Package(
         ),
         .testTarget(
             name: "BroadcastCaptureTests",
-            dependencies: ["BroadcastKit", "BroadcastCapture"],
+            dependencies: ["BroadcastKit", "BroadcastCapture", "CPipeWireShim"],
             swiftSettings: swiftSettings
         ),
         .testTarget(

@@ -46,6 +46,8 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
     private let losses = ManagedAtomic<Int>(0)
     private let slateFrames = ManagedAtomic<Int>(0)
     private let blanks = ManagedAtomic<Int>(0)
+    private let formats = ManagedAtomic<Int>(0)
+    private var formatsBefore = 0
 
     /// New images taken from PipeWire.
     public var capturedCount: Int { captured.load(ordering: .relaxed) }
@@ -117,7 +119,7 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
             last?.backing?.release()
             connection?.close()
             logger.info(
-                "\(spec.description): \(capturedCount + repeatedCount) frames delivered, \(capturedCount) new from PipeWire, \(repeatedCount) repeated (screen unchanged; \(blanks.load(ordering: .relaxed)) of them black before the first), \(corruptedCount) corrupted buffers skipped, \(busy.load(ordering: .relaxed)) new frames held back (all frames with the session), \(droppedCount) slots skipped, \(slateFrames.load(ordering: .relaxed)) slate frames, \(losses.load(ordering: .relaxed)) losses"
+                "\(spec.description): \(capturedCount + repeatedCount) frames delivered, \(capturedCount) new from PipeWire, \(repeatedCount) repeated (screen unchanged; \(blanks.load(ordering: .relaxed)) of them black before the first), \(corruptedCount) corrupted buffers skipped, \(busy.load(ordering: .relaxed)) new frames held back (all frames with the session), \(droppedCount) slots skipped, \(slateFrames.load(ordering: .relaxed)) slate frames, \(losses.load(ordering: .relaxed)) losses, \(formats.load(ordering: .relaxed)) formats negotiated"
             )
         }
         while running.load(ordering: .acquiring) && !sink.isStopping {
@@ -131,6 +133,7 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
                     nextRetry = now + 2_000_000_000
                     if let reopened = try? PipeWireVideoConnection.open(spec: spec, tokens: tokens, logger: logger, startTimeout: 5) {
                         connection = reopened
+                        formatsBefore = 0
                         slate = nil
                         gone.store(false, ordering: .relaxed)
                         logger.notice("\(spec.description): back")
@@ -169,6 +172,11 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
                 continue
             }
 
+            let negotiated = Int(CBroadcastPWVideo_formatChanges(current.stream))
+            if negotiated > formatsBefore {
+                formats.wrappingIncrement(by: negotiated - formatsBefore, ordering: .relaxed)
+                formatsBefore = negotiated
+            }
             var frame = CBroadcastPWVideoFrame()
             var fresh = false
             if CBroadcastPWVideo_acquire(current.stream, &frame) == 1 {
@@ -302,7 +310,7 @@ final class PipeWireVideoConnection: @unchecked Sendable {
                     "no PipeWire video node named '\(node)'; known: \(known.isEmpty ? "none" : known.joined(separator: ", ")) (see 'broadcast devices')"
                 )
             }
-            guard let stream = CBroadcastPWVideo_open(-1, String(match.serial), 0xffff_ffff, 0, "broadcast", &errorText, errorText.count) else {
+            guard let stream = CBroadcastPWVideo_open(-1, String(match.serial), match.id, 0, "broadcast", &errorText, errorText.count) else {
                 throw BroadcastError(.sourceFailed, "\(spec.description): \(Self.text(errorText))")
             }
             let connection = PipeWireVideoConnection(portal: nil, stream: stream, announcedSize: nil)

@@ -30,6 +30,9 @@ struct CBroadcastPWVideo {
     struct spa_video_info_raw info;
     uint32_t formatChanges;
     struct pw_buffer *held;
+    struct pw_registry *registry;
+    struct spa_hook registryListener;
+    uint32_t watchedNode;
 };
 
 static uint32_t to_spa(int f) {
@@ -74,6 +77,13 @@ static const struct pw_core_events core_events = {
     PW_VERSION_CORE_EVENTS,
     .error = on_core_error,
 };
+
+static void on_global_remove(void *data, uint32_t id) {
+    struct CBroadcastPWVideo *v = data;
+    if (id == v->watchedNode) set_lost(v, "the PipeWire node went away");
+}
+
+static const struct pw_registry_events watch_events = { PW_VERSION_REGISTRY_EVENTS, .global_remove = on_global_remove };
 
 static void on_state_changed(void *data, enum pw_stream_state old, enum pw_stream_state state, const char *error) {
     (void)old;
@@ -182,6 +192,13 @@ CBroadcastPWVideo *CBroadcastPWVideo_open(int fd, const char *target, uint32_t n
         goto fail;
     }
     pw_core_add_listener(v->core, &v->coreListener, &core_events, v);
+    // The node going away (the compositor ended the cast, a camera unplugged) does not always end
+    // the stream (it may just pause): watch the registry for its removal.
+    v->watchedNode = nodeID;
+    if (nodeID != PW_ID_ANY) {
+        v->registry = pw_core_get_registry(v->core, PW_VERSION_REGISTRY, 0);
+        if (v->registry) pw_registry_add_listener(v->registry, &v->registryListener, &watch_events, v);
+    }
     struct pw_properties *props = pw_properties_new(
         PW_KEY_MEDIA_TYPE, "Video", PW_KEY_MEDIA_CATEGORY, "Capture", PW_KEY_MEDIA_ROLE, "Screen", NULL);
     if (target != NULL && *target) pw_properties_set(props, PW_KEY_TARGET_OBJECT, target);
@@ -317,6 +334,10 @@ void CBroadcastPWVideo_close(CBroadcastPWVideo *v) {
         spa_hook_remove(&v->streamListener);
         pw_stream_disconnect(v->stream);
         pw_stream_destroy(v->stream);
+    }
+    if (v->registry) {
+        spa_hook_remove(&v->registryListener);
+        pw_proxy_destroy((struct pw_proxy *)v->registry);
     }
     if (v->core) {
         spa_hook_remove(&v->coreListener);

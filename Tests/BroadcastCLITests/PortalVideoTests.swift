@@ -1,0 +1,343 @@
+import Foundation
+import Testing
+
+/// `--video portal` and `--video pipewire:NODE` against a real headless desktop (DesktopSession:
+/// sway, xdg-desktop-portal + the wlr backend, PipeWire): what the recording shows, its frame rate,
+/// the restore token, and the refusals.
+@Suite("Wayland capture through the ScreenCast portal", .serialized)
+struct PortalVideoTests {
+    /// Centre colour (R, G, B) of every decoded frame, in order.
+    static func centreColours(_ path: String) throws -> [(Int, Int, Int)] {
+        let data = try rawFrames(path)
+        return stride(from: 0, to: data.count - 2, by: 3).map { (Int(data[$0]), Int(data[$0 + 1]), Int(data[$0 + 2])) }
+    }
+
+    /// The centre 8x8 of each frame averaged to one RGB pixel, as raw bytes (through a file: not text).
+    static func rawFrames(_ path: String) throws -> [UInt8] {
+        let out = path + ".rgb"
+        let r = try run("/usr/bin/ffmpeg", [
+            "-nostdin", "-v", "error", "-y", "-i", path, "-vf", "crop=8:8:(iw-8)/2:(ih-8)/2,scale=1:1", "-fps_mode", "passthrough",
+            "-f", "rawvideo", "-pix_fmt", "rgb24", out,
+        ])
+        guard r.status == 0 else { throw ProbeError(message: "ffmpeg \(path): \(r.stderr)") }
+        return Array(try Data(contentsOf: URL(fileURLWithPath: out)))
+    }
+
+    static func near(_ c: (Int, Int, Int), _ r: Int, _ g: Int, _ b: Int) -> Bool {
+        abs(c.0 - r) <= 40 && abs(c.1 - g) <= 40 && abs(c.2 - b) <= 40
+    }
+
+    /// A number from the source's closing line ("N new from PipeWire", "N repeated").
+    static func count(_ label: String, in log: String) -> Int? {
+        guard let line = log.split(separator: "\n").last(where: { $0.contains("frames delivered") && $0.contains("new from PipeWire") }),
+            let range = line.range(of: " \(label)")
+        else { return nil }
+        let before = line[..<range.lowerBound]
+        return Int(before.split(separator: " ").last ?? "")
+    }
+
+    static func occurrences(_ needle: String, in text: String) -> Int { text.components(separatedBy: needle).count - 1 }
+
+    /// A 5 s recording of a screen that changes colour three times: 150 frames at 30 fps (mostly
+    /// repeats: the portal sends a frame only on a change), the colours in order, nothing stale after
+    /// the last change, and each new frame in the recording within two frame intervals of the time
+    /// the compositor gave it.
+    @Test func recordsTheScreensColoursAtTheOutputRate() throws {
+        let desktop = try DesktopSession(.init(size: "640x360", background: "#000080"))
+        defer { desktop.stop() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let file = dir.path("desk.mp4")
+        let recording = try desktop.start(broadcastBinary, [
+            "record", file, "--video", "portal", "--audio-mic", "none", "--fps", "30", "--duration", "5s", "-q",
+            "--log-level", "debug",
+        ])
+        Thread.sleep(forTimeInterval: 1.5)
+        try desktop.setBackground("#ff0000")
+        Thread.sleep(forTimeInterval: 1.0)
+        try desktop.setBackground("#00ff00")
+        Thread.sleep(forTimeInterval: 1.0)
+        try desktop.setBackground("#0000ff")
+        let r = recording.wait(timeout: 120)
+        #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
+
+        let p = try probe(file)
+        #expect(p.video?.width == 640 && p.video?.height == 360, "size: \(String(describing: p.video))")
+        let frames = p.video?.frames ?? 0
+        #expect(abs(frames - 150) <= 1, "5 s at 30 fps: \(frames) frames")
+        try expectDecodesCleanly(file)
+
+        let colours = try Self.centreColours(file)
+        let red = colours.firstIndex { Self.near($0, 255, 0, 0) }
+        let green = colours.firstIndex { Self.near($0, 0, 255, 0) }
+        let blue = colours.firstIndex { Self.near($0, 0, 0, 255) }
+        #expect(red != nil && green != nil && blue != nil, "colours: \(colours.map { "\($0)" }.joined(separator: " "))")
+        if let red, let green, let blue {
+            #expect(red < green && green < blue, "order: red at \(red), green at \(green), blue at \(blue)")
+            // The change from green to blue shows within a couple of frames of the compositor's
+            // intermediate frames (swaybg restarting: sway's grey), and blue stays.
+            #expect(colours[blue...].allSatisfy { Self.near($0, 0, 0, 255) }, "after blue: \(colours[blue...].map { "\($0)" })")
+            // About 1 s (30 frames) between the changes: the recording keeps real time.
+            #expect(abs((blue - green) - 30) <= 8, "green at \(green), blue at \(blue)")
+        }
+
+        // Static between the changes: few new frames, the rest repeats.
+        let fresh = Self.count("new from PipeWire", in: r.stderr) ?? -1
+        let repeats = Self.count("repeated", in: r.stderr) ?? -1
+        #expect(fresh >= 3 && fresh <= 20, "new frames from PipeWire: \(fresh)")
+        #expect(repeats >= 120, "repeats: \(repeats)")
+
+        // Each new frame reached the recording within two frame intervals of its producer time.
+        var lateness: [Int64] = []
+        for line in r.stderr.split(separator: "\n") where line.contains("new frame: producer time") {
+            let words = line.split(separator: " ")
+            guard let p = words.firstIndex(of: "time"), let t = words.firstIndex(of: "tick"),
+                let produced = Int64(words[p + 1]), let tick = Int64(words[t + 1])
+            else { continue }
+            lateness.append(tick - produced)
+        }
+        #expect(lateness.count >= 3, "new-frame lines: \(lateness.count)")
+        let sorted = lateness.sorted()
+        let median = sorted.isEmpty ? Int64.max : sorted[sorted.count / 2]
+        #expect(median <= 66_666_667, "a new frame's delay to its tick (ns): \(sorted)")
+        #expect(sorted.allSatisfy { $0 >= 0 }, "a frame before its producer time: \(sorted)")
+    }
+
+    /// A screen that changes all the time (a terminal redrawing 30 times a second): still exactly
+    /// the output rate, now mostly new frames.
+    @Test func changingScreenKeepsTheRate() throws {
+        let desktop = try DesktopSession(.init(size: "640x360", activity: true))
+        defer { desktop.stop() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let file = dir.path("busy.mkv")
+        let r = try desktop.broadcast(["record", file, "--video", "portal", "--audio-mic", "none", "--fps", "30", "--duration", "5s", "-q"])
+        #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
+        let frames = try probe(file).video?.frames ?? 0
+        #expect(abs(frames - 150) <= 1, "5 s at 30 fps: \(frames) frames")
+        let fresh = Self.count("new from PipeWire", in: r.stderr) ?? -1
+        #expect(fresh >= 45, "new frames from PipeWire with a redrawing terminal: \(fresh)")
+        try expectDecodesCleanly(file)
+        let colours = try Self.centreColours(file)
+        // The centre shows the background (the terminal is at the top left).
+        #expect(colours.suffix(100).allSatisfy { Self.near($0, 255, 0, 0) }, "centre: \(colours.suffix(5).map { "\($0)" })")
+    }
+
+    /// The restore token: the first run stores one; the second casts with it (the portal restores the
+    /// earlier choice: no new selection); a stale token is replaced after a normal selection.
+    /// xdg-desktop-portal keeps tokens in xdg-permission-store, which the test runs on the session's bus.
+    @Test func restoreTokenAvoidsANewSelection() throws {
+        let desktop = try DesktopSession(.init(size: "320x240"))
+        defer { desktop.stop() }
+        let store = try desktop.start("/usr/libexec/xdg-permission-store", ["--replace"])
+        defer {
+            store.signal(SIGKILL)
+            _ = store.wait(timeout: 10)
+        }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let state = dir.path("state")
+        let token = state + "/broadcast/portal-monitor.token"
+        func record(_ name: String) throws -> ProcessResult {
+            try Child(broadcastBinary, ["record", dir.path(name), "--video", "portal", "--audio-mic", "none", "--duration", "1s", "-q"],
+                      environment: desktop.environment.merging(["XDG_STATE_HOME": state]) { $1 }).wait(timeout: 60)
+        }
+        let restoredMarker = "Replacing 'restore_token' with portal-specific data"  // xdg-desktop-portal -v
+        let backendMarker = "restore data available"  // xdg-desktop-portal-wlr
+
+        let first = try record("1.mkv")
+        #expect(first.status == 0, "first run: \(first.stderr.suffix(1500))")
+        let firstToken = try String(contentsOfFile: token, encoding: .utf8)
+        #expect(!firstToken.trimmingCharacters(in: .whitespacesAndNewlines).isEmpty)
+        #expect(Self.occurrences(restoredMarker, in: desktop.log("portal")) == 0, "nothing to restore on the first run")
+
+        let second = try record("2.mkv")
+        #expect(second.status == 0, "second run: \(second.stderr.suffix(1500))")
+        #expect(Self.occurrences(restoredMarker, in: desktop.log("portal")) == 1, "the second run restored: \(desktop.log("portal").suffix(1500))")
+        #expect(Self.occurrences(backendMarker, in: desktop.log("portal-wlr")) == 1)
+        #expect(Self.occurrences("start method invoked", in: desktop.log("portal-wlr")) == 2)
+
+        // Stale: the portal does not know it, asks (here: picks the one output), and a new token replaces it.
+        try "0badc0de-0000-4000-8000-000000000000\n".write(toFile: token, atomically: true, encoding: .utf8)
+        let third = try record("3.mkv")
+        #expect(third.status == 0, "stale token run: \(third.stderr.suffix(1500))")
+        #expect(Self.occurrences(restoredMarker, in: desktop.log("portal")) == 1, "a stale token restores nothing")
+        let replaced = try String(contentsOfFile: token, encoding: .utf8)
+        #expect(!replaced.contains("0badc0de"), "the stale token was replaced: \(replaced)")
+        #expect(try probe(dir.path("3.mkv")).video != nil)
+    }
+
+    /// No portal on the bus, or a portal that refuses what is asked: one line naming the portal,
+    /// exit 2, no output file and no token written.
+    @Test(arguments: [(false, "portal"), (true, "portal?cursor=metadata")])
+    func refusalIsOneLineAndExit2(portal: Bool, video: String) throws {
+        let desktop = try DesktopSession(.init(size: "320x240", portal: portal))
+        defer { desktop.stop() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let r = try Child(broadcastBinary, ["record", dir.path("out.mp4"), "--video", video, "--audio-mic", "none", "--duration", "2s"],
+                          environment: desktop.environment.merging(["XDG_STATE_HOME": dir.path("state")]) { $1 }).wait(timeout: 60)
+        #expect(r.status == 2, "exit \(r.status): \(r.stderr)")
+        let lines = r.stderr.split(separator: "\n")
+        #expect(lines.count == 1 && lines[0].hasPrefix("broadcast: error: ") && lines[0].contains("ScreenCast portal"), "stderr: \(r.stderr)")
+        #expect(dir.contents.isEmpty, "written: \(dir.contents)")
+    }
+
+    /// `broadcast devices --json` says whether the portal answers, and lists PipeWire video nodes
+    /// (the portal's own while a cast runs); `--video pipewire:NODE` records from such a node by name.
+    @Test func devicesListThePortalAndPipeWireNodesRecordsANode() throws {
+        let desktop = try DesktopSession(.init(size: "320x240", background: "#ff00ff"))
+        defer { desktop.stop() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let cast = try desktop.start(broadcastBinary, ["record", dir.path("cast.mkv"), "--video", "portal", "--audio-mic", "none", "--duration", "8s", "-q"])
+        defer { _ = cast.wait(timeout: 60) }
+        var nodes: [[String: Any]] = []
+        var portal: [String: Any] = [:]
+        for _ in 0..<50 {
+            let r = try desktop.broadcast(["devices", "--json"])
+            #expect(r.status == 0, "devices: \(r.stderr)")
+            let json = try JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any] ?? [:]
+            portal = json["screencastPortal"] as? [String: Any] ?? [:]
+            nodes = json["pipewireVideo"] as? [[String: Any]] ?? []
+            if !nodes.isEmpty { break }
+            Thread.sleep(forTimeInterval: 0.1)
+        }
+        #expect(portal["available"] as? Bool == true && (portal["version"] as? Int ?? 0) >= 4, "portal: \(portal)")
+        let node = nodes.first { ($0["name"] as? String) == "xdg-desktop-portal-wlr" }
+        #expect(node != nil, "nodes: \(nodes)")
+
+        // The same node, by name, on the normal PipeWire socket.
+        let file = dir.path("node.mkv")
+        let recording = try desktop.start(broadcastBinary, [
+            "record", file, "--video", "pipewire:xdg-desktop-portal-wlr", "--audio-mic", "none", "--size", "320x240", "--duration", "2s", "-q",
+        ])
+        Thread.sleep(forTimeInterval: 0.8)
+        try desktop.setBackground("#00ffff")
+        let r = recording.wait(timeout: 60)
+        #expect(r.status == 0, "pipewire:NODE: \(r.stderr.suffix(1500))")
+        let colours = try Self.centreColours(file)
+        #expect(colours.contains { Self.near($0, 0, 255, 255) }, "colours: \(colours.map { "\($0)" })")
+
+        let missing = try desktop.broadcast(["record", dir.path("none.mkv"), "--video", "pipewire:no-such-node", "--audio-mic", "none"])
+        #expect(missing.status == 2 && missing.stderr.contains("no PipeWire video node named 'no-such-node'"), "\(missing.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: dir.path("none.mkv")))
+    }
+
+    /// The cast ends while recording (the portal's backend dies, taking its PipeWire node): a source
+    /// loss, not the end of the broadcast: a "no signal" slate at the frame rate, retries, and the
+    /// recording runs to its end with the full frame count.
+    @Test func lostCastBecomesASlateAndTheRecordingGoesOn() throws {
+        let desktop = try DesktopSession(.init(size: "320x240", activity: true))
+        defer { desktop.stop() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let file = dir.path("lost.mkv")
+        let recording = try desktop.start(broadcastBinary, [
+            "record", file, "--video", "portal", "--audio-mic", "none", "--fps", "30", "--duration", "6s", "-q",
+        ])
+        Thread.sleep(forTimeInterval: 2.0)
+        let processes = try String(contentsOf: desktop.directory.appendingPathComponent("processes"), encoding: .utf8)
+        let backend = processes.split(separator: "\n").compactMap { line -> Int32? in
+            let fields = line.split(separator: " ")
+            return fields.count == 2 && fields[1] == "portal-wlr" ? Int32(fields[0]) : nil
+        }.first
+        #expect(backend != nil, "processes: \(processes)")
+        if let backend { kill(-backend, SIGKILL) }
+        let r = recording.wait(timeout: 120)
+        #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
+        #expect(r.stderr.contains("lost (") && r.stderr.contains("no-signal slate"), "\(r.stderr.suffix(2000))")
+        let slates = r.stderr.split(separator: "\n").last { $0.contains("slate frames") }.flatMap { line -> Int? in
+            guard let range = line.range(of: " slate frames") else { return nil }
+            return Int(line[..<range.lowerBound].split(separator: " ").last ?? "")
+        } ?? 0
+        #expect(slates >= 60, "slate frames: \(slates)")
+        let frames = try probe(file).video?.frames ?? 0
+        #expect(abs(frames - 180) <= 3, "6 s at 30 fps: \(frames) frames")
+        let colours = try Self.centreColours(file)
+        #expect(colours.prefix(30).contains { Self.near($0, 255, 0, 0) }, "red before the loss")
+        #expect(colours.suffix(30).allSatisfy { Self.near($0, 0, 0, 255) }, "the slate (blue) after it: \(colours.suffix(3).map { "\($0)" })")
+    }
+
+    /// The monitor's mode changes mid-recording: the stream renegotiates, the new frames come in the
+    /// new size and are scaled to the recording's (unchanged) size, at the same rate.
+    @Test func sizeChangeRenegotiatesAndIsScaled() throws {
+        let desktop = try DesktopSession(.init(size: "640x360", background: "#ff0000"))
+        defer { desktop.stop() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let file = dir.path("resized.mp4")
+        let recording = try desktop.start(broadcastBinary, [
+            "record", file, "--video", "portal", "--audio-mic", "none", "--fps", "30", "--duration", "4s", "-q",
+        ])
+        Thread.sleep(forTimeInterval: 1.5)
+        let mode = try desktop.run("/usr/bin/swaymsg", ["output", "HEADLESS-1", "resolution", "800x600"])
+        #expect(mode.status == 0, "swaymsg: \(mode.stderr)")
+        Thread.sleep(forTimeInterval: 0.3)
+        try desktop.setBackground("#00ff00")
+        let r = recording.wait(timeout: 120)
+        #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
+        let formats = r.stderr.split(separator: "\n").last { $0.contains("formats negotiated") }.flatMap { line -> Int? in
+            guard let range = line.range(of: " formats negotiated") else { return nil }
+            return Int(line[..<range.lowerBound].split(separator: " ").last ?? "")
+        } ?? 0
+        #expect(formats >= 2, "formats negotiated: \(formats)")
+        let p = try probe(file)
+        #expect(p.video?.width == 640 && p.video?.height == 360, "size: \(String(describing: p.video))")
+        #expect(abs((p.video?.frames ?? 0) - 120) <= 1, "4 s at 30 fps: \(p.video?.frames ?? 0)")
+        let colours = try Self.centreColours(file)
+        #expect(colours.suffix(10).allSatisfy { Self.near($0, 0, 255, 0) }, "green after the change: \(colours.suffix(3).map { "\($0)" })")
+    }
+}
+
+@Suite("The user service", .serialized)
+struct UserServiceTests {
+    static let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+
+    /// systemd/broadcast-user.service passes `systemd-analyze verify` and ties itself to the session.
+    @Test func userUnitVerifies() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let unit = try String(contentsOf: Self.repository.appendingPathComponent("systemd/broadcast-user.service"), encoding: .utf8)
+        for needle in ["Type=notify", "WatchdogSec=", "StateDirectory=broadcast", "RuntimeDirectory=broadcast",
+                       "PartOf=graphical-session.target", "WantedBy=graphical-session.target", "%E/broadcast/broadcast.toml",
+                       "WAYLAND_DISPLAY", "DBUS_SESSION_BUS_ADDRESS"] {
+            #expect(unit.contains(needle), "the user unit should have \(needle)")
+        }
+        let local = dir.path("broadcast-user.service")
+        try unit.replacingOccurrences(of: "/usr/local/bin/broadcast", with: broadcastBinary).write(toFile: local, atomically: true, encoding: .utf8)
+        let r = try run("/usr/bin/systemd-analyze", ["verify", local])
+        #expect(r.status == 0, "systemd-analyze verify: \(r.stdout) \(r.stderr)")
+        #expect(r.stderr.trimmingCharacters(in: .whitespacesAndNewlines).isEmpty, "warnings: \(r.stderr)")
+    }
+
+    /// The user config as the unit runs it (state directory, the session's environment): the daemon
+    /// casts the desktop through the portal, records, and keeps the restore token in $STATE_DIRECTORY.
+    @Test func userConfigRecordsTheDesktop() throws {
+        let desktop = try DesktopSession(.init(size: "320x240"))
+        defer { desktop.stop() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let state = dir.path("home/.local/state/broadcast")
+        try FileManager.default.createDirectory(atPath: state, withIntermediateDirectories: true)
+        let config = Self.repository.appendingPathComponent("systemd/broadcast-user.toml").path
+        let environment = desktop.environment.merging(["HOME": dir.path("home"), "STATE_DIRECTORY": state]) { $1 }
+        let daemon = try Child(broadcastBinary, ["daemon", "--config", config], directory: URL(fileURLWithPath: state), environment: environment)
+        let socket = (desktop.environment["XDG_RUNTIME_DIR"] ?? "") + "/broadcast/control.sock"
+        var up = false
+        for _ in 0..<150 {
+            if FileManager.default.fileExists(atPath: socket) { up = true; break }
+            usleep(100_000)
+        }
+        Thread.sleep(forTimeInterval: 2)
+        daemon.signal(SIGTERM)
+        let r = daemon.wait(timeout: 30)
+        #expect(up, "no control socket at \(socket): \(r.stderr.suffix(1500))")
+        #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(1500))")
+        let files = (try? FileManager.default.contentsOfDirectory(atPath: state)) ?? []
+        #expect(files.contains("portal-monitor.token"), "files: \(files)")
+        let recording = files.first { $0.hasPrefix("desk-") && $0.hasSuffix(".mp4") }
+        #expect(recording != nil, "files: \(files)")
+        if let recording { #expect(try probe(state + "/" + recording).video != nil) }
+    }
+}
