@@ -261,8 +261,13 @@ public final class Recording {
         do {
             try muxer.write(packet, shiftNanoseconds: shiftNanoseconds)
         } catch {
-            throw BroadcastError(.outputFailed, "recording \(path): \(error)")
+            throw BroadcastError(.outputFailed, "recording \(path): \(error)\(replacementNote)")
         }
+    }
+
+    /// For a replacement that fails: the old file stays, and where the new recording is.
+    private var replacementNote: String {
+        target.kind == .replace ? " (\(target.path) is unchanged; what was recorded is in \(writingPath))" : ""
     }
 
     /// Writes the trailer, and for MP4/MOV rewrites the file with its index at the front; a
@@ -272,7 +277,7 @@ public final class Recording {
         guard !finished, let muxer else { return }
         finished = true
         self.muxer = nil
-        let kept = target.kind == .replace ? " (\(target.path) is unchanged; what was recorded is in \(writingPath))" : ""
+        let kept = replacementNote
         do {
             try muxer.finish()
         } catch {
