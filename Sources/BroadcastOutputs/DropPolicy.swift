@@ -166,7 +166,10 @@ struct SendQueue {
 
     private mutating func checkToDrop(referenceFrames: Bool, dropped: (DropReason) -> Void) {
         guard count >= minimumPackets, let first else { return }
-        if first.dtsNanoseconds < minimumDropDTS { return }
+        // Once per backlog the front has not moved past, unless another threshold's worth of media
+        // came since the last drop: a connection that takes nothing (a stalled server) keeps
+        // being thinned instead of queueing every reference frame from then on.
+        if first.dtsNanoseconds < minimumDropDTS, newestDTS - minimumDropDTS <= referenceThreshold { return }
         let limit = referenceFrames ? referenceThreshold : threshold
         guard newestDTS - first.dtsNanoseconds > limit else { return }
         let keep: DropPriority = referenceFrames ? .keyframe : .reference

@@ -116,6 +116,13 @@ public final class EncodingHandler: BroadcastSampleHandler {
     private var bitrateWindowStart: Double?
     private var bitrateWindowBytes = 0
     private var finished = false
+    /// Media time (ns) of the last video frame encoded.
+    private var lastVideoTime: Int64?
+    /// A resume came since the last video frame: the next one may fall closer than a frame period
+    /// to it (the pause took out a stretch that is not a whole number of frames).
+    private var resumedSinceVideo = false
+    /// Video frames dropped after a resume for being too close to the frame before the pause.
+    public private(set) var framesDroppedAfterResume = 0
     /// Errors met after the start that did not stop the broadcast (a recording that failed, a
     /// finalize that did not work), in order.
     public private(set) var failures: [BroadcastError] = []
@@ -238,6 +245,20 @@ public final class EncodingHandler: BroadcastSampleHandler {
         switch type {
         case .video:
             guard let videoEncoder else { return }
+            let time = buffer.presentationTime.nanoseconds ?? 0
+            if resumedSinceVideo, let last = lastVideoTime, let rate = configuration.video?.frameRate,
+                rate.numerator > 0, time - last < 1_000_000_000 * Int64(rate.denominator) / Int64(rate.numerator)
+            {
+                // A pause cut out a stretch of capture that is not a whole number of frames: the
+                // first frame after it can fall less than a frame period after the one before it.
+                // Players and transcoders that count in frames (1/fps) would give both the same
+                // timestamp ("non monotonically increasing dts"): this frame goes; the next one is
+                // between one and two periods after the last.
+                framesDroppedAfterResume += 1
+                return
+            }
+            resumedSinceVideo = false
+            lastVideoTime = time
             if keyframeRequest.load(ordering: .relaxed), keyframeRequest.exchange(false, ordering: .acquiring) {
                 videoEncoder.forceKeyframe()
             }
@@ -266,6 +287,8 @@ public final class EncodingHandler: BroadcastSampleHandler {
             }
         }
     }
+
+    public func broadcastResumed() { resumedSinceVideo = true }
 
     /// Runs a BroadcastMedia call, turning its error into the session's kind.
     private func media<T>(_ body: () throws(FFmpegError) -> T) throws(BroadcastError) -> T {

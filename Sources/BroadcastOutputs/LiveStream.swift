@@ -28,6 +28,27 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
     /// The current operation's deadline (CLOCK_MONOTONIC ns), 0: none. Read by the interrupt callback.
     private let operationDeadline = ManagedAtomic<Int64>(0)
 
+    // The output thread's own state. FFmpeg's interrupt callback runs on this thread too (inside a
+    // blocking write), so it may use it.
+
+    /// Packets taken from the encoder, waiting to be sent, thinned by backlog.
+    private var queue: SendQueue
+    /// Waiting for a keyframe to (re)start from: everything before it is dropped.
+    private var restartPending = true
+    /// A connection is open (packets go through the drop policy).
+    private var connected = false
+    /// When the packet being written was handed to the muxer (ns), 0: not writing.
+    private var writeStartedAt: Int64 = 0
+    /// dts (ns) of the packet being written: the oldest media the socket has not taken.
+    private var writingDTS: Int64 = 0
+    /// The interrupt callback ended the current operation because its deadline passed.
+    private var deadlinePassed = false
+    /// A write blocked this long means the server takes nothing: the output is stalled.
+    static let stallNanoseconds: Int64 = 1_000_000_000
+    /// While a write blocks longer than this, packets keep coming off the encoder's queue into the
+    /// send queue, where the backlog policy drops them.
+    static let intakeWhileBlockedNanoseconds: Int64 = 100_000_000
+
     init(output: Output, url: StreamURL, streams: [StreamDescription], totalBitrate: Int, logger: Logger) {
         self.output = output
         self.url = url
@@ -37,6 +58,7 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
         // Linux doubles SO_SNDBUF: a quarter second asked is about half a second held.
         self.sendBufferBytes = settings.sendBufferBytes ?? max(32 * 1024, totalBitrate / 8 / 4)
         self.logger = logger
+        self.queue = SendQueue(threshold: settings.dropThreshold, referenceThreshold: settings.referenceDropThreshold)
     }
 
     private var status: OutputStatus { output.status }
@@ -48,14 +70,11 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
     }
 
     func run() {
-        var queue = SendQueue(threshold: settings.dropThreshold, referenceThreshold: settings.referenceDropThreshold)
         var muxer: Muxer?
         var failures = 0
         var refusals = 0
         var nextAttempt = clock.now()
         var connectedAt: Int64 = 0
-        /// Waiting for a keyframe to (re)start from: everything before it is dropped.
-        var restartPending = true
         var windowStart = clock.now()
         var windowBytes: Int64 = 0
         var lastBytes: Int64 = 0
@@ -63,18 +82,27 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
         var sentBefore: Int64 = 0
         status.set(.connecting)
 
-        func drop(_ reason: DropReason, _ count: Int = 1) { if count > 0 { status.drop(reason, count: count) } }
+        func drop(_ reason: DropReason, _ count: Int = 1) { self.drop(reason, count) }
 
         func connectionLost(_ error: FFmpegError, sending: Bool) {
             let now = clock.now()
             // Give the old connection a second to close, then let it go.
             operationDeadline.store(now + 1_000_000_000, ordering: .relaxed)
             muxer = nil
+            connected = false
             operationDeadline.store(0, ordering: .relaxed)
             sentBefore += lastBytes
             lastBytes = 0
             status.bitrate.store(0, ordering: .relaxed)
-            let message = url.scrub(error.description)
+            status.setBacklog(0)
+            var message = url.scrub(error.description)
+            if deadlinePassed {
+                // FFmpeg says "Immediate exit requested" for a call its interrupt callback ended.
+                message = sending
+                    ? "timed out after \(Self.seconds(settings.timeout)) writing to \(url.redacted): the server took no data in that time"
+                    : "timed out after \(Self.seconds(settings.timeout)) connecting to \(url.redacted)"
+                deadlinePassed = false
+            }
             status.setError(message)
             // A publish the server drops at once (nginx-rtmp's deny, a rejected key) counts as refused.
             let refused = !sending || now - connectedAt < 3_000_000_000
@@ -111,28 +139,8 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
             if status.current == .failed { break }
 
             // Move what the encoder queued into the send queue, dropping by policy.
-            if feed.overflowed.exchange(false, ordering: .acquiringAndReleasing) { restartPending = true }
             let isPaused = output.isPaused
-            while let packet = feed.pop() {
-                if isPaused {
-                    drop(.paused)
-                    restartPending = true
-                    continue
-                }
-                if restartPending {
-                    if isStart(packet) {
-                        drop(.offline, queue.removeAll())
-                        restartPending = false
-                        queue.append(packet)
-                    } else {
-                        drop(.offline)
-                    }
-                } else if muxer == nil {
-                    queue.append(packet)
-                } else {
-                    queue.add(packet) { drop($0) }
-                }
-            }
+            intake(paused: isPaused)
             if isPaused {
                 if status.current != .paused { status.set(.paused) }
                 drop(.paused, queue.removeAll())
@@ -151,6 +159,7 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
                 status.set(status.everDelivered.load(ordering: .relaxed) || failures > 0 ? .reconnecting : .connecting)
                 do {
                     muxer = try connect()
+                    connected = true
                 } catch {
                     connectionLost(error, sending: false)
                     continue
@@ -182,15 +191,24 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
                 feed.waitForPackets(timeoutNanoseconds: 200_000_000)
                 continue
             }
-            operationDeadline.store(clock.now() + Int64(settings.timeout * 1e9), ordering: .relaxed)
+            writeStartedAt = clock.now()
+            writingDTS = packet.dtsNanoseconds
+            deadlinePassed = false
+            operationDeadline.store(writeStartedAt + Int64(settings.timeout * 1e9), ordering: .relaxed)
             do {
                 try muxer!.write(packet)
             } catch {
                 operationDeadline.store(0, ordering: .relaxed)
+                writeStartedAt = 0
                 connectionLost(error, sending: true)
                 continue
             }
             operationDeadline.store(0, ordering: .relaxed)
+            writeStartedAt = 0
+            if status.current == .stalled {
+                status.set(.live)
+                logger.notice("stream \(url.redacted): the server takes data again")
+            }
             status.sent(packet)
             let bytes = muxer!.bytesWritten
             windowBytes += bytes - lastBytes
@@ -221,6 +239,52 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
         feed.close()
     }
 
+    private func drop(_ reason: DropReason, _ count: Int = 1) { if count > 0 { status.drop(reason, count: count) } }
+
+    /// Moves what the encoder queued into the send queue: dropped while paused or while waiting for
+    /// a keyframe to (re)start from, through the backlog policy while connected.
+    private func intake(paused: Bool) {
+        if feed.overflowed.exchange(false, ordering: .acquiringAndReleasing) { restartPending = true }
+        while let packet = feed.pop() {
+            if paused {
+                drop(.paused)
+                restartPending = true
+                continue
+            }
+            if restartPending {
+                if isStart(packet) {
+                    drop(.offline, queue.removeAll())
+                    restartPending = false
+                    queue.append(packet)
+                } else {
+                    drop(.offline)
+                }
+            } else if !connected {
+                queue.append(packet)
+            } else {
+                queue.add(packet) { drop($0) }
+            }
+        }
+    }
+
+    /// Called by FFmpeg's interrupt callback (every 100 ms or so while a call blocks), on this
+    /// thread. While a packet's write blocks, the socket takes nothing: the backlog is everything
+    /// encoded since that packet and grows; new packets still come off the encoder's queue into the
+    /// send queue, where the backlog policy drops video; after a second the output is "stalled".
+    private func whileBlocked(now: Int64) {
+        guard writeStartedAt != 0 else { return }
+        let blocked = now - writeStartedAt
+        guard blocked >= Self.intakeWhileBlockedNanoseconds else { return }
+        intake(paused: output.isPaused)
+        status.setBacklog(max(0, feed.newestDTS.load(ordering: .relaxed) - writingDTS))
+        if blocked >= Self.stallNanoseconds, status.current == .live {
+            status.set(.stalled)
+            status.bitrate.store(0, ordering: .relaxed)
+            logger.warning(
+                "stream \(url.redacted): stalled: a write has blocked for \(Self.seconds(Double(blocked) / 1e9)), the server takes no data")
+        }
+    }
+
     /// True once the broadcast's finish timeout passed: stop sending, close.
     private func aborting() -> Bool {
         let by = output.finishBy.load(ordering: .relaxed)
@@ -239,13 +303,19 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
             formatName: url.scheme.formatName,
             displayName: url.redacted,
             logger: logger,
-            shouldInterrupt: {
+            shouldInterrupt: { [unowned self] in
                 var ts = timespec()
                 clock_gettime(CLOCK_MONOTONIC, &ts)
                 let now = Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec)
                 let d = deadline.load(ordering: .relaxed)
                 let f = finishBy.load(ordering: .relaxed)
-                return (d != 0 && now > d) || (f != 0 && now > f)
+                if f != 0 && now > f { return true }
+                if d != 0 && now > d {
+                    self.deadlinePassed = true
+                    return true
+                }
+                self.whileBlocked(now: now)
+                return false
             }
         )
         for stream in streams { try muxer.addStream(stream) }
@@ -260,6 +330,7 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
             ioOptions["connect_timeout"] = "\(Int64(settings.timeout * 1000))"
         }
         operationDeadline.store(clock.now() + Int64(settings.timeout * 1e9), ordering: .relaxed)
+        deadlinePassed = false
         defer { operationDeadline.store(0, ordering: .relaxed) }
         try muxer.writeHeader(options: options, ioOptions: ioOptions)
         return muxer

@@ -11,6 +11,9 @@ public enum OutputState: Int, Sendable, Hashable, CustomStringConvertible {
     case connecting
     /// A live output sending.
     case live
+    /// A live output whose server takes no data: a write has blocked for a second or more (the
+    /// backlog grows and drops engage; after the timeout the connection counts as dead).
+    case stalled
     /// A live output that lost its connection (or never got one) and is trying again.
     case reconnecting
     /// A file output writing.
@@ -27,6 +30,7 @@ public enum OutputState: Int, Sendable, Hashable, CustomStringConvertible {
         case .idle: "idle"
         case .connecting: "connecting"
         case .live: "live"
+        case .stalled: "stalled"
         case .reconnecting: "reconnecting"
         case .recording: "recording"
         case .paused: "paused"

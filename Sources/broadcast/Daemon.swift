@@ -86,7 +86,7 @@ struct Daemon: AsyncParsableCommand {
         let config = self.config
         Signals.startWatching { signal in
             switch signal {
-            case SIGTERM, SIGINT:
+            case SIGTERM, SIGINT, SIGQUIT:
                 logger.notice("\(Signals.name(signal)): shutting down")
                 Task { await group.triggerGracefulShutdown() }
             case SIGHUP:

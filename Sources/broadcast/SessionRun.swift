@@ -6,8 +6,9 @@ import Logging
 import Glibc
 #endif
 
-/// Runs `session` on this thread with SIGINT/SIGTERM (finish; a second SIGINT quits at once) and
-/// SIGUSR1 (pause/resume) wired, and the status line going unless `quiet`. Shared by record and stream.
+/// Runs `session` on this thread with SIGINT/SIGTERM/SIGQUIT (finish; a second SIGINT quits at
+/// once) and SIGUSR1 (pause/resume) wired, and the status line going unless `quiet`. Shared by
+/// record and stream.
 func runWithSignals(
     session: BroadcastSession,
     logger: Logger,
@@ -18,13 +19,13 @@ func runWithSignals(
     let interrupts = ManagedAtomic<Int>(0)
     Signals.startWatching { signal in
         switch signal {
-        case SIGINT, SIGTERM:
+        case SIGINT, SIGTERM, SIGQUIT:
             if interrupts.wrappingIncrementThenLoad(ordering: .relaxed) > 1 && signal == SIGINT {
                 FileStandardError.write("\nbroadcast: interrupted again, quitting at once\n")
                 _exit(130)
             }
             logger.notice("\(Signals.name(signal)): finishing (flushing encoders, writing the trailer)")
-            _ = try? session.finish()
+            finishOnceStarted(session)
         case SIGUSR1:
             if session.state == .paused {
                 if (try? session.resume()) != nil { logger.notice("SIGUSR1: resumed") }
@@ -39,4 +40,30 @@ func runWithSignals(
     let result = Result { try session.run(setupInfo: setupInfo) }
     status?.stop()
     return result
+}
+
+/// Finishes `session` once it has something to show. A stop that comes before the session started
+/// (it would be refused and lost) or before its first frame (the file would hold no media) waits
+/// for that, on a thread of its own so that a second SIGINT still quits at once; at most 3 s,
+/// after which the session is finished as soon as it can be.
+func finishOnceStarted(_ session: BroadcastSession) {
+    @Sendable func ready() -> Bool {
+        guard session.state != .idle else { return false }
+        let statistics = session.statistics()
+        if let video = statistics[.video] { return video.delivered > 0 }
+        return statistics.values.contains { $0.delivered > 0 }
+    }
+    if ready() {
+        _ = try? session.finish()
+        return
+    }
+    _ = OSThread {
+        let clock = MonotonicClock()
+        let deadline = clock.now() + 3_000_000_000
+        while clock.now() < deadline, session.state != .finished, !ready() { usleep(5_000) }
+        while session.state != .finished {
+            if (try? session.finish()) != nil { return }
+            usleep(5_000)
+        }
+    }
 }

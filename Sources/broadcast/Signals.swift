@@ -12,7 +12,9 @@ import Glibc
 nonisolated(unsafe) private var signalPipeWrite: Int32 = -1
 
 enum Signals {
-    static let handled = [SIGINT, SIGTERM, SIGHUP, SIGUSR1]
+    /// SIGQUIT is handled as SIGTERM (a clean finish): left to the Swift runtime it printed a
+    /// crash report and stalled the capture, and the process went on.
+    static let handled = [SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGQUIT]
     nonisolated(unsafe) private static var pipeRead: Int32 = -1
 
     /// Installs the handlers. Call first thing in main.
@@ -69,6 +71,7 @@ enum Signals {
         case SIGTERM: "SIGTERM"
         case SIGHUP: "SIGHUP"
         case SIGUSR1: "SIGUSR1"
+        case SIGQUIT: "SIGQUIT"
         default: "signal \(signal)"
         }
     }
