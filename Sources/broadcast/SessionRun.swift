@@ -43,15 +43,15 @@ func runWithSignals(
 }
 
 /// Finishes `session` once it has something to show. A stop that comes before the session started
-/// (it would be refused and lost) or before its first frame (the file would hold no media) waits
-/// for that, on a thread of its own so that a second SIGINT still quits at once; at most 3 s,
+/// (it would be refused and lost) or before every source delivered its first buffer (the file
+/// would hold a stream without media) waits for that, on a thread of its own so that a second SIGINT still quits at once; at most 3 s,
 /// after which the session is finished as soon as it can be.
 func finishOnceStarted(_ session: BroadcastSession) {
     @Sendable func ready() -> Bool {
         guard session.state != .idle else { return false }
+        // Every source delivered something: each stream of the file has a packet.
         let statistics = session.statistics()
-        if let video = statistics[.video] { return video.delivered > 0 }
-        return statistics.values.contains { $0.delivered > 0 }
+        return !statistics.isEmpty && statistics.values.allSatisfy { $0.delivered > 0 }
     }
     if ready() {
         _ = try? session.finish()
