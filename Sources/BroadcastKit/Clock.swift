@@ -54,4 +54,9 @@ public final class OSThread: @unchecked Sendable {
     public func join() {
         pthread_join(handle, nil)
     }
+
+    /// Lets the thread's resources go when its body returns, for a thread nobody joins.
+    public func detach() {
+        pthread_detach(handle)
+    }
 }

@@ -3,7 +3,8 @@ import Atomics
 /// A lock-free multi-producer/single-consumer stack (Treiber): control calls from any thread
 /// leave commands for the session thread, which takes them all at once. The consumer swaps the
 /// whole list out, so there is no ABA problem; it restores order by the sequence number.
-final class CommandStack<Value: Sendable>: @unchecked Sendable {
+/// Also how save requests reach a replay buffer's thread.
+public final class CommandStack<Value: Sendable>: @unchecked Sendable {
     final class Node: AtomicReference, @unchecked Sendable {
         let value: Value
         var next: Node?
@@ -12,7 +13,9 @@ final class CommandStack<Value: Sendable>: @unchecked Sendable {
 
     private let top = ManagedAtomic<Node?>(nil)
 
-    func push(_ value: Value) {
+    public init() {}
+
+    public func push(_ value: Value) {
         let node = Node(value)
         var current = top.load(ordering: .acquiring)
         while true {
@@ -28,7 +31,7 @@ final class CommandStack<Value: Sendable>: @unchecked Sendable {
     }
 
     /// Everything pushed so far, oldest first.
-    func takeAll() -> [Value] {
+    public func takeAll() -> [Value] {
         var node = top.exchange(nil, ordering: .acquiringAndReleasing)
         var values: [Value] = []
         while let n = node {

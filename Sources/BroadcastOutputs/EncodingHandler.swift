@@ -39,7 +39,11 @@ public struct EncodingConfiguration: Sendable {
         }
         if let problem = video?.problem() { throw BroadcastError(.invalidArgument, "video: \(problem)") }
         for output in allOutputs {
-            if case .file(let path) = output.destination { try Recording.validate(path: path, overwrite: output.overwrite) }
+            if case .file(let path) = output.destination {
+                // A replay's path is a strftime template: check what it gives now.
+                try Recording.validate(
+                    path: output.replay != nil ? RecordingRetention.expand(path) : path, overwrite: output.overwrite)
+            }
         }
         try OutputConfiguration.checkDistinctFiles(allOutputs)
     }
@@ -123,21 +127,31 @@ public final class EncodingHandler: BroadcastSampleHandler {
     private var resumedSinceVideo = false
     /// Video frames dropped after a resume for being too close to the frame before the pause.
     public private(set) var framesDroppedAfterResume = 0
+    /// Where media time stands, for replay saves asked from other threads; see `MediaClock`.
+    public let mediaClock: MediaClock
+    /// End of the last buffer delivered (media ns): where media time stands still when paused.
+    private var deliveredEnd: Int64 = 0
     /// Errors met after the start that did not stop the broadcast (a recording that failed, a
     /// finalize that did not work), in order.
     public private(set) var failures: [BroadcastError] = []
 
-    public init(configuration: EncodingConfiguration, logger: Logger) {
+    /// `realtime`: the sources run at clock speed (what a replay save's "now" is measured on).
+    public init(configuration: EncodingConfiguration, logger: Logger, realtime: Bool = true) {
         self.configuration = configuration
         self.logger = logger
         let keyframeRequest = self.keyframeRequest
         let failed = counters.failedOutputs
+        let mediaClock = MediaClock(realtime: realtime)
+        self.mediaClock = mediaClock
         outputControl = OutputControl(
             configuration.allOutputs.map {
-                Output(configuration: $0, keyframeRequest: keyframeRequest, failedOutputs: failed, logger: logger)
+                Output(configuration: $0, keyframeRequest: keyframeRequest, failedOutputs: failed, logger: logger, mediaClock: mediaClock)
             }
         )
     }
+
+    /// The replay outputs.
+    public var replayOutputs: [Output] { outputs.filter(\.isReplay) }
 
     /// The output named `name`.
     public func output(named name: String) -> Output? { outputs.first { $0.name == name } }
@@ -188,12 +202,19 @@ public final class EncodingHandler: BroadcastSampleHandler {
         }
         for (output, worker) in zip(outputs, workers) { output.start(worker) }
         videoEncoder?.markMediaTimeZero()
+        mediaClock.started()
     }
+
+    public func broadcastPaused() { mediaClock.paused(at: deliveredEnd) }
 
     /// The worker that feeds `output` its packets: a file is created now (so a path that cannot
     /// be written fails here), a live stream connects on its own thread.
     private func makeWorker(for output: Output, joining: Bool = false) throws(BroadcastError) -> any OutputWorker {
         switch output.destination {
+        case .file(let template) where output.configuration.replay != nil:
+            return ReplayWorker(
+                output: output, settings: output.configuration.replay!, pathTemplate: template, streams: streams,
+                hook: output.fileFinishedHook, logger: logger)
         case .file(let path):
             let recording = try Recording(
                 path: path, streams: streams, overwrite: output.configuration.overwrite, logger: logger)
@@ -218,7 +239,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
             }
             let output = Output(
                 configuration: configuration, keyframeRequest: keyframeRequest, failedOutputs: counters.failedOutputs,
-                logger: logger)
+                logger: logger, mediaClock: mediaClock)
             do {
                 // Never two recordings in one file, whatever the new set says.
                 let others = current + next.filter { added in !current.contains { $0 === added } }
@@ -242,6 +263,8 @@ public final class EncodingHandler: BroadcastSampleHandler {
     public func processSampleBuffer(_ buffer: borrowing SampleBuffer, of type: SampleBufferType) throws {
         guard !finished else { return }
         if let desired = outputControl.takeRequest() { applyRequestedOutputs(desired) }
+        let end = buffer.presentationTime.nanoseconds.map { $0 + (buffer.duration.nanoseconds ?? 0) } ?? deliveredEnd
+        if end > deliveredEnd { deliveredEnd = end }
         switch type {
         case .video:
             guard let videoEncoder else { return }
@@ -288,7 +311,10 @@ public final class EncodingHandler: BroadcastSampleHandler {
         }
     }
 
-    public func broadcastResumed() { resumedSinceVideo = true }
+    public func broadcastResumed() {
+        resumedSinceVideo = true
+        mediaClock.resumed()
+    }
 
     /// Runs a BroadcastMedia call, turning its error into the session's kind.
     private func media<T>(_ body: () throws(FFmpegError) -> T) throws(BroadcastError) -> T {

@@ -169,6 +169,11 @@ public final class Output: @unchecked Sendable {
     let finishBy = ManagedAtomic<Int64>(0)
     private let failedOutputs: ManagedAtomic<Int>
     let logger: Logger
+    /// Replay outputs: their figures and save requests, and where media time stands for a save.
+    let replayStatus = ReplayStatus()
+    let mediaClock: MediaClock
+    /// The command run for every file this output finishes, if configured.
+    let fileFinishedHook: FileFinishedHook?
     /// Session thread only.
     private var thread: OSThread?
     private var worker: (any OutputWorker)?
@@ -178,8 +183,13 @@ public final class Output: @unchecked Sendable {
         configuration: OutputConfiguration,
         keyframeRequest: ManagedAtomic<Bool>,
         failedOutputs: ManagedAtomic<Int>,
-        logger: Logger
+        logger: Logger,
+        mediaClock: MediaClock = MediaClock()
     ) {
+        self.mediaClock = mediaClock
+        self.fileFinishedHook = configuration.onFileFinished.flatMap {
+            $0.isEmpty ? nil : FileFinishedHook(arguments: $0, outputName: configuration.name, logger: logger)
+        }
         self.configuration = configuration
         self.name = configuration.name
         self.destination = configuration.destination

@@ -116,19 +116,28 @@ public struct OutputConfiguration: Sendable, Hashable {
     /// For a file destination: an existing file may be replaced (when the new recording is
     /// complete). Without it an existing file is refused before anything starts.
     public var overwrite: Bool
+    /// A replay buffer instead of a recording: the file destination is the strftime(3) template
+    /// each save is named by.
+    public var replay: ReplaySettings?
+    /// Run for every file the output finishes (see `FileFinishedHook`); nil: nothing.
+    public var onFileFinished: [String]?
 
     public init(
         name: String? = nil,
         destination: OutputDestination,
         live: LiveStreamSettings = LiveStreamSettings(),
         segments: RecordingSegments? = nil,
-        overwrite: Bool = false
+        overwrite: Bool = false,
+        replay: ReplaySettings? = nil,
+        onFileFinished: [String]? = nil
     ) {
         self.name = name ?? destination.description
         self.destination = destination
         self.live = live
         self.segments = segments
         self.overwrite = overwrite
+        self.replay = replay
+        self.onFileFinished = onFileFinished
     }
 
     /// The file this output writes, links resolved (see `Recording.resolvedPath`); nil for a live
@@ -143,7 +152,8 @@ public struct OutputConfiguration: Sendable, Hashable {
     public static func checkDistinctFiles(_ outputs: [OutputConfiguration]) throws(BroadcastError) {
         var seen: [String: OutputConfiguration] = [:]
         for output in outputs {
-            guard case .file(let path) = output.destination, let file = output.resolvedFile else { continue }
+            // A replay output's path is a template for its saves, each a new file.
+            guard case .file(let path) = output.destination, output.replay == nil, let file = output.resolvedFile else { continue }
             if let first = seen[file] {
                 let names = first.name == first.destination.description && output.name == path
                     ? "\(first.destination) and \(path)" : "outputs \(first.name) and \(output.name)"

@@ -124,6 +124,7 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
             // What finishing wrote counts too (an audio-only recording may write nothing before).
             status.bytes.store(recording.bytesWritten, ordering: .relaxed)
             status.set(.finished)
+            output.fileFinishedHook?.fileFinished(recording.path)
         } catch {
             output.failed(error.message)
         }
@@ -134,6 +135,7 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
     /// Finishes the current file and opens the next, which starts at `dts` (time zero in it).
     private func startNextSegment(_ segments: RecordingSegments, at dts: Int64) throws(BroadcastError) {
         try recording.finish()
+        output.fileFinishedHook?.fileFinished(recording.path)
         let path = RecordingRetention.nextPath(segments.pathTemplate, after: recording.path)
         recording = try Recording(path: path, streams: streams, logger: logger)
         segmentStart = dts

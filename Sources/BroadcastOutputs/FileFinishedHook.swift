@@ -1,0 +1,126 @@
+import Atomics
+import BroadcastKit
+public import Logging
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Runs a user's command for every file an output finishes (a replay saved, a segment closed, a
+/// recording stopped): `["/usr/local/bin/upload", "{path}"]`, an argument vector started without a
+/// shell, `{path}` and `{name}` replaced in each argument, and the path and output name also in
+/// the environment (BROADCAST_FILE, BROADCAST_OUTPUT). One command at a time per output, on a
+/// thread of the hook's own: the next file waits for the previous command, the output never does.
+/// The exit status is logged; nothing else depends on it.
+public final class FileFinishedHook: Sendable {
+    public let arguments: [String]
+    public let outputName: String
+    private let logger: Logger
+    private let queue = CommandStack<String>()
+    private let wakeup = Wakeup()
+    private let running = ManagedAtomic<Bool>(false)
+    /// Commands started so far and how many exited with status 0.
+    let started = ManagedAtomic<Int>(0)
+    let succeeded = ManagedAtomic<Int>(0)
+
+    public init(arguments: [String], outputName: String, logger: Logger) {
+        precondition(!arguments.isEmpty, "a file-finished command needs at least the program")
+        self.arguments = arguments
+        self.outputName = outputName
+        self.logger = logger
+    }
+
+    /// Queues the command for `path`; returns at once.
+    public func fileFinished(_ path: String) {
+        queue.push(path)
+        wakeup.wake()
+        // The thread runs while there is work and ends when the queue is empty.
+        if !running.exchange(true, ordering: .acquiringAndReleasing) {
+            OSThread { [self] in drain() }.detach()
+        }
+    }
+
+    private func drain() {
+        while true {
+            var batch = queue.takeAll()
+            if batch.isEmpty {
+                running.store(false, ordering: .releasing)
+                // A path queued between the last look and the store above finds running false and
+                // starts a thread of its own only if this one is gone: look once more.
+                batch = queue.takeAll()
+                if batch.isEmpty { return }
+                if running.exchange(true, ordering: .acquiringAndReleasing) {
+                    // Another thread took over; hand the paths back to it.
+                    for path in batch { queue.push(path) }
+                    return
+                }
+            }
+            for path in batch { run(path) }
+        }
+    }
+
+    /// The argument vector for `path`.
+    public func argv(for path: String) -> [String] {
+        arguments.map { $0.replacing("{path}", with: path).replacing("{name}", with: outputName) }
+    }
+
+    private func run(_ path: String) {
+        let argv = argv(for: path)
+        started.wrappingIncrement(ordering: .relaxed)
+        let start = MonotonicClock().now()
+        var environment: [String] = []
+        var pointer = environ
+        while let entry = pointer.pointee {
+            let text = String(cString: entry)
+            if !text.hasPrefix("BROADCAST_FILE="), !text.hasPrefix("BROADCAST_OUTPUT=") { environment.append(text) }
+            pointer += 1
+        }
+        environment += ["BROADCAST_FILE=\(path)", "BROADCAST_OUTPUT=\(outputName)"]
+        let cArgv = argv.map { strdup($0) } + [nil]
+        let cEnv = environment.map { strdup($0) } + [nil]
+        defer {
+            for p in cArgv { free(p) }
+            for p in cEnv { free(p) }
+        }
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        // Our threads may block signals; the command starts with none blocked and default actions.
+        var none = sigset_t()
+        sigemptyset(&none)
+        posix_spawnattr_setsigmask(&attributes, &none)
+        var defaults = sigset_t()
+        sigemptyset(&defaults)
+        for signal in [SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGPIPE] { sigaddset(&defaults, signal) }
+        posix_spawnattr_setsigdefault(&attributes, &defaults)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+        var pid: pid_t = 0
+        let rc =
+            argv[0].contains("/")
+            ? posix_spawn(&pid, argv[0], &actions, &attributes, cArgv, cEnv)
+            : posix_spawnp(&pid, argv[0], &actions, &attributes, cArgv, cEnv)
+        guard rc == 0 else {
+            logger.error("on_file_finished for \(outputName) (\(path)): cannot run \(argv[0]): \(String(cString: strerror(rc)))")
+            return
+        }
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+        let seconds = Double((MonotonicClock().now() - start) / 1_000_000) / 1000
+        let signal = status & 0x7f
+        if signal == 0 {
+            let code = (status >> 8) & 0xff
+            if code == 0 {
+                succeeded.wrappingIncrement(ordering: .relaxed)
+                logger.info("on_file_finished for \(outputName) (\(path)): \(argv[0]) exited 0 after \(seconds) s")
+            } else {
+                logger.error("on_file_finished for \(outputName) (\(path)): \(argv[0]) exited with status \(code) after \(seconds) s")
+            }
+        } else {
+            logger.error("on_file_finished for \(outputName) (\(path)): \(argv[0]) killed by signal \(signal) after \(seconds) s")
+        }
+    }
+}

@@ -1,0 +1,393 @@
+import Atomics
+import BroadcastKit
+import BroadcastMedia
+import Logging
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Where media time stands now, for a save asked from another thread (a signal, the control API):
+/// "everything up to this moment" is this media time. Written on the session's thread at start,
+/// pause and resume; read from any (one atomic reference).
+public final class MediaClock: Sendable {
+    final class Anchor: AtomicReference, Sendable {
+        /// Monotonic clock (ns) at `media`.
+        let clock: Int64
+        let media: Int64
+        let paused: Bool
+        init(clock: Int64, media: Int64, paused: Bool) {
+            self.clock = clock
+            self.media = media
+            self.paused = paused
+        }
+    }
+
+    private let anchor = ManagedAtomic<Anchor?>(nil)
+    /// False for a session whose sources run faster than the clock (--no-realtime): media time
+    /// then says nothing about the wall clock, and a save takes what was encoded when it is handled.
+    let realtime: Bool
+
+    public init(realtime: Bool = true) { self.realtime = realtime }
+
+    func started() { anchor.store(Anchor(clock: MonotonicClock().now(), media: 0, paused: false), ordering: .releasing) }
+    /// Media time stands still at `media` (the end of the last buffer delivered before the pause).
+    func paused(at media: Int64) { anchor.store(Anchor(clock: MonotonicClock().now(), media: media, paused: true), ordering: .releasing) }
+    func resumed() {
+        guard let a = anchor.load(ordering: .acquiring) else { return }
+        anchor.store(Anchor(clock: MonotonicClock().now(), media: a.media, paused: false), ordering: .releasing)
+    }
+
+    /// Media time (ns) now and whether the broadcast is paused; nil before the start or when not realtime.
+    public func now() -> (media: Int64, paused: Bool)? {
+        guard realtime, let a = anchor.load(ordering: .acquiring) else { return nil }
+        if a.paused { return (a.media, true) }
+        return (a.media + max(0, MonotonicClock().now() - a.clock), false)
+    }
+}
+
+/// One save of a replay buffer: asked from any thread, done on the replay output's own threads.
+/// `wait` (control plane only) polls its outcome.
+public final class ReplaySave: Sendable {
+    public struct Outcome: Sendable, Hashable {
+        /// The finished file, or nil when the save failed.
+        public var path: String?
+        /// Seconds of media in the file.
+        public var seconds: Double
+        /// Less was buffered than asked for (right after the start, say).
+        public var isShorter: Bool
+        /// Why it failed (nothing buffered, a write error), or nil.
+        public var error: String?
+    }
+
+    final class Box: AtomicReference, Sendable {
+        let outcome: Outcome
+        init(_ outcome: Outcome) { self.outcome = outcome }
+    }
+
+    public let outputName: String
+    /// The last this many seconds (nil: the whole buffer).
+    public let seconds: Double?
+    /// Media time (ns) the file must reach: captured before the request. nil: what is encoded
+    /// when the output's thread takes the request.
+    let cut: Int64?
+    /// Monotonic ns after which the output stops waiting for packets captured before the cut
+    /// (a capture that stalled, the audio a paused encoder holds) and saves what it has.
+    let waitUntil: Int64
+    private let box = ManagedAtomic<Box?>(nil)
+
+    init(outputName: String, seconds: Double?, cut: Int64?, waitUntil: Int64) {
+        self.outputName = outputName
+        self.seconds = seconds
+        self.cut = cut
+        self.waitUntil = waitUntil
+    }
+
+    /// The outcome once the file is written (or the save failed), else nil.
+    public var outcome: Outcome? { box.load(ordering: .acquiring)?.outcome }
+
+    func complete(_ outcome: Outcome) { box.store(Box(outcome), ordering: .releasing) }
+
+    /// Waits up to `timeoutSeconds` for the outcome. Control plane only (it polls).
+    public func wait(timeoutSeconds: Double) -> Outcome? {
+        let deadline = MonotonicClock().now() + Int64(timeoutSeconds * 1e9)
+        while true {
+            if let outcome { return outcome }
+            if MonotonicClock().now() >= deadline { return nil }
+            usleep(5_000)
+        }
+    }
+}
+
+/// A replay output's figures, readable from any thread.
+public struct ReplayStatistics: Sendable, Hashable {
+    public var bufferedSeconds: Double
+    public var bufferedBytes: Int64
+    public var limitSeconds: Double
+    public var maxBytes: Int64
+    public var savesDone: Int
+    public var savesFailed: Int
+    /// Saves asked for and not finished yet.
+    public var savesPending: Int
+    public var lastPath: String?
+    /// GOPs dropped because of the byte bound.
+    public var droppedForMemory: Int
+}
+
+/// A replay output's counters: written by its threads, read by any (atomics only).
+final class ReplayStatus: Sendable {
+    let bufferedNanoseconds = ManagedAtomic<Int64>(0)
+    let bufferedBytes = ManagedAtomic<Int64>(0)
+    let savesAsked = ManagedAtomic<Int>(0)
+    let savesDone = ManagedAtomic<Int>(0)
+    let savesFailed = ManagedAtomic<Int>(0)
+    let droppedForMemory = ManagedAtomic<Int>(0)
+    let lastPath = ManagedAtomic<OutputStatus.Text?>(nil)
+    /// Save requests for the output's thread (any thread pushes).
+    let requests = CommandStack<ReplaySave>()
+}
+
+extension Output {
+    /// Whether this output is a replay buffer.
+    public var isReplay: Bool { configuration.replay != nil }
+
+    /// Asks for a save of the replay buffer: everything up to now (the output waits for what was
+    /// captured before this call), the last `seconds` of it (nil: all). Returns at once; the file
+    /// is written on the output's own thread. nil when this is not a replay output.
+    public func saveReplay(seconds: Double? = nil) -> ReplaySave? {
+        guard configuration.replay != nil else { return nil }
+        let now = MonotonicClock().now()
+        if feed.closed.load(ordering: .acquiring) {
+            let save = ReplaySave(outputName: name, seconds: seconds, cut: nil, waitUntil: now)
+            save.complete(.init(path: nil, seconds: 0, isShorter: true, error: "replay \(name): the output has finished"))
+            return save
+        }
+        let position = mediaClock.now()
+        // Packets captured before now reach the output within a few frames; a paused encoder
+        // holds its last audio frame until the resume, so a paused broadcast waits less.
+        let wait: Int64 = position?.paused == true ? 300_000_000 : 3_000_000_000
+        let save = ReplaySave(outputName: name, seconds: seconds, cut: position?.media, waitUntil: now + wait)
+        replayStatus.savesAsked.wrappingIncrement(ordering: .relaxed)
+        replayStatus.requests.push(save)
+        feed.dataWakeup.wake()
+        return save
+    }
+
+    public func replayStatistics() -> ReplayStatistics? {
+        guard let settings = configuration.replay else { return nil }
+        let s = replayStatus
+        let done = s.savesDone.load(ordering: .relaxed)
+        let failed = s.savesFailed.load(ordering: .relaxed)
+        return ReplayStatistics(
+            bufferedSeconds: Double(s.bufferedNanoseconds.load(ordering: .relaxed)) / 1e9,
+            bufferedBytes: s.bufferedBytes.load(ordering: .relaxed),
+            limitSeconds: settings.seconds,
+            maxBytes: settings.maxBytes,
+            savesDone: done,
+            savesFailed: failed,
+            savesPending: max(0, s.savesAsked.load(ordering: .relaxed) - done - failed),
+            lastPath: s.lastPath.load(ordering: .acquiring)?.value,
+            droppedForMemory: s.droppedForMemory.load(ordering: .relaxed)
+        )
+    }
+}
+
+/// A replay buffer: keeps the last N seconds of the encode (the packets themselves, refcounted,
+/// no copies) and writes them to a file when asked.
+///
+/// Two threads: the output's thread takes packets from the feed into the buffer, keeps it within
+/// its bounds and turns each request into the list of packets to write, once it holds what was
+/// captured before the request; a writer thread of the output writes those lists one after the
+/// other through `Recording` (the same muxing and MP4 finalizing as any recording). So a slow disk
+/// delays only the next save, never the buffer, capture or the other outputs; saves queue in order.
+final class ReplayWorker: OutputWorker, @unchecked Sendable {
+    private struct Job: @unchecked Sendable {
+        let save: ReplaySave
+        let selection: ReplayBuffer<EncodedPacket>.Selection?
+        let note: String?
+    }
+
+    private let output: Output
+    private let settings: ReplaySettings
+    private let pathTemplate: String
+    private let hasVideo: Bool
+    private let hasAudio: Bool
+    private let streams: [StreamDescription]
+    private let logger: Logger
+    private let hook: FileFinishedHook?
+    private let jobs = CommandStack<Job>()
+    private let jobWakeup = Wakeup()
+    private let intakeEnded = ManagedAtomic<Bool>(false)
+
+    init(output: Output, settings: ReplaySettings, pathTemplate: String, streams: [StreamDescription], hook: FileFinishedHook?, logger: Logger) {
+        self.output = output
+        self.settings = settings
+        self.pathTemplate = pathTemplate
+        self.streams = streams
+        self.hasVideo = streams.contains { $0.parameters.mediaType == .video }
+        self.hasAudio = streams.contains { $0.parameters.mediaType == .audio }
+        self.hook = hook
+        self.logger = logger
+    }
+
+    // MARK: The output's thread: the buffer
+
+    func run() {
+        let status = output.status
+        let replay = output.replayStatus
+        let feed = output.feed
+        status.set(.recording)
+        status.everDelivered.store(true, ordering: .releasing)
+        let writer = OSThread { [self] in writeJobs() }
+        var buffer = ReplayBuffer<EncodedPacket>(settings: settings)
+        var pending: [ReplaySave] = []
+        var awaitingKeyframe = false
+        var shift: Int64 = 0
+        var lastEnd: Int64?
+        var newestVideo: Int64 = .min
+        var newestAudio: Int64 = .min
+        var lastOverflows = 0
+        while true {
+            pending += replay.requests.takeAll()
+            var took = 0
+            while took < 256, let packet = feed.pop() {
+                took += 1
+                let pts = packet.ptsNanoseconds
+                let end = pts + max(0, packet.durationNanoseconds)
+                if packet.mediaType == .video { newestVideo = max(newestVideo, end) } else { newestAudio = max(newestAudio, end) }
+                if output.isPaused {
+                    // The buffer is kept; what comes while paused is not added.
+                    if status.current != .paused { status.set(.paused) }
+                    status.drop(.paused)
+                    awaitingKeyframe = true
+                    continue
+                }
+                let isStart = packet.isKeyframe && (packet.mediaType == .video || !hasVideo)
+                let dts = packet.dtsNanoseconds
+                if awaitingKeyframe {
+                    guard isStart else {
+                        status.drop(.paused)
+                        continue
+                    }
+                    awaitingKeyframe = false
+                    // Joins the packets before the pause without a gap.
+                    if let lastEnd, dts - shift > lastEnd { shift = dts - lastEnd }
+                    status.set(.recording)
+                }
+                buffer.append(
+                    .init(
+                        packet: packet, isVideo: packet.mediaType == .video, isStart: isStart, pts: pts, dts: dts,
+                        end: end, shift: shift, payloadBytes: packet.size))
+                if !buffer.isEmpty { lastEnd = max(lastEnd ?? .min, end - shift) }
+                status.sent(packet)
+            }
+            if buffer.overflows != lastOverflows {
+                if lastOverflows == 0 {
+                    logger.warning(
+                        "replay \(output.name): one keyframe interval is more than max_memory (\(settings.maxBytes) bytes): the buffer was emptied; raise the limit or shorten the keyframe interval")
+                }
+                lastOverflows = buffer.overflows
+            }
+            replay.bufferedNanoseconds.store(buffer.bufferedNanoseconds, ordering: .relaxed)
+            replay.bufferedBytes.store(buffer.bytes, ordering: .relaxed)
+            replay.droppedForMemory.store(buffer.gopsDroppedForMemory + buffer.overflows, ordering: .relaxed)
+            status.bytes.store(buffer.bytes, ordering: .relaxed)
+
+            let ended = feed.ended.load(ordering: .acquiring) && feed.ring.isEmpty
+            // Requests are served in order: one waiting for its packets holds the next.
+            let now = MonotonicClock().now()
+            while let save = pending.first {
+                let covered: Bool
+                if let cut = save.cut {
+                    covered = (!hasVideo || newestVideo >= cut) && (!hasAudio || newestAudio >= cut)
+                } else {
+                    covered = true
+                }
+                guard covered || ended || output.isPaused || now >= save.waitUntil else { break }
+                pending.removeFirst()
+                let wanted = save.seconds.map { Int64(($0 * 1e9).rounded()) }
+                let selection = buffer.selection(cut: save.cut, nanoseconds: wanted)
+                let note = covered || output.isPaused ? nil : "saved without the last packets asked for (none came within the wait)"
+                jobs.push(Job(save: save, selection: selection, note: note))
+                jobWakeup.wake()
+            }
+            if ended && took == 0 && pending.isEmpty {
+                // A request that came in at the very end is still served.
+                let late = replay.requests.takeAll()
+                if late.isEmpty { break }
+                pending += late
+                continue
+            }
+            if took == 0 {
+                let timeout: Int64 = pending.first.map { max(1_000_000, min(200_000_000, $0.waitUntil - now)) } ?? 200_000_000
+                feed.waitForPackets(timeoutNanoseconds: timeout)
+            }
+        }
+        buffer.removeAll()
+        replay.bufferedNanoseconds.store(0, ordering: .relaxed)
+        replay.bufferedBytes.store(0, ordering: .relaxed)
+        intakeEnded.store(true, ordering: .releasing)
+        jobWakeup.wake()
+        writer.join()
+        status.set(.finished)
+        feed.close()
+    }
+
+    // MARK: The writer thread: saves
+
+    private func writeJobs() {
+        while true {
+            jobWakeup.prepareToSleep()
+            let batch = jobs.takeAll()
+            if batch.isEmpty {
+                if intakeEnded.load(ordering: .acquiring) {
+                    jobWakeup.cancelSleep()
+                    // One last look: a job pushed just before the end.
+                    let last = jobs.takeAll()
+                    if last.isEmpty { return }
+                    for job in last { write(job) }
+                    continue
+                }
+                jobWakeup.sleep(timeoutNanoseconds: 200_000_000)
+                continue
+            }
+            jobWakeup.cancelSleep()
+            for job in batch { write(job) }
+        }
+    }
+
+    private func write(_ job: Job) {
+        let replay = output.replayStatus
+        guard let selection = job.selection, !selection.entries.isEmpty else {
+            replay.savesFailed.wrappingIncrement(ordering: .relaxed)
+            let message = "replay \(output.name): nothing buffered yet to save"
+            logger.error("\(message)")
+            job.save.complete(.init(path: nil, seconds: 0, isShorter: true, error: message))
+            return
+        }
+        let path = RecordingRetention.nextPath(pathTemplate)
+        let started = MonotonicClock().now()
+        do throws(BroadcastError) {
+            let recording = try Recording(path: path, streams: streams, logger: logger)
+            do throws(BroadcastError) {
+                for entry in selection.entries {
+                    try recording.write(entry.packet, shiftNanoseconds: entry.shift + selection.base)
+                }
+                try recording.finish()
+            } catch {
+                recording.discard()
+                throw error
+            }
+        } catch {
+            replay.savesFailed.wrappingIncrement(ordering: .relaxed)
+            output.status.setError(error.message)
+            logger.error("replay \(output.name): save failed: \(error.message)")
+            job.save.complete(.init(path: nil, seconds: 0, isShorter: false, error: error.message))
+            return
+        }
+        let seconds = Double(selection.durationNanoseconds) / 1e9
+        let asked = job.save.seconds ?? settings.seconds
+        var message = "replay \(output.name): saved \(path): \(String(format1: seconds)) s"
+        if selection.isShorter { message += " (less than the \(String(format1: asked)) s asked for was buffered)" }
+        if let note = job.note { message += "; \(note)" }
+        message += ", written in \(Double((MonotonicClock().now() - started) / 1_000_000) / 1000) s"
+        logger.notice("\(message)")
+        replay.lastPath.store(OutputStatus.Text(path), ordering: .releasing)
+        replay.savesDone.wrappingIncrement(ordering: .relaxed)
+        job.save.complete(.init(path: path, seconds: seconds, isShorter: selection.isShorter, error: nil))
+        hook?.fileFinished(path)
+    }
+}
+
+extension EncodedPacket {
+    /// Presentation time in nanoseconds.
+    var ptsNanoseconds: Int64 { Int64((presentationSeconds * 1e9).rounded()) }
+}
+
+extension String {
+    /// One decimal: 30.0, 4.5.
+    init(format1 value: Double) {
+        let tenths = Int((value * 10).rounded())
+        self = "\(tenths / 10).\(abs(tenths % 10))"
+    }
+}
