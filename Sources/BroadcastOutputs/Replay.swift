@@ -134,7 +134,8 @@ extension Output {
     /// Asks for a save of the replay buffer: everything up to now (the output waits for what was
     /// captured before this call), the last `seconds` of it (nil: all). Returns at once; the file
     /// is written on the output's own thread. nil when this is not a replay output.
-    public func saveReplay(seconds: Double? = nil) -> ReplaySave? {
+    /// `upTo` sets the media time (ns) the file ends at instead of now (tests, offline sessions).
+    public func saveReplay(seconds: Double? = nil, upTo cut: Int64? = nil) -> ReplaySave? {
         guard configuration.replay != nil else { return nil }
         let now = MonotonicClock().now()
         if feed.closed.load(ordering: .acquiring) {
@@ -146,7 +147,8 @@ extension Output {
         // Packets captured before now reach the output within a few frames; a paused encoder
         // holds its last audio frame until the resume, so a paused broadcast waits less.
         let wait: Int64 = position?.paused == true ? 300_000_000 : 3_000_000_000
-        let save = ReplaySave(outputName: name, seconds: seconds, cut: position?.media, waitUntil: now + wait)
+        let save = ReplaySave(
+            outputName: name, seconds: seconds, cut: cut ?? position?.media, waitUntil: cut != nil ? .max : now + wait)
         replayStatus.savesAsked.wrappingIncrement(ordering: .relaxed)
         replayStatus.requests.push(save)
         feed.dataWakeup.wake()
@@ -229,6 +231,7 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
         var lastOverflows = 0
         while true {
             pending += replay.requests.takeAll()
+            buffer.holdEnd = pending.first.flatMap { $0.cut }.map { $0 - shift }
             var took = 0
             while took < 256, let packet = feed.pop() {
                 took += 1

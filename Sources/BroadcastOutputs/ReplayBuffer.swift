@@ -79,6 +79,9 @@ public struct ReplayBuffer<Packet> {
     public private(set) var overflows = 0
     /// Newest end (pts + duration) with the shift taken off.
     private var newestEnd: Int64 = .min
+    /// While a save waits for its last packets: the end it will cut at (shift taken off). Age
+    /// trimming measures from here instead of the newest packet, so the GOP the save needs stays.
+    public var holdEnd: Int64?
 
     public init(settings: ReplaySettings) {
         limitNanoseconds = settings.nanoseconds
@@ -112,7 +115,7 @@ public struct ReplayBuffer<Packet> {
         // Age: the second GOP alone still covers the limit, so the first is not needed.
         while starts.count >= 2 {
             let second = entries[starts[1]]
-            guard second.dts - second.shift <= newestEnd - limitNanoseconds else { break }
+            guard second.dts - second.shift <= min(newestEnd, holdEnd ?? .max) - limitNanoseconds else { break }
             dropFirstGOP()
         }
         // Bytes: the oldest GOP goes first; a single GOP larger than the bound goes too.

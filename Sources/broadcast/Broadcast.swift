@@ -21,7 +21,7 @@ struct Broadcast: AsyncParsableCommand {
               broadcast record demo.mp4 --duration 10s
               broadcast devices
             """,
-        subcommands: [Record.self, Stream.self, Devices.self, Daemon.self, Status.self, Start.self, Pause.self, Resume.self, Stop.self]
+        subcommands: [Record.self, Stream.self, Devices.self, Daemon.self, Status.self, Start.self, Pause.self, Resume.self, Stop.self, Replay.self]
     )
 
     /// Parses and runs; bad input exits 2 with one line that names the value and what is accepted.

@@ -27,6 +27,12 @@ enum ControlAPI {
                 return .error(400, "\(error)")
             }
             return .json(200, controller.status())
+        case ("POST", "/v1/replay/save"):
+            return ReplayAPI.save(name: nil, request: request, controller: controller)
+        case ("POST", let path) where path.hasPrefix("/v1/outputs/") && path.hasSuffix("/save"):
+            let parts = path.dropFirst("/v1/outputs/".count).split(separator: "/", omittingEmptySubsequences: false)
+            guard parts.count == 2, !parts[0].isEmpty else { return .error(404, "unknown output action '\(path)': use /v1/outputs/{name}/save") }
+            return ReplayAPI.save(name: String(parts[0]), request: request, controller: controller)
         case ("POST", let path) where path.hasPrefix("/v1/outputs/"):
             // /v1/outputs/{name}/pause or /v1/outputs/{name}/resume
             let parts = path.dropFirst("/v1/outputs/".count).split(separator: "/", omittingEmptySubsequences: false)
@@ -43,10 +49,10 @@ enum ControlAPI {
             return .json(200, controller.status())
         case (_, "/v1/status"), (_, "/metrics"):
             return .error(405, "\(request.method) is not allowed on \(request.path): use GET")
-        case (_, let path) where path.hasPrefix("/v1/broadcast/") || path.hasPrefix("/v1/outputs/"):
+        case (_, let path) where path.hasPrefix("/v1/broadcast/") || path.hasPrefix("/v1/outputs/") || path == "/v1/replay/save":
             return .error(405, "\(request.method) is not allowed on \(path): use POST")
         default:
-            return .error(404, "no such endpoint: \(request.path) (see /v1/status, /v1/broadcast/{start,pause,resume,stop}, /v1/outputs/{name}/{pause,resume}, /metrics)")
+            return .error(404, "no such endpoint: \(request.path) (see /v1/status, /v1/broadcast/{start,pause,resume,stop}, /v1/outputs/{name}/{pause,resume,save}, /v1/replay/save, /metrics)")
         }
     }
 }

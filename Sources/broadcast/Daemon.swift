@@ -297,6 +297,12 @@ final class BroadcastController: Sendable {
         if paused { output.pause() } else { output.resume() }
     }
 
+    /// The running broadcast's outputs; nil when no broadcast runs.
+    func runningOutputs() -> [Output]? {
+        guard let running = state.withLock({ $0.running }), running.session.state != .finished else { return nil }
+        return running.outputs
+    }
+
     func pause() throws {
         guard let session = state.withLock({ $0.running?.session }) else {
             throw BroadcastError(.illegalTransition, "cannot pause: no broadcast is running")
@@ -332,9 +338,17 @@ final class BroadcastController: Sendable {
                         retainBytes: output.retainBytes
                     )
                 }
+                if let replay = output.replay {
+                    return OutputConfiguration(
+                        name: output.name, destination: .file(template),
+                        replay: ReplaySettings(seconds: replay.seconds, maxBytes: output.maxMemory ?? ReplaySettings.defaultMaxBytes),
+                        onFileFinished: output.onFileFinished)
+                }
                 // Without overwrite an existing file is never touched: the recording takes a new name beside it.
                 let path = output.overwrite ? RecordingRetention.expand(template) : RecordingRetention.nextPath(template)
-                return OutputConfiguration(name: output.name, destination: .file(path), segments: segments, overwrite: output.overwrite)
+                return OutputConfiguration(
+                    name: output.name, destination: .file(path), segments: segments, overwrite: output.overwrite,
+                    onFileFinished: output.onFileFinished)
             case .live(let url):
                 return OutputConfiguration(name: output.name, destination: try OutputDestination.parse(url))
             }
@@ -386,7 +400,7 @@ final class BroadcastController: Sendable {
         default: sameKind = false
         }
         return sameKind && a.name == b.name && a.segment == b.segment && a.retainFor == b.retainFor
-            && a.retainBytes == b.retainBytes && a.overwrite == b.overwrite
+            && a.retainBytes == b.retainBytes && a.overwrite == b.overwrite && sameReplayKeys(a, b)
     }
 
     func deliveredFrames() -> Int {
@@ -447,7 +461,7 @@ final class BroadcastController: Sendable {
             }
             let fields: [(String, JSONValue)] = [
                 ("name", .string(o.name)),
-                ("kind", .string(o.isLive ? "live" : "recording")),
+                ("kind", .string(o.isLive ? "live" : output.isReplay ? "replay" : "recording")),
                 ("target", .string(o.target)),
                 ("state", .string("\(o.state)")),
                 ("paused", .bool(output.isPaused)),
@@ -457,7 +471,7 @@ final class BroadcastController: Sendable {
                 ("reconnects", .number(Double(o.reconnects))),
                 ("drops", .object(drops)),
                 ("error", o.lastError.map(JSONValue.string) ?? .null),
-            ]
+            ] + Self.replayFields(output)
             return .object(fields)
         }
         let fps = elapsed > 0 ? (Double(encoding.videoFramesEncoded) / elapsed * 10).rounded() / 10 : 0

@@ -42,6 +42,12 @@ struct DaemonConfig {
         /// Replace an existing file at `path` (when the new recording is complete) instead of
         /// recording under a new name beside it.
         var overwrite = false
+        /// A replay buffer of this length instead of a recording (`path` names the saves).
+        var replay: MediaTime? = nil
+        /// The replay buffer's byte bound.
+        var maxMemory: Int64? = nil
+        /// Run for every finished file: an argument vector, `{path}` replaced.
+        var onFileFinished: [String]? = nil
     }
 
     var file: String
@@ -67,7 +73,7 @@ struct DaemonConfig {
     ]
     static let controlKeys = ["socket", "socket_mode", "tcp", "token"]
     static let daemonKeys = ["autostart"]
-    static let outputKeys = ["name", "path", "url", "segment", "retain_for", "retain_bytes", "overwrite"]
+    static let outputKeys = ["name", "path", "url", "segment", "retain_for", "retain_bytes", "overwrite", "replay", "max_memory", "on_file_finished"]
     static let tables = ["video", "audio", "encoder", "setup", "control", "daemon", "output"]
 
     /// Where each flag came from, to point errors found by the shared option parsing at the config.
@@ -103,7 +109,7 @@ struct DaemonConfig {
         return String(decoding: bytes, as: UTF8.self)
     }
 
-    private func error(_ line: Int, _ key: String?, _ message: String) -> ConfigError {
+    func error(_ line: Int, _ key: String?, _ message: String) -> ConfigError {
         ConfigError(file: file, line: line, key: key, message: message)
     }
 
@@ -128,6 +134,7 @@ struct DaemonConfig {
             var overwrite = false
             var output: (name: String?, path: String?, url: String?, line: Int, segment: MediaTime?, retainFor: MediaTime?, retainBytes: Int64?) =
                 (nil, nil, nil, table.line, nil, nil, nil)
+            var extra = ReplayKeys()
             for key in table.keys {
                 let entry = table.entries[key]!
                 let dotted = "\(tableName).\(key)"
@@ -193,6 +200,8 @@ struct DaemonConfig {
                     case "overwrite":
                         guard case .boolean(let b) = entry.value else { throw error(entry.line, dotted, "expected true or false, got \(entry.value.typeName)") }
                         overwrite = b
+                    case "replay", "max_memory", "on_file_finished":
+                        try readReplayKey(key, entry, into: &extra, environment: environment)
                     default:
                         throw unknownKey(dotted, entry.line, known: Self.outputKeys, table: "[output]")
                     }
@@ -230,7 +239,9 @@ struct DaemonConfig {
                 }) {
                     throw error(table.line, "output.path", "outputs \"\(other.name)\" (line \(other.line)) and \"\(name)\" write the same file \(template)")
                 }
-                outputs.append(Output(name: name, kind: kind, line: table.line, segment: output.segment, retainFor: output.retainFor, retainBytes: output.retainBytes, overwrite: overwrite))
+                var made = Output(name: name, kind: kind, line: table.line, segment: output.segment, retainFor: output.retainFor, retainBytes: output.retainBytes, overwrite: overwrite)
+                try applyReplayKeys(extra, to: &made)
+                outputs.append(made)
             }
         }
     }
@@ -240,7 +251,7 @@ struct DaemonConfig {
     }
 
     /// A string, integer or float as text (sizes, rates and bitrates may be written either way).
-    private func scalarText(_ entry: TOMLDocument.Entry, key: String, environment: [String: String]) throws -> String {
+    func scalarText(_ entry: TOMLDocument.Entry, key: String, environment: [String: String]) throws -> String {
         switch entry.value {
         case .string: return try string(entry, key: key, environment: environment)
         case .integer(let n): return String(n)
@@ -251,7 +262,7 @@ struct DaemonConfig {
 
     /// A string with ${VAR} taken from the environment and ${credential:NAME} from systemd's
     /// $CREDENTIALS_DIRECTORY.
-    private func string(_ entry: TOMLDocument.Entry, key: String, environment: [String: String]) throws -> String {
+    func string(_ entry: TOMLDocument.Entry, key: String, environment: [String: String]) throws -> String {
         guard case .string(let raw) = entry.value else {
             throw error(entry.line, key, "expected a string in quotes, got \(entry.value.typeName)")
         }
@@ -280,7 +291,7 @@ struct DaemonConfig {
         return out + rest
     }
 
-    private func duration(_ entry: TOMLDocument.Entry, key: String, environment: [String: String]) throws -> MediaTime {
+    func duration(_ entry: TOMLDocument.Entry, key: String, environment: [String: String]) throws -> MediaTime {
         let text = try scalarText(entry, key: key, environment: environment)
         do {
             return try Values.duration(text, option: key)

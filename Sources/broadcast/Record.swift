@@ -30,6 +30,9 @@ struct Record: ParsableCommand {
 
             While recording: Ctrl-C (SIGINT) or SIGTERM stops cleanly; a second Ctrl-C quits \
             at once (the file still plays). SIGUSR1 pauses and resumes: the file has no gap.
+
+            With --replay 30s a replay buffer runs beside the recording: SIGUSR2 saves its last \
+            30 s (plus the rest of the keyframe interval they start in) to a file of its own.
             """
     )
 
@@ -39,6 +42,7 @@ struct Record: ParsableCommand {
     @OptionGroup(title: "Sources") var sources: SourceOptions
     @OptionGroup(title: "Encoding") var encoding: EncoderOptions
     @OptionGroup(title: "Run") var runOptions: RunOptions
+    @OptionGroup(title: "Replay buffer") var replayOptions: ReplayOptions
 
     func run() throws {
         // Everything the user typed is checked before anything is created: exit 2 on bad input.
@@ -47,6 +51,7 @@ struct Record: ParsableCommand {
         if sources.noRealtime && duration == nil {
             throw ValueError("--no-realtime needs --duration: the test sources would run as fast as possible forever")
         }
+        let replay = try replayOptions.output(beside: file)
         let logger = Logging.bootstrap(level: level)
         let captureSources = try sources.makeSources(logger: logger)
         let size = try sources.outputSize(for: captureSources)
@@ -57,13 +62,13 @@ struct Record: ParsableCommand {
             video: hasVideo ? try encoding.videoSettings(width: size.width, height: size.height, frameRate: rate, live: false) : nil,
             audio: hasAudio ? try encoding.audioSettings() : nil,
             recordings: [],
-            outputs: [OutputConfiguration(destination: .file(file), overwrite: runOptions.overwrite)]
+            outputs: [OutputConfiguration(destination: .file(file), overwrite: runOptions.overwrite)] + (replay.map { [$0] } ?? [])
         )
         try configuration.validate()
         let setupInfo = try sources.setupInfo()
 
         FFmpegLog.install(logger)
-        let handler = EncodingHandler(configuration: configuration, logger: logger)
+        let handler = EncodingHandler(configuration: configuration, logger: logger, realtime: !sources.noRealtime)
         let session = BroadcastSession(
             handler: handler,
             sources: captureSources,
@@ -71,7 +76,11 @@ struct Record: ParsableCommand {
             logger: logger
         )
         let counters = handler.counters
-        let outcome = runWithSignals(session: session, logger: logger, setupInfo: setupInfo, quiet: runOptions.quiet) {
+        let outputs = handler.outputs
+        let outcome = runWithSignals(
+            session: session, logger: logger, setupInfo: setupInfo, quiet: runOptions.quiet,
+            onSIGUSR2: { saveReplays(outputs, logger: logger) }
+        ) {
             StatusLine.Snapshot(session: session.statistics(), encoding: counters.snapshot(), state: session.state)
         }
         switch outcome {

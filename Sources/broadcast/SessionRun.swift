@@ -7,13 +7,14 @@ import Glibc
 #endif
 
 /// Runs `session` on this thread with SIGINT/SIGTERM/SIGQUIT (finish; a second SIGINT quits at
-/// once) and SIGUSR1 (pause/resume) wired, and the status line going unless `quiet`. Shared by
-/// record and stream.
+/// once), SIGUSR1 (pause/resume) and SIGUSR2 (`onSIGUSR2`: save the replay buffers) wired, and the
+/// status line going unless `quiet`. Shared by record and stream.
 func runWithSignals(
     session: BroadcastSession,
     logger: Logger,
     setupInfo: SetupInfo,
     quiet: Bool,
+    onSIGUSR2: (@Sendable () -> Void)? = nil,
     snapshot: @escaping @Sendable () -> StatusLine.Snapshot
 ) -> Result<SessionSummary, any Error> {
     let interrupts = ManagedAtomic<Int>(0)
@@ -32,6 +33,8 @@ func runWithSignals(
             } else if (try? session.pause()) != nil {
                 logger.notice("SIGUSR1: paused")
             }
+        case SIGUSR2 where onSIGUSR2 != nil:
+            onSIGUSR2?()
         default:
             logger.info("\(Signals.name(signal)) ignored")
         }

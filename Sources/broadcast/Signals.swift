@@ -14,7 +14,7 @@ nonisolated(unsafe) private var signalPipeWrite: Int32 = -1
 enum Signals {
     /// SIGQUIT is handled as SIGTERM (a clean finish): left to the Swift runtime it printed a
     /// crash report and stalled the capture, and the process went on.
-    static let handled = [SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGQUIT]
+    static let handled = [SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGQUIT, SIGUSR2]
     nonisolated(unsafe) private static var pipeRead: Int32 = -1
 
     /// Installs the handlers. Call first thing in main.
@@ -72,6 +72,7 @@ enum Signals {
         case SIGHUP: "SIGHUP"
         case SIGUSR1: "SIGUSR1"
         case SIGQUIT: "SIGQUIT"
+        case SIGUSR2: "SIGUSR2"
         default: "signal \(signal)"
         }
     }

@@ -34,7 +34,8 @@ struct Stream: ParsableCommand {
               broadcast stream 'srt://127.0.0.1:9000?mode=caller' --duration 1m
 
             While streaming: Ctrl-C (SIGINT) or SIGTERM stops cleanly (sends what is queued for \
-            up to 5 s); SIGUSR1 pauses and resumes. Exit status 1 when an output failed or a \
+            up to 5 s); SIGUSR1 pauses and resumes; with --replay, SIGUSR2 saves the replay \
+            buffer. Exit status 1 when an output failed or a \
             stream never went live (the recording is still complete).
             """
     )
@@ -66,6 +67,7 @@ struct Stream: ParsableCommand {
     @OptionGroup(title: "Sources") var sources: SourceOptions
     @OptionGroup(title: "Encoding") var encoding: EncoderOptions
     @OptionGroup(title: "Run") var runOptions: RunOptions
+    @OptionGroup(title: "Replay buffer") var replayOptions: ReplayOptions
 
     func liveSettings() throws -> LiveStreamSettings {
         var live = LiveStreamSettings()
@@ -100,6 +102,7 @@ struct Stream: ParsableCommand {
         for text in outputs {
             configured.append(OutputConfiguration(destination: try OutputDestination.parse(text), live: live, overwrite: overwrite))
         }
+        if let replay = try replayOptions.output(beside: record) { configured.append(replay) }
         let secrets = configured.flatMap { output -> [String] in
             if case .live(let u) = output.destination { return u.secrets }
             return []
@@ -121,7 +124,7 @@ struct Stream: ParsableCommand {
 
         let logger = Logging.bootstrap(level: level)
         FFmpegLog.install(logger, redact: { StreamURL.scrub($0, secrets: secrets) })
-        let handler = EncodingHandler(configuration: configuration, logger: logger)
+        let handler = EncodingHandler(configuration: configuration, logger: logger, realtime: !sources.noRealtime)
         let session = BroadcastSession(
             handler: handler,
             sources: captureSources,
@@ -130,7 +133,10 @@ struct Stream: ParsableCommand {
         )
         let counters = handler.counters
         let outputs = handler.outputs
-        let outcome = runWithSignals(session: session, logger: logger, setupInfo: setupInfo, quiet: runOptions.quiet) {
+        let outcome = runWithSignals(
+            session: session, logger: logger, setupInfo: setupInfo, quiet: runOptions.quiet,
+            onSIGUSR2: { saveReplays(outputs, logger: logger) }
+        ) {
             StatusLine.Snapshot(
                 session: session.statistics(), encoding: counters.snapshot(), state: session.state,
                 outputs: outputs.map { $0.statistics() })

@@ -1,0 +1,97 @@
+import BroadcastKit
+import BroadcastOutputs
+import BroadcastService
+
+extension BroadcastController {
+    /// Saves the replay buffer of output `name` (nil: the only replay output) and waits for the
+    /// file: the answer holds its path. Throws when there is nothing to save or it failed.
+    func saveReplay(named name: String?, seconds: Double?) throws -> ReplaySave.Outcome {
+        guard let outputs = runningOutputs() else {
+            throw BroadcastError(.illegalTransition, "cannot save a replay: no broadcast is running")
+        }
+        let replays = outputs.filter(\.isReplay)
+        let output: Output
+        if let name {
+            guard let found = outputs.first(where: { $0.name == name }) else {
+                throw BroadcastError(.invalidArgument, "no output named \(name): outputs are \(outputs.map(\.name).joined(separator: ", "))")
+            }
+            guard found.isReplay else {
+                throw BroadcastError(.invalidArgument, "output \(name) is not a replay buffer (set replay = \"30s\" in its [[output]])")
+            }
+            output = found
+        } else {
+            guard replays.count == 1 else {
+                throw BroadcastError(
+                    .invalidArgument,
+                    replays.isEmpty
+                        ? "no replay output: add an [[output]] with replay = \"30s\" and path = \"...\""
+                        : "several replay outputs (\(replays.map(\.name).joined(separator: ", "))): name one")
+            }
+            output = replays[0]
+        }
+        if let seconds, !(seconds > 0 && seconds.isFinite) {
+            throw BroadcastError(.invalidArgument, "seconds must be more than zero")
+        }
+        guard let save = output.saveReplay(seconds: seconds) else {
+            throw BroadcastError(.invalidArgument, "output \(output.name) is not a replay buffer")
+        }
+        // The control client waits 30 s for an answer.
+        guard let outcome = save.wait(timeoutSeconds: 25) else {
+            throw BroadcastError(.outputFailed, "replay \(output.name): the save is still being written (see last_saved_path in the status)")
+        }
+        if let error = outcome.error { throw BroadcastError(.outputFailed, error) }
+        return outcome
+    }
+
+    /// A replay output's fields in the status.
+    static func replayFields(_ output: Output) -> [(String, JSONValue)] {
+        guard let r = output.replayStatistics() else { return [] }
+        return [
+            ("buffered_seconds", .number((r.bufferedSeconds * 1000).rounded() / 1000)),
+            ("buffered_bytes", .number(Double(r.bufferedBytes))),
+            ("replay_seconds", .number(r.limitSeconds)),
+            ("max_memory", .number(Double(r.maxBytes))),
+            ("saves_done", .number(Double(r.savesDone))),
+            ("saves_failed", .number(Double(r.savesFailed))),
+            ("saves_pending", .number(Double(r.savesPending))),
+            ("last_saved_path", r.lastPath.map(JSONValue.string) ?? .null),
+            ("gops_dropped_for_memory", .number(Double(r.droppedForMemory))),
+        ]
+    }
+
+    static func sameReplayKeys(_ a: DaemonConfig.Output, _ b: DaemonConfig.Output) -> Bool {
+        a.replay == b.replay && a.maxMemory == b.maxMemory && a.onFileFinished == b.onFileFinished
+    }
+}
+
+enum ReplayAPI {
+    /// POST /v1/outputs/{name}/save and /v1/replay/save (the only replay output), ?seconds=N:
+    /// answers 200 once the file is written, with its path.
+    static func save(name: String?, request: ControlRequest, controller: BroadcastController) -> ControlResponse {
+        var seconds: Double?
+        if let text = request.query["seconds"] {
+            guard let value = Double(text), value > 0, value.isFinite else {
+                return .error(400, "invalid seconds '\(text)': expected a number of seconds more than zero")
+            }
+            seconds = value
+        }
+        do {
+            let outcome = try controller.saveReplay(named: name, seconds: seconds)
+            var fields: [(String, JSONValue)] = [
+                ("path", .string(outcome.path ?? "")),
+                ("seconds", .number((outcome.seconds * 1000).rounded() / 1000)),
+                ("shorter_than_asked", .bool(outcome.isShorter)),
+            ]
+            if outcome.isShorter { fields.append(("note", .string("less than asked for was buffered"))) }
+            return .json(200, .object(fields))
+        } catch let error as BroadcastError {
+            switch error.code {
+            case .illegalTransition: return .error(409, error.message)
+            case .invalidArgument: return .error(404, error.message)
+            default: return .error(500, error.message)
+            }
+        } catch {
+            return .error(500, "\(error)")
+        }
+    }
+}
