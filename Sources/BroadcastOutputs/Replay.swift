@@ -373,6 +373,7 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
         var message = "replay \(output.name): saved \(path): \(String(format1: seconds)) s"
         if selection.isShorter { message += " (less than the \(String(format1: asked)) s asked for was buffered)" }
         if let note = job.note { message += "; \(note)" }
+        if let cut = job.save.cut { message += "; asked at \(String(format1: Double(cut) / 1e9)) s of media" }
         message += ", written in \(Double((MonotonicClock().now() - started) / 1_000_000) / 1000) s"
         logger.notice("\(message)")
         replay.lastPath.store(OutputStatus.Text(path), ordering: .releasing)

@@ -99,6 +99,7 @@ final class DaemonMetrics: Sendable {
         failedOutputs.record(number("failed_outputs"))
         running.record(state == "started" || state == "paused" ? 1.0 : 0.0)
         paused.record(state == "paused" ? 1.0 : 0.0)
+        ReplayAPI.recordMetrics(fields)
         var buffer: [UInt8] = []
         registry.emit(into: &buffer)
         return buffer

@@ -1,6 +1,7 @@
 import BroadcastKit
 import BroadcastOutputs
 import BroadcastService
+import Metrics
 
 extension BroadcastController {
     /// Saves the replay buffer of output `name` (nil: the only replay output) and waits for the
@@ -65,6 +66,24 @@ extension BroadcastController {
 }
 
 enum ReplayAPI {
+    /// Per replay output, labelled output="NAME": buffered seconds and bytes, saves done and failed.
+    static func recordMetrics(_ status: [(String, JSONValue)]) {
+        guard case .array(let outputs)? = status.first(where: { $0.0 == "outputs" })?.1 else { return }
+        for case .object(let fields) in outputs {
+            guard case .string("replay")? = fields.first(where: { $0.0 == "kind" })?.1,
+                case .string(let name)? = fields.first(where: { $0.0 == "name" })?.1
+            else { continue }
+            for (key, label) in [
+                ("buffered_seconds", "broadcast_replay_buffered_seconds"), ("buffered_bytes", "broadcast_replay_buffered_bytes"),
+                ("saves_done", "broadcast_replay_saves_done"), ("saves_failed", "broadcast_replay_saves_failed"),
+            ] {
+                if case .number(let x)? = fields.first(where: { $0.0 == key })?.1 {
+                    Gauge(label: label, dimensions: [("output", name)]).record(x)
+                }
+            }
+        }
+    }
+
     /// POST /v1/outputs/{name}/save and /v1/replay/save (the only replay output), ?seconds=N:
     /// answers 200 once the file is written, with its path.
     static func save(name: String?, request: ControlRequest, controller: BroadcastController) -> ControlResponse {

@@ -1,0 +1,262 @@
+import Foundation
+import Testing
+
+/// One video packet as ffprobe lists it.
+struct ProbedPacket {
+    var time: Double
+    var size: Int
+    var isKeyframe: Bool
+    /// CRC32 of the payload: the same packet in two files of the same encode has the same one.
+    var hash: String
+}
+
+func videoPackets(_ path: String) throws -> [ProbedPacket] {
+    let r = try run("/usr/bin/ffprobe", [
+        "-v", "error", "-select_streams", "v:0", "-show_data_hash", "CRC32", "-show_entries", "packet=pts_time,size,flags,data_hash",
+        "-of", "csv=p=0", path,
+    ])
+    return r.stdout.split(separator: "\n").compactMap { line in
+        let f = line.split(separator: ",").map(String.init)
+        guard f.count >= 4, let t = Double(f[0]), let s = Int(f[1]) else { return nil }
+        return ProbedPacket(time: t, size: s, isKeyframe: f[2].hasPrefix("K"), hash: f[3])
+    }.sorted { $0.time < $1.time }
+}
+
+/// Where a saved replay lies in a recording of the same encode: the time (in the recording) of
+/// its first video packet, found by the payloads of its first 10 packets (the same packets).
+func offsetInRecording(_ replay: [ProbedPacket], recording: [ProbedPacket]) -> Double? {
+    let n = min(10, replay.count)
+    guard n > 3, recording.count >= n else { return nil }
+    let needle = replay.prefix(n).map(\.hash)
+    for i in 0...(recording.count - n) where recording[i].hash == needle[0] {
+        if Array(recording[i..<(i + n)].map(\.hash)) == needle { return recording[i].time - replay[0].time }
+    }
+    return nil
+}
+
+@Suite(.serialized) struct ReplayCLITests {
+    static let frame = 1.0 / 30
+
+    /// record with --replay 5s: SIGUSR2 then SIGINT at once. The saved file is 5 s plus at most a
+    /// keyframe interval, starts on a keyframe, ends where the recording ends (the request), its
+    /// flashes and beeps line up, and the recording beside it lost nothing.
+    @Test func sigusr2SavesTheLastSecondsBesideTheRecording() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let rec = dir.path("rec.mp4")
+        let child = try Child(broadcastBinary, [
+            "record", rec, "--replay", "5s", "--size", "320x180", "--keyframe-interval", "1s", "--duration", "30s", "--quiet",
+        ])
+        usleep(8_500_000)
+        child.signal(SIGUSR2)
+        usleep(30_000)
+        child.signal(SIGINT)
+        let r = child.wait(timeout: 60)
+        #expect(r.status == 0, "exit \(r.status): \(r.stderr)")
+        let saved = dir.contents.filter { $0.hasPrefix("replay-") && $0.hasSuffix(".mp4") }
+        #expect(saved.count == 1, "\(dir.contents)")
+        guard let name = saved.first else { return }
+        let file = dir.path(name)
+        #expect(r.stderr.contains("saved \(file)"), "\(r.stderr)")
+        let p = try probe(file)
+        let duration = try #require(p.video?.duration ?? p.formatDuration)
+        #expect(duration >= 5 - Self.frame && duration <= 6 + 2 * Self.frame, "replay of \(duration) s")
+        try expectDecodesCleanly(file)
+        #expect(try mp4TopLevelBoxes(file).prefix(2) == ["ftyp", "moov"], "index in front")
+        let packets = try videoPackets(file)
+        #expect(packets.first?.isKeyframe == true && packets.first?.time == 0)
+
+        // Where it lies in the recording: it ends where the recording ends, at the request.
+        let recording = try videoPackets(rec)
+        let offset = try #require(offsetInRecording(packets, recording: recording), "the replay's packets are not in the recording")
+        let end = offset + (packets.last?.time ?? 0)
+        let recordingEnd = recording.last?.time ?? 0
+        #expect(end <= recordingEnd + 0.001 && end >= recordingEnd - 0.5, "replay ends at \(end) s of the recording, which ends at \(recordingEnd)")
+        // The recording lost nothing: a frame every 1/30 s.
+        let gaps = zip(recording, recording.dropFirst()).map { $1.time - $0.time }
+        #expect((gaps.max() ?? 1) < 2 * Self.frame, "the recording has a gap of \(gaps.max() ?? 0) s")
+        #expect(recordingEnd > 7, "recorded \(recordingEnd) s")
+
+        // Its flashes fall on whole seconds of the broadcast, and the beeps with them.
+        let flashes = try whiteFrameTimes(file)
+        let beeps = try beepStartTimes(file)
+        #expect(flashes.count >= 4, "white frames at \(flashes)")
+        for flash in flashes {
+            let t = flash + offset
+            #expect(abs(t - t.rounded()) <= Self.frame + 0.002, "white frame at \(t) s of the broadcast")
+        }
+        for beep in beeps where beep > 0.05 {
+            let nearest = flashes.min { abs($0 - beep) < abs($1 - beep) } ?? .infinity
+            #expect(abs(nearest - beep) <= 2 * Self.frame, "beep at \(beep), white frame at \(nearest)")
+        }
+    }
+
+    @Test(arguments: [
+        (["--replay-max-memory", "10M"], "--replay-max-memory and --replay-path need --replay"),
+        (["--replay", "0s"], "invalid --replay '0s'"),
+        (["--replay", "30s", "--replay-max-memory", "lots"], "invalid --replay-max-memory 'lots'"),
+        (["--replay", "30s", "--replay-path", "/tmp/replay.txt"], "invalid --replay-path '/tmp/replay.txt'"),
+    ] as [([String], String)])
+    func badReplayOptionsExit2(arguments: [String], expected: String) throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let r = try broadcast(["record", dir.path("x.mp4"), "--duration", "1s"] + arguments, timeout: 30)
+        #expect(r.status == 2, "exit \(r.status): \(r.stderr)")
+        #expect(r.stderr.contains(expected), "\(r.stderr)")
+        #expect(dir.contents.isEmpty)
+    }
+}
+
+/// The daemon's replay output: saves from `broadcast replay save`, the status, and the
+/// finished-file command.
+@Suite(.serialized) struct DaemonReplayTests {
+    static let frame = 1.0 / 30
+
+    func json(_ text: String) -> [String: Any] {
+        (try? JSONSerialization.jsonObject(with: Data(text.utf8))) as? [String: Any] ?? [:]
+    }
+
+    func mediaSeconds(_ socket: String) throws -> Double {
+        json(try broadcast(["status", "--socket", socket]).stdout)["media_seconds"] as? Double ?? -1
+    }
+
+    func replayStatus(_ socket: String) throws -> [String: Any] {
+        let outputs = json(try broadcast(["status", "--socket", socket]).stdout)["outputs"] as? [[String: Any]] ?? []
+        return outputs.first { $0["name"] as? String == "replay" } ?? [:]
+    }
+
+    @Test func savesOnRequestWithHooksPausesAndErrors() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        // Saves go to a directory whose name has spaces and quotes; the hook must get it intact.
+        let saves = dir.path("saved 'single' \"double\" dir")
+        let hookLog = dir.path("hook.log")
+        let hook = dir.path("hook script.sh")
+        // Slow (0.7 s), and failing (exit 3) on its second run; it logs each path on a line of its own.
+        try """
+            #!/bin/sh
+            printf '%s|%s|%s\\n' "$1" "$2" "$BROADCAST_FILE" >> '\(hookLog)'
+            sleep 0.7
+            n=$(wc -l < '\(hookLog)')
+            [ "$n" -eq 2 ] && exit 3
+            exit 0
+            """.write(toFile: hook, atomically: true, encoding: .utf8)
+        chmod(hook, 0o755)
+        let (daemon, socket) = try launchDaemon(dir, outputs: """
+            [[output]]
+            name = "rec"
+            path = "\(dir.path("rec.mp4"))"
+            on_file_finished = ["\(hook)", "{path}", "{name}"]
+            [[output]]
+            name = "replay"
+            replay = "4s"
+            max_memory = "64M"
+            path = "\(saves.replacing("\"", with: "\\\""))/%H-%M-%S.mp4"
+            on_file_finished = ["\(hook)", "{path}", "{name}"]
+            """)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        let up = try waitUntilRecording(socket)
+        #expect(up.contains("\"kind\":\"replay\""), "\(up)")
+
+        // Right after the start: less than 4 s is there; the file is shorter and says so.
+        let early = try broadcast(["replay", "save", "--socket", socket])
+        #expect(early.status == 0, "\(early.stderr)")
+        let earlyAnswer = json(early.stdout)
+        #expect(earlyAnswer["shorter_than_asked"] as? Bool == true, "\(early.stdout)")
+        var paths: [String] = []
+        if let p = earlyAnswer["path"] as? String { paths.append(p) }
+
+        usleep(5_500_000)
+        let before = try mediaSeconds(socket)
+        let main = try broadcast(["replay", "save", "--name", "replay", "--socket", socket])
+        let after = try mediaSeconds(socket)
+        #expect(main.status == 0, "\(main.stderr)")
+        let mainPath = json(main.stdout)["path"] as? String ?? ""
+        #expect(mainPath.hasPrefix(saves + "/"), "\(main.stdout)")
+        paths.append(mainPath)
+
+        // Two at once: both answered with a complete file of its own.
+        let first = try Child(broadcastBinary, ["replay", "save", "--seconds", "2", "--socket", socket])
+        let second = try Child(broadcastBinary, ["replay", "save", "--socket", socket])
+        let r1 = first.wait(timeout: 60)
+        let r2 = second.wait(timeout: 60)
+        #expect(r1.status == 0 && r2.status == 0, "\(r1.stderr) \(r2.stderr)")
+        let p1 = json(r1.stdout)["path"] as? String ?? ""
+        let p2 = json(r2.stdout)["path"] as? String ?? ""
+        #expect(!p1.isEmpty && !p2.isEmpty && p1 != p2, "\(r1.stdout) \(r2.stdout)")
+        paths += [p1, p2]
+
+        // During a pause of the broadcast, and across it.
+        #expect(try broadcast(["pause", "--socket", socket]).status == 0)
+        usleep(1_000_000)
+        let during = try broadcast(["replay", "save", "--socket", socket])
+        #expect(during.status == 0, "\(during.stderr)")
+        let duringPath = json(during.stdout)["path"] as? String ?? ""
+        paths.append(duringPath)
+        #expect(try broadcast(["resume", "--socket", socket]).status == 0)
+        usleep(2_000_000)
+        let across = try broadcast(["replay", "save", "--socket", socket])
+        #expect(across.status == 0, "\(across.stderr)")
+        let acrossPath = json(across.stdout)["path"] as? String ?? ""
+        paths.append(acrossPath)
+
+        // Not a replay output: a clear error, exit 1.
+        let wrong = try broadcast(["replay", "save", "--name", "rec", "--socket", socket])
+        #expect(wrong.status == 1 && wrong.stderr.contains("output rec is not a replay buffer"), "\(wrong.stderr)")
+        let nope = try broadcast(["replay", "save", "--name", "nope", "--socket", socket])
+        #expect(nope.status == 1 && nope.stderr.contains("no output named nope"), "\(nope.stderr)")
+
+        let status = try replayStatus(socket)
+        #expect(status["saves_done"] as? Double == Double(paths.count), "\(status)")
+        #expect(status["last_saved_path"] as? String == acrossPath, "\(status)")
+        #expect((status["buffered_seconds"] as? Double ?? 0) >= 4, "\(status)")
+        #expect((status["buffered_bytes"] as? Double ?? 0) > 0, "\(status)")
+        let metrics = try run("/usr/bin/curl", ["-s", "--unix-socket", socket, "http://localhost/metrics"]).stdout
+        #expect(metrics.contains("broadcast_replay_saves_done{output=\"replay\"} \(paths.count)"), "\(metrics)")
+        #expect(metrics.contains("broadcast_replay_buffered_bytes{output=\"replay\"}"), "\(metrics)")
+
+        #expect(try broadcast(["stop", "--socket", socket]).status == 0)
+
+        for path in paths {
+            let p = try probe(path)
+            #expect(p.video != nil && p.audio != nil, "\(path)")
+            try expectDecodesCleanly(path)
+            #expect(try videoPackets(path).first?.isKeyframe == true, "\(path) starts on a keyframe")
+            let times = try packetTimes(path, stream: "v:0")
+            let gaps = zip(times, times.dropFirst()).map { $1 - $0 }
+            #expect((gaps.max() ?? 1) < 2 * Self.frame, "\(path): a gap of \(gaps.max() ?? 0) s")
+        }
+        // The main save: 4 s plus at most a keyframe interval, ending between the two status reads.
+        let mainPackets = try videoPackets(mainPath)
+        let mainDuration = (mainPackets.last?.time ?? 0) + Self.frame
+        #expect(mainDuration >= 4 - Self.frame && mainDuration <= 5 + 2 * Self.frame, "\(mainDuration) s")
+        let recording = try videoPackets(dir.path("rec.mp4"))
+        if let offset = offsetInRecording(mainPackets, recording: recording) {
+            let end = offset + mainDuration
+            #expect(end >= before - 0.15 && end <= after + 0.05, "ends at \(end) s, asked between \(before) and \(after)")
+        } else {
+            Issue.record("the main save's packets are not in the recording")
+        }
+        let seconds2 = (try videoPackets(p1).last?.time ?? 0) + Self.frame
+        #expect(seconds2 >= 2 - Self.frame && seconds2 <= 3 + 2 * Self.frame, "--seconds 2 gave \(seconds2) s")
+        // Across the pause: more than the 2 s since the resume, no gap (checked above).
+        let acrossDuration = (try videoPackets(acrossPath).last?.time ?? 0) + Self.frame
+        #expect(acrossDuration >= 4 - Self.frame, "across the pause: \(acrossDuration) s")
+
+        // The hook ran once per save and per finished recording, one at a time, with the exact paths.
+        var hookLines: [String] = []
+        for _ in 0..<100 {
+            hookLines = ((try? String(contentsOfFile: hookLog, encoding: .utf8)) ?? "").split(separator: "\n").map(String.init)
+            if hookLines.count >= paths.count + 1 { break }
+            usleep(200_000)
+        }
+        let expected = paths.map { "\($0)|replay|\($0)" } + ["\(dir.path("rec.mp4"))|rec|\(dir.path("rec.mp4"))"]
+        #expect(Set(hookLines) == Set(expected), "hook got \(hookLines), expected \(expected)")
+        // In the order saved (the two asked at once in either order).
+        let replayLines = hookLines.filter { $0.contains("|replay|") }.map { String($0.split(separator: "|")[0]) }
+        #expect(replayLines == paths || replayLines == [paths[0], paths[1], paths[3], paths[2], paths[4], paths[5]], "in order: \(replayLines)")
+        daemon.signal(SIGTERM)
+        let r = daemon.wait(timeout: 30)
+        #expect(r.stderr.contains("exited with status 3"), "the failing hook is logged: \(r.stderr)")
+    }
+}
