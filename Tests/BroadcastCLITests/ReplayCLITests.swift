@@ -135,8 +135,11 @@ func offsetInRecording(_ replay: [ProbedPacket], recording: [ProbedPacket]) -> D
         // Slow (0.7 s), and failing (exit 3) on its second run; it logs each path on a line of its own.
         try """
             #!/bin/sh
+            # One at a time per output: a second run while one is going is an overlap.
+            mkdir '\(dir.path("lock-"))'"$2" 2>/dev/null || echo OVERLAP >> '\(hookLog)'
             printf '%s|%s|%s\\n' "$1" "$2" "$BROADCAST_FILE" >> '\(hookLog)'
             sleep 0.7
+            rmdir '\(dir.path("lock-"))'"$2"
             n=$(wc -l < '\(hookLog)')
             [ "$n" -eq 2 ] && exit 3
             exit 0
@@ -247,6 +250,7 @@ func offsetInRecording(_ replay: [ProbedPacket], recording: [ProbedPacket]) -> D
         var hookLines: [String] = []
         for _ in 0..<100 {
             hookLines = ((try? String(contentsOfFile: hookLog, encoding: .utf8)) ?? "").split(separator: "\n").map(String.init)
+                .filter { $0 != "OVERLAP" }
             if hookLines.count >= paths.count + 1 { break }
             usleep(200_000)
         }
@@ -255,8 +259,71 @@ func offsetInRecording(_ replay: [ProbedPacket], recording: [ProbedPacket]) -> D
         // In the order saved (the two asked at once in either order).
         let replayLines = hookLines.filter { $0.contains("|replay|") }.map { String($0.split(separator: "|")[0]) }
         #expect(replayLines == paths || replayLines == [paths[0], paths[1], paths[3], paths[2], paths[4], paths[5]], "in order: \(replayLines)")
+        #expect(!((try? String(contentsOfFile: hookLog, encoding: .utf8)) ?? "").contains("OVERLAP"), "two commands of one output ran at once")
         daemon.signal(SIGTERM)
         let r = daemon.wait(timeout: 30)
         #expect(r.stderr.contains("exited with status 3"), "the failing hook is logged: \(r.stderr)")
+    }
+
+    /// Resident memory of a process (kB).
+    func residentKilobytes(_ pid: Int32) -> Int {
+        let text = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
+        let line = text.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
+        return Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") ?? 0
+    }
+
+    /// 6 Mbit/s CBR (a keyframe interval is ~750 kB) and a 60 s buffer, with max_memory = 2M and
+    /// beside it the same daemon with 1G: the bounded buffer stays under 2 MB, the process's memory
+    /// is lower than the unbounded one's by about what the buffers differ (the accounting is what
+    /// the process really holds), and a save holds what fits, saying it is shorter.
+    @Test func theByteBoundHoldsInTheProcess() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        var daemons: [(Child, String)] = []
+        defer { for (d, _) in daemons { d.signal(SIGKILL); _ = d.wait(timeout: 10) } }
+        for memory in ["2M", "1G"] {
+            let socket = dir.path("c\(memory).sock")
+            try """
+                [video]
+                size = "640x360"
+                [encoder]
+                keyframe_interval = "1s"
+                video_bitrate = "6M"
+                rate_control = "cbr"
+                [control]
+                socket = "\(socket)"
+                [[output]]
+                name = "replay"
+                replay = "60s"
+                max_memory = "\(memory)"
+                path = "\(dir.path("\(memory)-%H-%M-%S.mp4"))"
+                """.write(toFile: dir.path("\(memory).toml"), atomically: true, encoding: .utf8)
+            daemons.append((try Child(broadcastBinary, ["daemon", "--config", dir.path("\(memory).toml")]), socket))
+        }
+        let (bounded, socket) = daemons[0]
+        let (unbounded, otherSocket) = daemons[1]
+        _ = try waitUntilRecording(socket)
+        _ = try waitUntilRecording(otherSocket)
+        var most: Double = 0
+        for _ in 0..<15 {
+            usleep(1_000_000)
+            most = max(most, try replayStatus(socket)["buffered_bytes"] as? Double ?? 0)
+        }
+        let small = residentKilobytes(bounded.process.processIdentifier)
+        let large = residentKilobytes(unbounded.process.processIdentifier)
+        let status = try replayStatus(socket)
+        let otherBytes = try replayStatus(otherSocket)["buffered_bytes"] as? Double ?? 0
+        #expect(most > 1_000_000 && most <= 2 * 1_048_576, "buffered \(most) bytes")
+        #expect((status["gops_dropped_for_memory"] as? Double ?? 0) > 0, "\(status)")
+        let accounted = (otherBytes - (status["buffered_bytes"] as? Double ?? 0)) / 1024
+        #expect(accounted > 5_000, "the unbounded buffer holds \(otherBytes) bytes")
+        #expect(Double(large - small) > accounted / 2, "RSS \(small) kB bounded, \(large) kB unbounded; buffers differ by \(Int(accounted)) kB")
+        let save = try broadcast(["replay", "save", "--socket", socket])
+        #expect(save.status == 0, "\(save.stderr)")
+        let answer = json(save.stdout)
+        #expect(answer["shorter_than_asked"] as? Bool == true, "\(save.stdout)")
+        let seconds = answer["seconds"] as? Double ?? 0
+        #expect(seconds > 1 && seconds < 3.5, "saved \(seconds) s")
+        try expectDecodesCleanly(answer["path"] as? String ?? "/nonexistent")
     }
 }
