@@ -74,9 +74,12 @@ public final class ReplaySave: Sendable {
     /// Monotonic ns after which the output stops waiting for packets captured before the cut
     /// (a capture that stalled, the audio a paused encoder holds) and saves what it has.
     let waitUntil: Int64
+    /// Asked while the broadcast was paused (its last audio waits in the encoder).
+    let whilePaused: Bool
     private let box = ManagedAtomic<Box?>(nil)
 
-    init(outputName: String, seconds: Double?, cut: Int64?, waitUntil: Int64) {
+    init(outputName: String, seconds: Double?, cut: Int64?, waitUntil: Int64, whilePaused: Bool = false) {
+        self.whilePaused = whilePaused
         self.outputName = outputName
         self.seconds = seconds
         self.cut = cut
@@ -148,7 +151,8 @@ extension Output {
         // holds its last audio frame until the resume, so a paused broadcast waits less.
         let wait: Int64 = position?.paused == true ? 300_000_000 : 3_000_000_000
         let save = ReplaySave(
-            outputName: name, seconds: seconds, cut: cut ?? position?.media, waitUntil: cut != nil ? .max : now + wait)
+            outputName: name, seconds: seconds, cut: cut ?? position?.media, waitUntil: cut != nil ? .max : now + wait,
+            whilePaused: position?.paused == true)
         replayStatus.savesAsked.wrappingIncrement(ordering: .relaxed)
         replayStatus.requests.push(save)
         feed.dataWakeup.wake()
@@ -274,7 +278,6 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
             replay.bufferedNanoseconds.store(buffer.bufferedNanoseconds, ordering: .relaxed)
             replay.bufferedBytes.store(buffer.bytes, ordering: .relaxed)
             replay.droppedForMemory.store(buffer.gopsDroppedForMemory + buffer.overflows, ordering: .relaxed)
-            status.bytes.store(buffer.bytes, ordering: .relaxed)
 
             let ended = feed.ended.load(ordering: .acquiring) && feed.ring.isEmpty
             // Requests are served in order: one waiting for its packets holds the next.
@@ -290,7 +293,9 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
                 pending.removeFirst()
                 let wanted = save.seconds.map { Int64(($0 * 1e9).rounded()) }
                 let selection = buffer.selection(cut: save.cut, nanoseconds: wanted)
-                let note = covered || output.isPaused ? nil : "saved without the last packets asked for (none came within the wait)"
+                let note =
+                    covered || output.isPaused || save.whilePaused
+                    ? nil : "saved without the last packets asked for (none came within the wait)"
                 jobs.push(Job(save: save, selection: selection, note: note))
                 jobWakeup.wake()
             }
@@ -377,6 +382,9 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
         message += ", written in \(Double((MonotonicClock().now() - started) / 1_000_000) / 1000) s"
         logger.notice("\(message)")
         replay.lastPath.store(OutputStatus.Text(path), ordering: .releasing)
+        // The output's bytes are what its saves wrote (the buffer is in the status of its own).
+        var info = stat()
+        if stat(path, &info) == 0 { output.status.bytes.wrappingIncrement(by: Int64(info.st_size), ordering: .relaxed) }
         replay.savesDone.wrappingIncrement(ordering: .relaxed)
         job.save.complete(.init(path: path, seconds: seconds, isShorter: selection.isShorter, error: nil))
         hook?.fileFinished(path)

@@ -85,7 +85,8 @@ struct ReplaySaveCommand: ParsableCommand {
             and is complete when this returns. Exit status 1 when nothing could be saved \
             (nothing buffered yet, a write error).
 
-            A desktop keyboard shortcut: broadcast replay save --socket /run/broadcast/control.sock
+            As the command of a desktop keyboard shortcut:
+              broadcast replay save --socket /run/broadcast/control.sock
             """
     )
     @OptionGroup var control: ControlOptions

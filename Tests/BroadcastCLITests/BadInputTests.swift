@@ -54,7 +54,7 @@ import Testing
     /// Help is wrapped at 80 columns (what ArgumentParser uses when stdout is not a terminal) by
     /// the parser, not by hand: no line runs past it unless it is one unbreakable word, and the
     /// discussions' tables and examples keep their rows whole.
-    @Test(arguments: [[], ["record"], ["stream"], ["devices"], ["daemon"], ["status"]])
+    @Test(arguments: [[], ["record"], ["stream"], ["devices"], ["daemon"], ["status"], ["replay", "save"]])
     func helpFitsEightyColumns(command: [String]) throws {
         let r = try broadcast(command + ["--help"])
         #expect(r.status == 0)
@@ -73,6 +73,7 @@ import Testing
             "stream": ["  rtmps://HOST[:PORT]/APP/KEY    FLV over RTMP in TLS", "  broadcast stream rtmp://127.0.0.1/live/demo --record demo.mp4"],
             "record": ["  .mp4 .mov  fragmented while recording (a crash leaves a playable", "  broadcast record out.mp4 --duration 10s"],
             "daemon": ["  curl --unix-socket $S http://localhost/metrics       (Prometheus)"],
+            "replay": ["  broadcast replay save --socket /run/broadcast/control.sock"],
         ]
         for row in rows[command.first ?? "", default: []] {
             #expect(r.stdout.contains(row + "\n"), "\(command) --help lost the row: \(row)")

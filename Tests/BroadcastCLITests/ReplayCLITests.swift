@@ -91,6 +91,42 @@ func offsetInRecording(_ replay: [ProbedPacket], recording: [ProbedPacket]) -> D
         }
     }
 
+    /// stream + record + --replay 5s, two SIGUSR2 in a row mid-broadcast: two complete saves, and
+    /// the stream and the recording beside the buffer lost nothing.
+    @Test func savesBesideAStreamAndARecordingLoseNothing() throws {
+        let server = try RTMPServer()
+        defer { server.cleanup() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let local = dir.path("local.mp4")
+        let url = "rtmp://127.0.0.1:\(server.port)/live/replaytest"
+        let child = try Child(broadcastBinary, [
+            "stream", url, "--record", local, "--replay", "5s", "--size", "320x180", "--preset", "ultrafast",
+            "--video-bitrate", "1M", "--keyframe-interval", "1s", "--duration", "12s",
+        ])
+        usleep(7_000_000)
+        child.signal(SIGUSR2)
+        usleep(200_000)
+        child.signal(SIGUSR2)
+        let r = child.wait(timeout: 60)
+        #expect(r.status == 0, "stream failed: \(r.stderr.suffix(3000))")
+        server.stop()
+        let saved = dir.contents.filter { $0.hasPrefix("replay-") }.sorted()
+        #expect(saved.count == 2, "\(dir.contents)")
+        for name in saved {
+            let p = try probe(dir.path(name))
+            let duration = try #require(p.video?.duration ?? p.formatDuration)
+            #expect(duration >= 5 - Self.frame && duration <= 6 + 2 * Self.frame, "\(name): \(duration) s")
+            try expectDecodesCleanly(dir.path(name))
+        }
+        let encoded = try StreamTests.encodedFrames(r, local, nominal: 360)
+        let recorded = try probe(local)
+        #expect(recorded.video?.frames == encoded, "local recording: \(recorded.video?.frames ?? 0) of \(encoded) frames")
+        let copy = try #require(server.recordings.first)
+        let frames = try #require(try probe(copy).video?.frames)
+        #expect(Double(frames) >= 0.97 * Double(encoded), "the server got \(frames) of \(encoded) frames")
+    }
+
     @Test(arguments: [
         (["--replay-max-memory", "10M"], "--replay-max-memory and --replay-path need --replay"),
         (["--replay", "0s"], "invalid --replay '0s'"),

@@ -151,6 +151,10 @@ struct ReplayTests {
         #expect(try keyframeFirst(path))
         #expect(try decodeErrors(path).isEmpty)
         #expect(try topLevelBoxes(path).prefix(2) == ["ftyp", "moov"], "faststart")
+        // Audio is cut at the picture's first instant: it starts at zero (within one AAC frame), never before.
+        let audio = try packetTimes(path, stream: "a:0")
+        let firstAudio = audio.first ?? -1
+        #expect(firstAudio >= 0 && firstAudio < 1024.0 / 48_000 + 0.001, "audio starts at \(firstAudio) s")
         // Its start in the broadcast: it ends at the cut (45 s).
         let base = 45 - duration
         let (white, sounds) = try markers(path)
