@@ -293,10 +293,14 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
                 pending.removeFirst()
                 let wanted = save.seconds.map { Int64(($0 * 1e9).rounded()) }
                 let selection = buffer.selection(cut: save.cut, nanoseconds: wanted)
+                let empty =
+                    buffer.overflows > 0 && buffer.isEmpty
+                    ? "nothing buffered: one keyframe interval is more than max_memory (\(settings.maxBytes) bytes)"
+                    : "nothing buffered yet to save"
                 let note =
                     covered || output.isPaused || save.whilePaused
                     ? nil : "saved without the last packets asked for (none came within the wait)"
-                jobs.push(Job(save: save, selection: selection, note: note))
+                jobs.push(Job(save: save, selection: selection, note: selection == nil ? empty : note))
                 jobWakeup.wake()
             }
             if ended && took == 0 && pending.isEmpty {
@@ -348,7 +352,7 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
         let replay = output.replayStatus
         guard let selection = job.selection, !selection.entries.isEmpty else {
             replay.savesFailed.wrappingIncrement(ordering: .relaxed)
-            let message = "replay \(output.name): nothing buffered yet to save"
+            let message = "replay \(output.name): \(job.note ?? "nothing buffered yet to save")"
             logger.error("\(message)")
             job.save.complete(.init(path: nil, seconds: 0, isShorter: true, error: message))
             return
