@@ -488,6 +488,7 @@ final class BroadcastController: Sendable {
             ("audio_drift_ppm", running.audioDevices.lazy.compactMap { $0.statistics.driftPPM }.first.map(JSONValue.number) ?? .null),
             ("types", .object(types)),
             ("outputs", .array(outputs)),
+            ("memory", Self.memoryFields(running.outputs)),
             ("error", failure.map(JSONValue.string) ?? .null),
         ]
         return .object(fields)

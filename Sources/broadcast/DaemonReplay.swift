@@ -3,6 +3,10 @@ import BroadcastOutputs
 import BroadcastService
 import Metrics
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 extension BroadcastController {
     /// Saves the replay buffer of output `name` (nil: the only replay output) and waits for the
     /// file: the answer holds its path. Throws when there is nothing to save or it failed.
@@ -60,6 +64,17 @@ extension BroadcastController {
         ]
     }
 
+    /// What the process holds: its resident memory and, of it, the replay buffers.
+    static func memoryFields(_ outputs: [Output]) -> JSONValue {
+        let replay = outputs.compactMap { $0.replayStatistics()?.bufferedBytes }.reduce(0, +)
+        var resident: Int64 = 0
+        if let text = DaemonConfig.readText("/proc/self/statm") {
+            let pages = text.split(separator: " ").dropFirst().first.flatMap { Int64($0) } ?? 0
+            resident = pages * Int64(sysconf(Int32(_SC_PAGESIZE)))
+        }
+        return .object([("resident_bytes", .number(Double(resident))), ("replay_buffers_bytes", .number(Double(replay)))])
+    }
+
     static func sameReplayKeys(_ a: DaemonConfig.Output, _ b: DaemonConfig.Output) -> Bool {
         a.replay == b.replay && a.maxMemory == b.maxMemory && a.onFileFinished == b.onFileFinished
     }
@@ -68,6 +83,11 @@ extension BroadcastController {
 enum ReplayAPI {
     /// Per replay output, labelled output="NAME": buffered seconds and bytes, saves done and failed.
     static func recordMetrics(_ status: [(String, JSONValue)]) {
+        if case .object(let memory)? = status.first(where: { $0.0 == "memory" })?.1 {
+            for (key, label) in [("resident_bytes", "broadcast_resident_bytes"), ("replay_buffers_bytes", "broadcast_replay_buffers_bytes")] {
+                if case .number(let x)? = memory.first(where: { $0.0 == key })?.1 { Gauge(label: label).record(x) }
+            }
+        }
         guard case .array(let outputs)? = status.first(where: { $0.0 == "outputs" })?.1 else { return }
         for case .object(let fields) in outputs {
             guard case .string("replay")? = fields.first(where: { $0.0 == "kind" })?.1,

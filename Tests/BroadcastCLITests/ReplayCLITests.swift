@@ -253,6 +253,11 @@ func offsetInRecording(_ replay: [ProbedPacket], recording: [ProbedPacket]) -> D
         let metrics = try run("/usr/bin/curl", ["-s", "--unix-socket", socket, "http://localhost/metrics"]).stdout
         #expect(metrics.contains("broadcast_replay_saves_done{output=\"replay\"} \(paths.count)"), "\(metrics)")
         #expect(metrics.contains("broadcast_replay_buffered_bytes{output=\"replay\"}"), "\(metrics)")
+        #expect(metrics.contains("broadcast_resident_bytes ") && metrics.contains("broadcast_replay_buffers_bytes "), "\(metrics)")
+        let memory = json(try broadcast(["status", "--socket", socket]).stdout)["memory"] as? [String: Any] ?? [:]
+        let resident = memory["resident_bytes"] as? Double ?? 0
+        let buffers = memory["replay_buffers_bytes"] as? Double ?? 0
+        #expect(buffers > 0 && resident > buffers, "\(memory)")
 
         #expect(try broadcast(["stop", "--socket", socket]).status == 0)
 
