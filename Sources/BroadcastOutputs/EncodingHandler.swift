@@ -406,7 +406,8 @@ public final class EncodingHandler: BroadcastSampleHandler {
 
     private func updateBytesWritten() {
         var total: Int64 = 0
-        for output in outputs where !output.destination.isLive {
+        // Recordings only: a replay output's saves are files of their own (its status has them).
+        for output in outputs where !output.destination.isLive && !output.isReplay {
             total += output.status.bytes.load(ordering: .relaxed)
         }
         if total > counters.bytesWritten.load(ordering: .relaxed) {
