@@ -143,6 +143,30 @@ func offsetInRecording(_ replay: [ProbedPacket], recording: [ProbedPacket]) -> D
     }
 }
 
+/// The replay and on_file_finished keys of a daemon config: a bad one is exit 2 with file:line: key.
+@Suite(.serialized) struct DaemonReplayConfigTests {
+    @Test(arguments: [
+        ("name = \"r\"\nurl = \"rtmp://h/app/key\"\nreplay = \"30s\"", "6: output.replay: a replay buffer needs path"),
+        ("name = \"r\"\npath = \"/tmp/r.mp4\"\nmax_memory = \"200M\"", "6: output.max_memory: applies to replay buffers"),
+        ("name = \"r\"\npath = \"/tmp/r.mp4\"\nreplay = \"30s\"\nmax_memory = \"lots\"", "7: output.max_memory: expected a size of at least 1M"),
+        ("name = \"r\"\npath = \"/tmp/r.mp4\"\nreplay = \"soon\"", "6: output.replay: "),
+        ("name = \"r\"\npath = \"/tmp/r.mp4\"\nreplay = \"30s\"\nsegment = \"1h\"", "6: output.replay: a replay buffer has no segment"),
+        ("name = \"r\"\npath = \"/tmp/r.mp4\"\non_file_finished = \"/bin/upload {path}\"", "6: output.on_file_finished: expected an argument vector"),
+        ("name = \"r\"\npath = \"/tmp/r.mp4\"\non_file_finished = [\"bin/upload\", \"{path}\"]", "6: output.on_file_finished: the program must be an absolute path"),
+        ("name = \"r\"\nurl = \"rtmp://h/app/key\"\non_file_finished = [\"/bin/true\"]", "6: output.on_file_finished: applies to outputs that write files"),
+    ] as [(String, String)])
+    func badReplayKeysAreRefused(output: String, expected: String) throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let file = dir.path("bad.toml")
+        try "[control]\nsocket = \"\(dir.path("c.sock"))\"\n[[output]]\n\(output)\n".write(toFile: file, atomically: true, encoding: .utf8)
+        let r = try broadcast(["daemon", "--config", file], timeout: 30)
+        #expect(r.status == 2, "exit \(r.status): \(r.stderr)")
+        #expect(r.stderr.contains("\(file):\(expected)"), "expected '\(file):\(expected)' in: \(r.stderr)")
+        #expect(r.stderr.split(separator: "\n").count == 1, "one line: \(r.stderr)")
+    }
+}
+
 /// The daemon's replay output: saves from `broadcast replay save`, the status, and the
 /// finished-file command.
 @Suite(.serialized) struct DaemonReplayTests {
