@@ -258,7 +258,7 @@ record drift.mp4 --video test --size 320x180 --fps $FPS --audio-mic none --audio
 rc=$?
 kill $player 2> /dev/null
 amixer -q -c Loopback cset numid="$shift" 100000
-grep -E 'periods,|kept on' drift.log | sed 's/.*\] //'
+grep -E 'periods,|kept on|re-anchored by|s of media; dropped' drift.log | sed 's/.*\] //'
 drift=$(sed -n 's/.*drift \(-*[0-9.]*\) ppm.*/\1/p' drift.log | tail -1)
 correction=$(sed -n 's/.*audioApp audio kept on its timestamps: resampled \(-*[0-9]*\) ppm.*, \([0-9]*\) jumps.*/\1 \2/p' drift.log | tail -1)
 ad=$(ffprobe -v error -select_streams a:0 -show_entries stream=duration -of csv=p=0 drift.mp4 2>/dev/null)

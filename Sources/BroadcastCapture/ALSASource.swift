@@ -50,6 +50,8 @@ public final class ALSASource: CaptureSource, @unchecked Sendable {
     /// Silent periods delivered while the device was gone.
     let silentPeriods = ManagedAtomic<Int>(0)
     let deviceLosses = ManagedAtomic<Int>(0)
+    /// Times the timeline jumped to the device's time (an overrun, a stall, a bad stamp).
+    let reanchorCount = ManagedAtomic<Int>(0)
     private let gone = ManagedAtomic<Bool>(false)
     /// Drift in millionths of a ppm (an Int so it can be atomic); Int64.min = not measured yet.
     let driftMicroPPM = ManagedAtomic<Int>(Int.min)
@@ -296,7 +298,12 @@ public final class ALSASource: CaptureSource, @unchecked Sendable {
                     )
                 }
             }
+            let reanchors = timeline.reanchorCount
             let captureTime = timeline.place(frames: frames, observedTime: observed)
+            if timeline.reanchorCount != reanchors {
+                reanchorCount.wrappingIncrement(ordering: .relaxed)
+                logger.info("\(pcmName): timestamps re-anchored by \(Double(timeline.lastReanchorNanoseconds / 10_000) / 100) ms (device time vs sample count; \(available) frames were waiting)")
+            }
             if let drift = timeline.driftPPM { driftMicroPPM.store(Int(drift * 1e6), ordering: .relaxed) }
             periodsCaptured.wrappingIncrement(ordering: .relaxed)
             let plane = Plane(base: UnsafeRawPointer(buffer.memory), count: frames * format.bytesPerFrame, bytesPerRow: frames * format.bytesPerFrame)
@@ -316,6 +323,6 @@ public final class ALSASource: CaptureSource, @unchecked Sendable {
             snd_pcm_close(pcm)
         }
         let stats = statistics
-        logger.info("\(pcmName): \(stats.periodsCaptured) periods, \(stats.xruns) overruns, \(stats.droppedPeriods) dropped (session behind), \(stats.silentPeriods) silent while lost, drift \(stats.driftPPM.map { "\(($0 * 10).rounded() / 10) ppm" } ?? "not measured")")
+        logger.info("\(pcmName): \(stats.periodsCaptured) periods, \(stats.xruns) overruns, \(stats.droppedPeriods) dropped (session behind), \(stats.silentPeriods) silent while lost, \(reanchorCount.load(ordering: .relaxed)) re-anchored, drift \(stats.driftPPM.map { "\(($0 * 10).rounded() / 10) ppm" } ?? "not measured")")
     }
 }

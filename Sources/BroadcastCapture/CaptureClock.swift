@@ -53,6 +53,8 @@ public struct AudioTimeline: Sendable {
     private var slope = 1.0
     /// Times the timeline jumped to the observed time.
     public private(set) var reanchorCount = 0
+    /// The last jump: observed minus counted time, in nanoseconds (0 before the first).
+    public private(set) var lastReanchorNanoseconds: Int64 = 0
     /// The device clock against the monotonic clock, in parts per million (positive: the device
     /// delivers more samples per second than its nominal rate). nil until measured.
     public private(set) var driftPPM: Double?
@@ -88,6 +90,7 @@ public struct AudioTimeline: Sendable {
         if abs(counted - observedTime) > toleranceNanoseconds {
             startTimeline(at: observedTime)
             reanchorCount += 1
+            lastReanchorNanoseconds = observedTime - counted
             return observedTime
         }
         return counted
