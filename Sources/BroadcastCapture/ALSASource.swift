@@ -50,7 +50,7 @@ public final class ALSASource: CaptureSource, @unchecked Sendable {
     /// Silent periods delivered while the device was gone.
     let silentPeriods = ManagedAtomic<Int>(0)
     let deviceLosses = ManagedAtomic<Int>(0)
-    /// Times the timeline jumped to the device's time (an overrun, a stall, a bad stamp).
+    /// Times the timeline moved to the device's time (samples lost without an overrun reported).
     let reanchorCount = ManagedAtomic<Int>(0)
     private let gone = ManagedAtomic<Bool>(false)
     /// Drift in millionths of a ppm (an Int so it can be atomic); Int64.min = not measured yet.
@@ -256,7 +256,11 @@ public final class ALSASource: CaptureSource, @unchecked Sendable {
                 // Every buffer is still with the session: read the period anyway and drop it, so
                 // the device does not overrun (which would cost a recovery and more samples).
                 let read = snd_pcm_readi(device, scratch, snd_pcm_uframes_t(periodFrames))
-                if read > 0 { droppedPeriods.wrappingIncrement(ordering: .relaxed) }
+                if read > 0 {
+                    droppedPeriods.wrappingIncrement(ordering: .relaxed)
+                    // The next period comes after this one, not in its place.
+                    timeline.skip(frames: Int(read))
+                }
                 else if read < 0 { _ = snd_pcm_recover(device, Int32(read), 1) }
                 continue
             }
@@ -278,6 +282,8 @@ public final class ALSASource: CaptureSource, @unchecked Sendable {
                     nextSilence = sink.clock.now()
                 } else {
                     snd_pcm_start(device)
+                    // Samples were lost: the next period starts where the device says it does.
+                    timeline.restart()
                 }
                 continue
             }
@@ -302,7 +308,7 @@ public final class ALSASource: CaptureSource, @unchecked Sendable {
             let captureTime = timeline.place(frames: frames, observedTime: observed)
             if timeline.reanchorCount != reanchors {
                 reanchorCount.wrappingIncrement(ordering: .relaxed)
-                logger.info("\(pcmName): timestamps re-anchored by \(Double(timeline.lastReanchorNanoseconds / 10_000) / 100) ms (device time vs sample count; \(available) frames were waiting)")
+                logger.info("\(pcmName): timestamps moved by \(Double(timeline.lastReanchorNanoseconds / 10_000) / 100) ms (the device's time stayed that far from the sample count; \(available) frames were waiting)")
             }
             if let drift = timeline.driftPPM { driftMicroPPM.store(Int(drift * 1e6), ordering: .relaxed) }
             periodsCaptured.wrappingIncrement(ordering: .relaxed)
@@ -323,6 +329,6 @@ public final class ALSASource: CaptureSource, @unchecked Sendable {
             snd_pcm_close(pcm)
         }
         let stats = statistics
-        logger.info("\(pcmName): \(stats.periodsCaptured) periods, \(stats.xruns) overruns, \(stats.droppedPeriods) dropped (session behind), \(stats.silentPeriods) silent while lost, \(reanchorCount.load(ordering: .relaxed)) re-anchored, drift \(stats.driftPPM.map { "\(($0 * 10).rounded() / 10) ppm" } ?? "not measured")")
+        logger.info("\(pcmName): \(stats.periodsCaptured) periods, \(stats.xruns) overruns, \(stats.droppedPeriods) dropped (session behind), \(stats.silentPeriods) silent while lost, \(reanchorCount.load(ordering: .relaxed)) re-anchored, \(timeline.strayCount) stamps counted through a stall, drift \(stats.driftPPM.map { "\(($0 * 10).rounded() / 10) ppm" } ?? "not measured")")
     }
 }

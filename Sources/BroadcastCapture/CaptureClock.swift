@@ -21,8 +21,12 @@ public enum DeviceTimestamps {
 
 /// The timeline of one audio device: buffers are stamped by sample count from an anchor, so audio
 /// is continuous (no gaps or overlaps from timestamp jitter), and re-anchored on the observed
-/// device time when the two part by more than `tolerance` (an xrun lost samples, the device
-/// stalled).
+/// device time when the two part by more than `tolerance` and stay apart for `confirmation` of
+/// observed time (the device lost samples without saying so; an overrun it reports restarts the
+/// timeline at once: `restart()`). An excursion that comes back sooner is a stall, not a loss:
+/// a starved machine reads late, or a device whose position follows the kernel's tick (snd-aloop,
+/// jiffies) reports it late while the tick is late; the count goes on through it and the fit
+/// leaves those observations out, so neither the stamps nor the drift take a step from a stall.
 ///
 /// The count runs at the device's measured rate, not its nominal one: a device clock is never
 /// exactly the monotonic clock (tens to hundreds of ppm apart), and counting at the nominal rate
@@ -39,6 +43,12 @@ public struct AudioTimeline: Sendable {
     /// Measurement needs at least this much time since the anchor before it reports a drift and
     /// counts at the measured rate.
     public let minimumMeasurementNanoseconds: Int64
+    /// How long observed time must stay beyond `toleranceNanoseconds` before the timeline moves to it.
+    public let confirmationNanoseconds: Int64
+    /// Observed time of the first observation of the excursion under way (nil: none).
+    private var excursionStart: Int64?
+    /// Observations left out of the fit because they strayed beyond the tolerance.
+    public private(set) var strayCount = 0
 
     private var anchorTime: Int64?
     private var samplesSinceAnchor: Int64 = 0
@@ -49,6 +59,8 @@ public struct AudioTimeline: Sendable {
     private var meanY = 0.0
     private var sumXX = 0.0
     private var sumXY = 0.0
+    /// Observed seconds since the anchor of the last observation in the fit.
+    private var fitSpan = 0.0
     /// Observed seconds per nominal second, from the last fit (kept across re-anchors).
     private var slope = 1.0
     /// Times the timeline jumped to the observed time.
@@ -59,11 +71,15 @@ public struct AudioTimeline: Sendable {
     /// delivers more samples per second than its nominal rate). nil until measured.
     public private(set) var driftPPM: Double?
 
-    public init(sampleRate: Int, toleranceNanoseconds: Int64 = 30_000_000, minimumMeasurementNanoseconds: Int64 = 4_000_000_000) {
+    public init(
+        sampleRate: Int, toleranceNanoseconds: Int64 = 30_000_000, minimumMeasurementNanoseconds: Int64 = 4_000_000_000,
+        confirmationNanoseconds: Int64 = 300_000_000
+    ) {
         precondition(sampleRate > 0)
         self.sampleRate = sampleRate
         self.toleranceNanoseconds = toleranceNanoseconds
         self.minimumMeasurementNanoseconds = minimumMeasurementNanoseconds
+        self.confirmationNanoseconds = confirmationNanoseconds
     }
 
     /// Nanoseconds `samples` last at the nominal rate.
@@ -79,31 +95,53 @@ public struct AudioTimeline: Sendable {
         }
         let x = Double(samplesSinceAnchor) / Double(sampleRate)
         let y = Double(observedTime - anchor) / 1e9
-        addPoint(x: x, y: y)
-        var intercept = 0.0
-        if observedTime - anchor >= minimumMeasurementNanoseconds, sumXX > 0 {
-            slope = sumXY / sumXX
-            intercept = meanY - slope * meanX
-            driftPPM = (1 / slope - 1) * 1e6
-        }
-        let counted = anchor + Int64(((intercept + slope * x) * 1e9).rounded())
+        // Where the count puts this run, on the fit so far (this observation not in it yet).
+        let counted = anchor + Int64((fittedSeconds(at: x) * 1e9).rounded())
         if abs(counted - observedTime) > toleranceNanoseconds {
-            startTimeline(at: observedTime)
-            reanchorCount += 1
-            lastReanchorNanoseconds = observedTime - counted
-            return observedTime
+            let since = excursionStart ?? observedTime
+            excursionStart = since
+            if observedTime - since >= confirmationNanoseconds {
+                // It stayed: samples were lost (or the device's clock stepped). Move to it.
+                startTimeline(at: observedTime)
+                reanchorCount += 1
+                lastReanchorNanoseconds = observedTime - counted
+                return observedTime
+            }
+            // Maybe a stall: count on through it, and keep it out of the fit.
+            strayCount += 1
+            return counted
         }
-        return counted
+        excursionStart = nil
+        addPoint(x: x, y: y)
+        return anchor + Int64((fittedSeconds(at: x) * 1e9).rounded())
     }
 
-    /// Forget the anchor (after the stream restarted): the next run starts a new timeline.
+    /// Observed seconds since the anchor for `x` counted (nominal) seconds: on the fitted line once
+    /// there is `minimumMeasurementNanoseconds` of it (which also gives `driftPPM`), before that at
+    /// the last measured rate from the anchor.
+    private mutating func fittedSeconds(at x: Double) -> Double {
+        guard sumXX > 0, fitSpan * 1e9 >= Double(minimumMeasurementNanoseconds) else { return slope * x }
+        slope = sumXY / sumXX
+        driftPPM = (1 / slope - 1) * 1e6
+        return meanY - slope * meanX + slope * x
+    }
+
+    /// Forget the anchor (after the stream restarted, or an overrun lost samples): the next run
+    /// starts a new timeline at its observed time.
     public mutating func restart() {
         anchorTime = nil
         samplesSinceAnchor = 0
+        excursionStart = nil
+    }
+
+    /// Counts `frames` read from the device but not placed (dropped), so the next run keeps its time.
+    public mutating func skip(frames: Int) {
+        if anchorTime != nil { samplesSinceAnchor += Int64(frames) }
     }
 
     private mutating func startTimeline(at time: Int64) {
         anchorTime = time
+        excursionStart = nil
         samplesSinceAnchor = 0
         fitCount = 0
         meanX = 0
@@ -120,5 +158,6 @@ public struct AudioTimeline: Sendable {
         meanY += (y - meanY) / fitCount
         sumXX += dx * (x - meanX)
         sumXY += dx * (y - meanY)
+        fitSpan = y
     }
 }

@@ -96,14 +96,61 @@ import Testing
         #expect(timeline.reanchorCount == 0)
     }
 
-    @Test func timelineReanchorsAfterAnOverrun() {
+    @Test func timelineReanchorsWhenSamplesWereLost() {
         var timeline = AudioTimeline(sampleRate: 48_000)
         _ = timeline.place(frames: 480, observedTime: 0)
         _ = timeline.place(frames: 480, observedTime: 10_000_000)
-        // 100 ms of samples were lost: the next run starts where the device says it does.
-        #expect(timeline.place(frames: 480, observedTime: 120_000_000) == 120_000_000)
+        // 100 ms of samples were lost without an overrun being reported: the count goes on while
+        // it could be a stall, and moves to the device's time once the gap has lasted 300 ms.
+        var t: Int64 = 120_000_000
+        var stamps: [Int64] = []
+        while t <= 440_000_000 {
+            stamps.append(timeline.place(frames: 480, observedTime: t))
+            t += 10_000_000
+        }
+        #expect(stamps.first == 20_000_000)
         #expect(timeline.reanchorCount == 1)
+        #expect(stamps.last == 440_000_000)
+        #expect(timeline.place(frames: 480, observedTime: 450_000_000) == 450_000_000)
+    }
+
+    @Test func timelineStartsAgainAfterARestart() {
+        var timeline = AudioTimeline(sampleRate: 48_000)
+        _ = timeline.place(frames: 480, observedTime: 0)
+        _ = timeline.place(frames: 480, observedTime: 10_000_000)
+        // An overrun the device reported: the next run starts where the device says it does.
+        timeline.restart()
+        #expect(timeline.place(frames: 480, observedTime: 120_000_000) == 120_000_000)
         #expect(timeline.place(frames: 480, observedTime: 130_000_000) == 130_000_000)
+    }
+
+    @Test func timelineCountsThroughAStall() {
+        // A starved machine, or snd-aloop's position following a late kernel tick: for 150 ms the
+        // device's time reads 60 ms late, then right again. The stamps stay on the count (no step
+        // either way) and the drift measured is the device's, not the stall's.
+        var timeline = AudioTimeline(sampleRate: 48_000)
+        var frames: Int64 = 0
+        var previous: Int64?
+        var worstStep: Int64 = 0
+        for i in 0..<1000 {
+            let truth = frames * 1_000_000_000 / 48_000
+            let stalled = (300..<315).contains(i) || (700..<712).contains(i)
+            let stamp = timeline.place(frames: 480, observedTime: truth + (stalled ? 60_000_000 : 0))
+            if let previous { worstStep = max(worstStep, abs(stamp - previous - 10_000_000)) }
+            previous = stamp
+            frames += 480
+        }
+        #expect(timeline.reanchorCount == 0)
+        #expect(worstStep < 100_000, "a step of \(worstStep) ns beyond the 10 ms period")
+        let drift = try! #require(timeline.driftPPM)
+        #expect(abs(drift) < 5, "measured \(drift) ppm")
+    }
+
+    @Test func timelineKeepsTimeAcrossASkippedRun() {
+        var timeline = AudioTimeline(sampleRate: 48_000)
+        _ = timeline.place(frames: 480, observedTime: 0)
+        timeline.skip(frames: 480)  // read and dropped
+        #expect(timeline.place(frames: 480, observedTime: 20_000_000) == 20_000_000)
     }
 
     @Test func driftIsMeasuredInPartsPerMillion() {
