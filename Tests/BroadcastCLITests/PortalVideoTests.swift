@@ -100,7 +100,9 @@ struct PortalVideoTests {
         let sorted = lateness.sorted()
         let median = sorted.isEmpty ? Int64.max : sorted[sorted.count / 2]
         #expect(median <= 66_666_667, "a new frame's delay to its tick (ns): \(sorted)")
-        #expect(sorted.allSatisfy { $0 >= 0 }, "a frame before its producer time: \(sorted)")
+        // A tick handled late (a busy machine) can take a frame made after the tick's time: at most
+        // one interval before its producer time.
+        #expect(sorted.allSatisfy { $0 >= -33_333_334 }, "a frame more than a tick before its producer time: \(sorted)")
     }
 
     /// A screen that changes all the time (a terminal redrawing 30 times a second): still exactly
@@ -167,9 +169,10 @@ struct PortalVideoTests {
         #expect(try probe(dir.path("3.mkv")).video != nil)
     }
 
-    /// No portal on the bus, or a portal that refuses what is asked: one line naming the portal,
+    /// No portal on the bus, or a portal that does not offer what is asked (xdpw 0.7: no metadata
+    /// cursor, no window casting): one line naming the portal,
     /// exit 2, no output file and no token written.
-    @Test(arguments: [(false, "portal"), (true, "portal?cursor=metadata")])
+    @Test(arguments: [(false, "portal"), (true, "portal?cursor=metadata"), (true, "portal:window")])
     func refusalIsOneLineAndExit2(portal: Bool, video: String) throws {
         let desktop = try DesktopSession(.init(size: "320x240", portal: portal))
         defer { desktop.stop() }
