@@ -56,8 +56,10 @@ struct PortalVideoTests {
         try desktop.setBackground("#ff0000")
         Thread.sleep(forTimeInterval: 1.0)
         try desktop.setBackground("#00ff00")
+        let greenAt = Date()
         Thread.sleep(forTimeInterval: 1.0)
         try desktop.setBackground("#0000ff")
+        let between = Date().timeIntervalSince(greenAt)  // green → blue as the test did it (slower under load)
         let r = recording.wait(timeout: 120)
         #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
 
@@ -77,8 +79,9 @@ struct PortalVideoTests {
             // The change from green to blue shows within a couple of frames of the compositor's
             // intermediate frames (swaybg restarting: sway's grey), and blue stays.
             #expect(colours[blue...].allSatisfy { Self.near($0, 0, 0, 255) }, "after blue: \(colours[blue...].map { "\($0)" })")
-            // About 1 s (30 frames) between the changes: the recording keeps real time.
-            #expect(abs((blue - green) - 30) <= 8, "green at \(green), blue at \(blue)")
+            // As far apart in the recording as on the screen: it keeps real time (the compositor's
+            // own delay for each change varies, hence the margin).
+            #expect(abs(Double(blue - green) / 30 - between) <= 0.3, "green at \(green), blue at \(blue), \(between) s apart")
         }
 
         // Static between the changes: few new frames, the rest repeats.
