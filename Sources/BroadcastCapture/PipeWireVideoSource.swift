@@ -115,9 +115,15 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
         var lastSize = (width: announcedSize?.width ?? 1280, height: announcedSize?.height ?? 720)
         var slate: SlateGenerator?
         var nextRetry: Int64 = 0
+        var attempt: ReconnectAttempt?
         defer {
             last?.backing?.release()
             connection?.close()
+            if let attempt {
+                attempt.thread?.join()
+                attempt.thread = nil
+                attempt.result?.close()
+            }
             logger.info(
                 "\(spec.description): \(capturedCount + repeatedCount) frames delivered, \(capturedCount) new from PipeWire, \(repeatedCount) repeated (screen unchanged; \(blanks.load(ordering: .relaxed)) of them black before the first), \(corruptedCount) corrupted buffers skipped, \(busy.load(ordering: .relaxed)) new frames held back (all frames with the session), \(droppedCount) slots skipped, \(slateFrames.load(ordering: .relaxed)) slate frames, \(losses.load(ordering: .relaxed)) losses, \(formats.load(ordering: .relaxed)) formats negotiated"
             )
@@ -129,9 +135,13 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
                     slate = SlateGenerator(width: lastSize.width, height: lastSize.height, frameDuration: slotTime(1), start: sink.clock.now())
                 }
                 let now = sink.clock.now()
-                if now >= nextRetry {
-                    nextRetry = now + 2_000_000_000
-                    if let reopened = try? PipeWireVideoConnection.open(spec: spec, tokens: tokens, logger: logger, startTimeout: 5) {
+                // A new attempt runs on a thread of its own (portal round trips can take seconds),
+                // so the slate keeps its rate meanwhile.
+                if let finished = attempt, finished.isDone {
+                    finished.thread?.join()
+                    finished.thread = nil  // the thread's closure holds the attempt
+                    attempt = nil
+                    if let reopened = finished.result {
                         connection = reopened
                         formatsBefore = 0
                         slate = nil
@@ -140,6 +150,15 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
                         index = slot(at: sink.clock.now() - sink.startTime) + 1
                         continue
                     }
+                }
+                if attempt == nil, now >= nextRetry {
+                    nextRetry = now + 2_000_000_000
+                    let next = ReconnectAttempt()
+                    let (spec, tokens, logger) = (self.spec, self.tokens, self.logger)
+                    next.thread = OSThread {
+                        next.finish(try? PipeWireVideoConnection.open(spec: spec, tokens: tokens, logger: logger, startTimeout: 5))
+                    }
+                    attempt = next
                 }
                 slate!.deliverDue(into: sink, now: sink.clock.now(), counter: slateFrames)
                 MonotonicClock.sleep(until: min(nextRetry, slate!.nextDue))
@@ -240,6 +259,21 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
                 index = now
             }
         }
+    }
+}
+
+/// A reconnection tried on a thread of its own; the capture thread polls `isDone` (no lock: the
+/// result is written before the flag is released and read after it is acquired).
+final class ReconnectAttempt: @unchecked Sendable {
+    var thread: OSThread?
+    private(set) var result: PipeWireVideoConnection?
+    private let done = ManagedAtomic<Bool>(false)
+
+    var isDone: Bool { done.load(ordering: .acquiring) }
+
+    func finish(_ connection: PipeWireVideoConnection?) {
+        result = connection
+        done.store(true, ordering: .releasing)
     }
 }
 

@@ -118,6 +118,13 @@ public final class ScreenCastPortal: @unchecked Sendable {
                 "ScreenCast portal: no xdg-desktop-portal with ScreenCast answers on the session bus (is xdg-desktop-portal and a backend such as xdg-desktop-portal-wlr, -gnome or -kde running?)"
             )
         }
+        if let types: UInt32 = property("AvailableSourceTypes"), types & kind.rawValue == 0 {
+            let offered = [(1, "monitor"), (2, "window"), (4, "virtual")].filter { types & UInt32($0.0) != 0 }.map(\.1)
+            throw BroadcastError(
+                .sourceFailed,
+                "ScreenCast portal: casting a \(kind == .window ? "window" : "monitor") is not offered (the portal offers \(offered.isEmpty ? "nothing" : offered.joined(separator: ", ")))"
+            )
+        }
         if let modes = availableCursorModes(), !modes.contains(cursor) {
             throw BroadcastError(
                 .sourceFailed,

@@ -56,8 +56,10 @@ struct PortalVideoTests {
         try desktop.setBackground("#ff0000")
         Thread.sleep(forTimeInterval: 1.0)
         try desktop.setBackground("#00ff00")
+        let greenAt = Date()
         Thread.sleep(forTimeInterval: 1.0)
         try desktop.setBackground("#0000ff")
+        let between = Date().timeIntervalSince(greenAt)  // green → blue as the test did it (slower under load)
         let r = recording.wait(timeout: 120)
         #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
 
@@ -77,8 +79,9 @@ struct PortalVideoTests {
             // The change from green to blue shows within a couple of frames of the compositor's
             // intermediate frames (swaybg restarting: sway's grey), and blue stays.
             #expect(colours[blue...].allSatisfy { Self.near($0, 0, 0, 255) }, "after blue: \(colours[blue...].map { "\($0)" })")
-            // About 1 s (30 frames) between the changes: the recording keeps real time.
-            #expect(abs((blue - green) - 30) <= 8, "green at \(green), blue at \(blue)")
+            // As far apart in the recording as on the screen: it keeps real time (the compositor's
+            // own delay for each change varies, hence the margin).
+            #expect(abs(Double(blue - green) / 30 - between) <= 0.3, "green at \(green), blue at \(blue), \(between) s apart")
         }
 
         // Static between the changes: few new frames, the rest repeats.
@@ -100,7 +103,9 @@ struct PortalVideoTests {
         let sorted = lateness.sorted()
         let median = sorted.isEmpty ? Int64.max : sorted[sorted.count / 2]
         #expect(median <= 66_666_667, "a new frame's delay to its tick (ns): \(sorted)")
-        #expect(sorted.allSatisfy { $0 >= 0 }, "a frame before its producer time: \(sorted)")
+        // A tick handled late (a busy machine) can take a frame made after the tick's time: at most
+        // one interval before its producer time.
+        #expect(sorted.allSatisfy { $0 >= -33_333_334 }, "a frame more than a tick before its producer time: \(sorted)")
     }
 
     /// A screen that changes all the time (a terminal redrawing 30 times a second): still exactly
@@ -167,9 +172,10 @@ struct PortalVideoTests {
         #expect(try probe(dir.path("3.mkv")).video != nil)
     }
 
-    /// No portal on the bus, or a portal that refuses what is asked: one line naming the portal,
+    /// No portal on the bus, or a portal that does not offer what is asked (xdpw 0.7: no metadata
+    /// cursor, no window casting): one line naming the portal,
     /// exit 2, no output file and no token written.
-    @Test(arguments: [(false, "portal"), (true, "portal?cursor=metadata")])
+    @Test(arguments: [(false, "portal"), (true, "portal?cursor=metadata"), (true, "portal:window")])
     func refusalIsOneLineAndExit2(portal: Bool, video: String) throws {
         let desktop = try DesktopSession(.init(size: "320x240", portal: portal))
         defer { desktop.stop() }
