@@ -77,6 +77,21 @@ final class DesktopSession: @unchecked Sendable {
         try Child(broadcastBinary, arguments, environment: environment).wait(timeout: timeout)
     }
 
+    /// Waits until `count` broadcast streams are linked to the portal's screen cast in the PipeWire
+    /// graph, i.e. frames flow to them. A test acts on the screen after this, not after a fixed
+    /// sleep: on a busy machine starting broadcast can take seconds. Throws after `timeout`.
+    func waitForCastConsumers(_ count: Int = 1, timeout: Double = 30) throws {
+        let deadline = Date().addingTimeInterval(timeout)
+        var links = ""
+        while Date() < deadline {
+            links = (try? run("/usr/bin/pw-link", ["-l"]))?.stdout ?? ""
+            let linked = links.split(separator: "\n").filter { $0.contains("|-> broadcast") }.count
+            if linked >= count { return }
+            usleep(50_000)
+        }
+        throw DesktopSessionError("no \(count) broadcast stream(s) linked to the cast after \(timeout) s: \(links)")
+    }
+
     /// Paints the whole output one colour (sway's background; the portal sends the change as a frame).
     func setBackground(_ colour: String) throws {
         let r = try run("/usr/bin/swaymsg", ["output", "HEADLESS-1", "bg", colour, "solid_color"])
