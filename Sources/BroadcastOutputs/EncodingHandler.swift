@@ -218,9 +218,11 @@ public final class EncodingHandler: BroadcastSampleHandler {
         case .file(let path):
             let recording = try Recording(
                 path: path, streams: streams, overwrite: output.configuration.overwrite, logger: logger)
+            output.configuration.manifest?.recordCreated(recording)
             return RecordingWorker(
                 output: output, recording: recording, hasVideo: videoEncoder != nil, streams: streams,
-                segments: output.configuration.segments, joinsRunningBroadcast: joining, logger: logger)
+                segments: output.configuration.segments, manifest: output.configuration.manifest,
+                joinsRunningBroadcast: joining, logger: logger)
         case .live(let url):
             let totalBitrate = (configuration.video?.bitrate ?? 0) + (configuration.audio?.bitrate ?? 0)
             return LiveStreamWorker(output: output, url: url, streams: streams, totalBitrate: totalBitrate, logger: logger)
