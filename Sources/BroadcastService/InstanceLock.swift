@@ -3,7 +3,7 @@ import Glibc
 #endif
 
 /// One daemon per directory: an exclusive `flock(2)` on a lock file (`.broadcast.lock` in a
-/// recording directory, `SOCKET.lock` beside the control socket), taken before the daemon touches
+/// recording directory, `.SOCKET.lock` beside the control socket), taken before the daemon touches
 /// anything there (crash recovery, retention, the socket) and held until the process ends.
 ///
 /// The kernel drops the lock when the process dies however it dies, so a crash never leaves a

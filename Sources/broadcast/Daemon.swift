@@ -110,13 +110,19 @@ extension Daemon {
     /// How much more time systemd is asked for before each recording crash recovery finalizes.
     static let recoveryTimeoutMicroseconds = 120_000_000
 
-    /// Locks each directory (`InstanceLock`) and the control socket (`SOCKET.lock`); a lock held
+    /// `/run/broadcast/.control.sock.lock` for `/run/broadcast/control.sock`.
+    static func socketLockPath(_ socketPath: String) -> String {
+        guard let slash = socketPath.lastIndex(of: "/") else { return ".\(socketPath).lock" }
+        return "\(socketPath[...slash]).\(socketPath[socketPath.index(after: slash)...]).lock"
+    }
+
+    /// Locks each directory (`InstanceLock`) and the control socket (`.SOCKET.lock`); a lock held
     /// by another process is exit 2 with one line naming its pid.
     static func lock(directories: [String], socketPath: String) throws -> DirectoryLocks {
         let locks = DirectoryLocks()
         try locks.acquire(directories: directories)
         do {
-            locks.keep(try InstanceLock(path: socketPath + ".lock"), for: socketPath)
+            locks.keep(try InstanceLock(path: Self.socketLockPath(socketPath)), for: socketPath)
         } catch {
             throw BroadcastError(.invalidArgument, "control socket \(socketPath): \(error)")
         }
