@@ -385,7 +385,9 @@ public final class EncodingHandler: BroadcastSampleHandler {
             for output in outputs { output.offer(packet) }
         }
         updateBytesWritten()
-        if !outputs.isEmpty, counters.failedOutputs.load(ordering: .relaxed) >= outputs.count {
+        // Every current output failed (the counter also counts outputs a reload has removed since:
+        // it is only the cheap test whether to look).
+        if !outputs.isEmpty, counters.failedOutputs.load(ordering: .relaxed) > 0, outputs.allSatisfy({ $0.state == .failed }) {
             let last = outputs.compactMap { $0.statistics().lastError }.last ?? "unknown error"
             throw BroadcastError(.outputFailed, "every output failed; the last error: \(last)")
         }

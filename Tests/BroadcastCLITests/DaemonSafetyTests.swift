@@ -178,4 +178,51 @@ import Testing
         #expect(!r.stderr.contains("Success"))
         #expect(r.stderr.split(separator: "\n").count == 1)
     }
+
+    /// An output that failed and is then removed by SIGHUP no longer counts: the remaining healthy
+    /// recording goes on. (Before: failures ever seen were compared with the current number of
+    /// outputs, so 1 failed >= 1 output ended the broadcast.)
+    @Test func removingAFailedOutputLeavesTheOthersRunning() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let keep = """
+            [[output]]
+            name = "rec"
+            path = "\(dir.path("rec.mkv"))"
+            """
+        let doomed = """
+
+            [[output]]
+            name = "doomed"
+            path = "\(dir.path("sub/seg-%H%M%S.mkv"))"
+            segment = "1s"
+            """
+        try FileManager.default.createDirectory(atPath: dir.path("sub"), withIntermediateDirectories: true)
+        let (daemon, socket) = try launchDaemon(dir, outputs: keep + doomed)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        _ = try waitUntilRecording(socket)
+        // The next segment cannot be created: a file where its directory was.
+        try FileManager.default.removeItem(atPath: dir.path("sub"))
+        FileManager.default.createFile(atPath: dir.path("sub"), contents: Data("not a directory".utf8))
+        var status = ""
+        for _ in 0..<100 {
+            status = try broadcast(["status", "--socket", socket]).stdout
+            if status.contains("\"name\":\"doomed\",\"kind\":\"recording\"") && status.contains("\"state\":\"failed\"") { break }
+            usleep(100_000)
+        }
+        #expect(status.contains("\"state\":\"failed\""), "the output did not fail: \(status)")
+        // Reload without it (written as the whole config launchDaemon writes, minus the output).
+        let config = try String(contentsOfFile: dir.path("d.toml"), encoding: .utf8).replacingOccurrences(of: doomed, with: "")
+        try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
+        daemon.signal(SIGHUP)
+        usleep(3_000_000)
+        let after = try broadcast(["status", "--socket", socket])
+        #expect(after.stdout.contains("\"state\":\"started\""), "the broadcast ended: \(after.stdout) \(after.stderr)")
+        #expect(!after.stdout.contains("\"name\":\"doomed\""), "\(after.stdout)")
+        daemon.signal(SIGTERM)
+        let r = daemon.wait(timeout: 60)
+        #expect(r.status == 0, "\(r.stderr)")
+        #expect(!r.stderr.contains("every output failed"), "\(r.stderr)")
+        try expectDecodesCleanly(dir.path("rec.mkv"))
+    }
 }
