@@ -225,4 +225,33 @@ import Testing
         #expect(!r.stderr.contains("every output failed"), "\(r.stderr)")
         try expectDecodesCleanly(dir.path("rec.mkv"))
     }
+
+    /// Crash recovery runs before READY=1; before each file it finalizes, the daemon asks systemd
+    /// for more time (EXTEND_TIMEOUT_USEC), so a long orphan does not get it killed at start.
+    @Test func recoveryAsksSystemdForMoreTime() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let outputs = """
+            [[output]]
+            name = "rec"
+            path = "\(dir.path("crash-%H%M%S.mp4"))"
+            """
+        let (first, socket) = try launchDaemon(dir, outputs: outputs)
+        _ = try waitUntilRecording(socket)
+        usleep(2_000_000)
+        first.signal(SIGKILL)
+        _ = first.wait(timeout: 10)
+        usleep(1_100_000)  // the next recording gets another name
+        let notify = try NotifyListener(directory: dir)
+        let second = try Child(broadcastBinary, ["daemon", "--config", dir.path("d.toml")], environment: ["NOTIFY_SOCKET": notify.path])
+        defer { second.signal(SIGKILL); _ = second.wait(timeout: 10) }
+        let messages = notify.wait(for: "READY=1", seconds: 30)
+        let extend = messages.firstIndex { $0.contains("EXTEND_TIMEOUT_USEC=") }
+        let ready = messages.firstIndex { $0.contains("READY=1") }
+        #expect(extend != nil && ready != nil && extend! < ready!, "\(messages)")
+        second.signal(SIGTERM)
+        let r = second.wait(timeout: 60)
+        #expect(r.status == 0, "\(r.stderr)")
+        #expect(r.stderr.contains("recovering "), "\(r.stderr)")
+    }
 }
