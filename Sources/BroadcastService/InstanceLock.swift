@@ -19,27 +19,29 @@ public final class InstanceLock: Sendable {
     /// Why a lock was not taken: held by another process (its pid when it wrote one), or the file
     /// could not be opened.
     public struct Failure: Error, Sendable, CustomStringConvertible {
+        /// What the lock guards: a directory, "control socket PATH".
+        public var subject: String
         public var path: String
         public var holder: Int32?
         public var reason: String?
         public var description: String {
-            if let reason { return "cannot lock \(path): \(reason)" }
+            if let reason { return "cannot lock \(subject) (\(path)): \(reason)" }
             let who = holder.map { "pid \($0)" } ?? "a process that has not written its pid yet"
-            return "another broadcast daemon (\(who)) is using this directory: \(path) is locked; "
-                + "one daemon per directory (stop it, or give this one other paths)"
+            return "\(subject) is in use by another broadcast daemon (\(who), holding \(path)): "
+                + "one daemon per directory; stop that one or give this one other paths"
         }
     }
 
     /// Locks `directory`'s `.broadcast.lock`.
     public static func forDirectory(_ directory: String) throws(Failure) -> InstanceLock {
-        try InstanceLock(path: directory == "/" ? "/\(fileName)" : "\(directory)/\(fileName)")
+        try InstanceLock(path: directory == "/" ? "/\(fileName)" : "\(directory)/\(fileName)", subject: directory)
     }
 
     /// Locks the file at `path` (created if missing) without waiting.
-    public init(path: String) throws(Failure) {
+    public init(path: String, subject: String) throws(Failure) {
         self.path = path
         let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o644)
-        guard fd >= 0 else { throw Failure(path: path, reason: String(cString: strerror(errno))) }
+        guard fd >= 0 else { throw Failure(subject: subject, path: path, reason: String(cString: strerror(errno))) }
         var locked = flock(fd, LOCK_EX | LOCK_NB)
         while locked != 0 && errno == EINTR { locked = flock(fd, LOCK_EX | LOCK_NB) }
         guard locked == 0 else {
@@ -47,7 +49,7 @@ public final class InstanceLock: Sendable {
             let reason = String(cString: strerror(errno))
             let holder = busy ? Self.holder(fd) : nil
             close(fd)
-            throw Failure(path: path, holder: holder, reason: busy ? nil : reason)
+            throw Failure(subject: subject, path: path, holder: holder, reason: busy ? nil : reason)
         }
         self.fd = fd
         let text = Array("\(getpid())\n".utf8)

@@ -122,9 +122,9 @@ extension Daemon {
         let locks = DirectoryLocks()
         try locks.acquire(directories: directories)
         do {
-            locks.keep(try InstanceLock(path: Self.socketLockPath(socketPath)), for: socketPath)
+            locks.keep(try InstanceLock(path: Self.socketLockPath(socketPath), subject: "control socket \(socketPath)"), for: socketPath)
         } catch {
-            throw BroadcastError(.invalidArgument, "control socket \(socketPath): \(error)")
+            throw BroadcastError(.invalidArgument, error.description)
         }
         return locks
     }
@@ -533,7 +533,7 @@ final class DirectoryLocks: Sendable {
             do {
                 keep(try InstanceLock.forDirectory(directory), for: directory)
             } catch {
-                throw BroadcastError(.invalidArgument, "\(directory): \(error)")
+                throw BroadcastError(.invalidArgument, error.description)
             }
         }
     }

@@ -254,4 +254,34 @@ import Testing
         #expect(r.status == 0, "\(r.stderr)")
         #expect(r.stderr.contains("recovering "), "\(r.stderr)")
     }
+
+    /// A SIGHUP that adds a recording in a directory another daemon holds is refused as a whole;
+    /// the running outputs go on.
+    @Test func reloadIntoAnotherDaemonsDirectoryIsRefused() throws {
+        let a = try TemporaryDirectory()
+        let b = try TemporaryDirectory()
+        defer { a.cleanup(); b.cleanup() }
+        let (other, otherSocket) = try launchDaemon(b, outputs: "[[output]]\nname = \"theirs\"\npath = \"\(b.path("theirs.mkv"))\"\n")
+        defer { other.signal(SIGKILL); _ = other.wait(timeout: 10) }
+        let (daemon, socket) = try launchDaemon(a, outputs: "[[output]]\nname = \"mine\"\npath = \"\(a.path("mine.mkv"))\"\n")
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        _ = try waitUntilRecording(otherSocket)
+        _ = try waitUntilRecording(socket)
+        let config = try String(contentsOfFile: a.path("d.toml"), encoding: .utf8)
+            + "\n[[output]]\nname = \"intruder\"\npath = \"\(b.path("intruder-%H%M%S.mkv"))\"\n"
+        try config.write(toFile: a.path("d.toml"), atomically: true, encoding: .utf8)
+        daemon.signal(SIGHUP)
+        usleep(2_000_000)
+        let status = try broadcast(["status", "--socket", socket]).stdout
+        #expect(!status.contains("intruder"), "\(status)")
+        #expect(!b.contents.contains { $0.hasPrefix("intruder") }, "\(b.contents)")
+        daemon.signal(SIGTERM)
+        let r = daemon.wait(timeout: 60)
+        #expect(r.status == 0, "\(r.stderr)")
+        #expect(r.stderr.contains("SIGHUP: config not reloaded: \(b.path("")) is in use by another broadcast daemon (pid \(other.process.processIdentifier)")
+                || r.stderr.contains("SIGHUP: config not reloaded: \(b.url.path) is in use by another broadcast daemon (pid \(other.process.processIdentifier)"),
+                "\(r.stderr)")
+        other.signal(SIGTERM)
+        #expect(other.wait(timeout: 60).status == 0)
+    }
 }
