@@ -80,9 +80,13 @@ public struct RecordingManifest: Sendable, Hashable {
         unlink(temporary)
     }
 
+    /// `file` relative to the directory when it is under it, else as given (absolute).
     private func relative(_ file: String) -> String {
         let prefix = directory == "/" ? "/" : directory + "/"
-        return file.hasPrefix(prefix) ? String(file.dropFirst(prefix.count)) : file
+        guard file.hasPrefix(prefix) else { return file }
+        let name = file.dropFirst(prefix.count)
+        // "/dir//x.mp4" would leave "/x.mp4", which reads back as another, absolute, path.
+        return name.isEmpty || name.hasPrefix("/") ? file : String(name)
     }
 
     private func absolute(_ name: String) -> String {

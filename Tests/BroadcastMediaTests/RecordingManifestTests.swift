@@ -50,10 +50,11 @@ import Testing
             manifest.recordCreated(path: "\(dir)/\(name)")
         }
         manifest.recordCreated(path: "/elsewhere/d.mp4")
+        manifest.recordCreated(path: "\(dir)//e.mp4")
         manifest.recordDeleted("\(dir)/a.mp4")
-        #expect(manifest.files() == ["\(dir)/2026/b.mp4", "\(dir)/c.mp4", "/elsewhere/d.mp4"])
+        #expect(manifest.files() == ["\(dir)/2026/b.mp4", "\(dir)/c.mp4", "/elsewhere/d.mp4", "\(dir)//e.mp4"])
         let text = try String(contentsOfFile: manifest.path, encoding: .utf8)
-        #expect(text == "+ a.mp4\n+ 2026/b.mp4\n+ c.mp4\n+ /elsewhere/d.mp4\n- a.mp4\n")
+        #expect(text == "+ a.mp4\n+ 2026/b.mp4\n+ c.mp4\n+ /elsewhere/d.mp4\n+ \(dir)//e.mp4\n- a.mp4\n")
         try FileManager.default.removeItem(atPath: "\(dir)/c.mp4")
         manifest.compact()
         #expect(try String(contentsOfFile: manifest.path, encoding: .utf8) == "+ 2026/b.mp4\n")
