@@ -218,9 +218,11 @@ public final class EncodingHandler: BroadcastSampleHandler {
         case .file(let path):
             let recording = try Recording(
                 path: path, streams: streams, overwrite: output.configuration.overwrite, logger: logger)
+            output.configuration.manifest?.recordCreated(recording)
             return RecordingWorker(
                 output: output, recording: recording, hasVideo: videoEncoder != nil, streams: streams,
-                segments: output.configuration.segments, joinsRunningBroadcast: joining, logger: logger)
+                segments: output.configuration.segments, manifest: output.configuration.manifest,
+                joinsRunningBroadcast: joining, logger: logger)
         case .live(let url):
             let totalBitrate = (configuration.video?.bitrate ?? 0) + (configuration.audio?.bitrate ?? 0)
             return LiveStreamWorker(output: output, url: url, streams: streams, totalBitrate: totalBitrate, logger: logger)
@@ -383,7 +385,9 @@ public final class EncodingHandler: BroadcastSampleHandler {
             for output in outputs { output.offer(packet) }
         }
         updateBytesWritten()
-        if !outputs.isEmpty, counters.failedOutputs.load(ordering: .relaxed) >= outputs.count {
+        // Every current output failed (the counter also counts outputs a reload has removed since:
+        // it is only the cheap test whether to look).
+        if !outputs.isEmpty, counters.failedOutputs.load(ordering: .relaxed) > 0, outputs.allSatisfy({ $0.state == .failed }) {
             let last = outputs.compactMap { $0.statistics().lastError }.last ?? "unknown error"
             throw BroadcastError(.outputFailed, "every output failed; the last error: \(last)")
         }

@@ -121,6 +121,9 @@ public struct OutputConfiguration: Sendable, Hashable {
     public var replay: ReplaySettings?
     /// Run for every file the output finishes (see `FileFinishedHook`); nil: nothing.
     public var onFileFinished: [String]?
+    /// For a file destination: where the files it creates are noted (the daemon's record of what
+    /// it may delete or repair later). nil: nothing is noted, and retention deletes nothing.
+    public var manifest: RecordingManifest?
 
     public init(
         name: String? = nil,
@@ -129,8 +132,10 @@ public struct OutputConfiguration: Sendable, Hashable {
         segments: RecordingSegments? = nil,
         overwrite: Bool = false,
         replay: ReplaySettings? = nil,
-        onFileFinished: [String]? = nil
+        onFileFinished: [String]? = nil,
+        manifest: RecordingManifest? = nil
     ) {
+        self.manifest = manifest
         self.name = name ?? destination.description
         self.destination = destination
         self.live = live

@@ -22,6 +22,8 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
     private let hasVideo: Bool
     private let streams: [StreamDescription]
     private let segments: RecordingSegments?
+    /// Where the files this output creates are noted (the daemon's; nil: none kept, nothing deleted).
+    private let manifest: RecordingManifest?
     private let logger: Logger
     private let joinsRunningBroadcast: Bool
     /// Taken off every packet's timestamps: the start of the current segment plus skipped pauses.
@@ -37,9 +39,11 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
         hasVideo: Bool,
         streams: [StreamDescription],
         segments: RecordingSegments?,
+        manifest: RecordingManifest? = nil,
         joinsRunningBroadcast: Bool = false,
         logger: Logger
     ) {
+        self.manifest = manifest
         self.joinsRunningBroadcast = joinsRunningBroadcast
         self.output = output
         self.recording = recording
@@ -128,7 +132,7 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
         } catch {
             output.failed(error.message)
         }
-        if let segments { RecordingRetention.apply(segments, keeping: recording.path, logger: logger) }
+        if let segments { RecordingRetention.apply(segments, keeping: recording.path, manifest: manifest, logger: logger) }
         feed.close()
     }
 
@@ -137,12 +141,17 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
         try recording.finish()
         output.fileFinishedHook?.fileFinished(recording.path)
         let path = RecordingRetention.nextPath(segments.pathTemplate, after: recording.path)
+        // A template with conversions in its directories (`%Y/%m/rec.mp4`) moves on to new ones.
+        if let problem = RecordingTemplate.makeParentDirectories(of: path) {
+            throw BroadcastError(.outputFailed, "recording \(output.name): \(problem)")
+        }
         recording = try Recording(path: path, streams: streams, logger: logger)
+        manifest?.recordCreated(recording)
         segmentStart = dts
         shift = dts
         lastWrittenEnd = nil
         logger.info("recording \(output.name): next segment \(path)")
-        RecordingRetention.apply(segments, keeping: path, logger: logger)
+        RecordingRetention.apply(segments, keeping: path, manifest: manifest, logger: logger)
     }
 }
 
@@ -171,44 +180,40 @@ public enum RecordingRetention {
         return n > 0 ? String(decoding: buffer[..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self) : template
     }
 
-    /// The segments of `template` in its directory: same text before the first placeholder, same
-    /// extension. Oldest first.
-    static func segments(of template: String) -> [(path: String, modified: Int, bytes: Int64)] {
-        let slash = template.lastIndex(of: "/")
-        let directory = slash.map { String(template[..<$0]) } ?? "."
-        let name = slash.map { String(template[template.index(after: $0)...]) } ?? template
-        let prefix = String(name.prefix { $0 != "%" })
-        let suffix = name.lastIndex(of: ".").map { String(name[$0...]) } ?? ""
-        guard let dir = opendir(directory) else { return [] }
-        defer { closedir(dir) }
+    /// The finished files of `template` that this output wrote: listed in `manifest` and named as
+    /// the template names files. Oldest first. Never a file only because it is in the directory.
+    static func segments(of template: String, manifest: RecordingManifest) -> [(path: String, modified: Int, bytes: Int64)] {
         var found: [(path: String, modified: Int, bytes: Int64)] = []
-        while let entry = readdir(dir) {
-            let file = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-            guard !file.hasPrefix("."), file.hasPrefix(prefix), file.hasSuffix(suffix) else { continue }
-            let path = "\(directory)/\(file)"
+        for path in manifest.files() where RecordingTemplate.matches(template, path: path) {
             var info = stat()
-            guard stat(path, &info) == 0, info.st_mode & S_IFMT == S_IFREG else { continue }
+            guard lstat(path, &info) == 0, info.st_mode & S_IFMT == S_IFREG else { continue }
             found.append((path, info.st_mtim.tv_sec, Int64(info.st_size)))
         }
         return found.sorted { ($0.modified, $0.path) < ($1.modified, $1.path) }
     }
 
     /// Deletes finished segments older than the retention age, then the oldest while the total
-    /// exceeds the size limit. Never the file being written.
-    static func apply(_ policy: RecordingSegments, keeping current: String, logger: Logger) {
+    /// exceeds the size limit. Only files this output wrote (see `segments(of:manifest:)`); never
+    /// the file being written. Without a manifest nothing is deleted.
+    static func apply(_ policy: RecordingSegments, keeping current: String, manifest: RecordingManifest?, logger: Logger) {
         guard policy.retainSeconds != nil || policy.retainBytes != nil else { return }
-        var files = segments(of: policy.pathTemplate)
+        guard let manifest else { return }
+        var files = segments(of: policy.pathTemplate, manifest: manifest)
         let now = time(nil)
         if let age = policy.retainSeconds {
             for file in files where file.path != current && now - file.modified > age {
-                if unlink(file.path) == 0 { logger.notice("retention: deleted \(file.path) (older than \(age) s)") }
+                if unlink(file.path) == 0 {
+                    manifest.recordDeleted(file.path)
+                    logger.notice("retention: deleted \(file.path) (older than \(age) s)")
+                }
             }
-            files = segments(of: policy.pathTemplate)
+            files = segments(of: policy.pathTemplate, manifest: manifest)
         }
         if let limit = policy.retainBytes {
             var total = files.reduce(0) { $0 + $1.bytes }
             for file in files where total > limit && file.path != current {
                 if unlink(file.path) == 0 {
+                    manifest.recordDeleted(file.path)
                     total -= file.bytes
                     logger.notice("retention: deleted \(file.path) (recordings over \(limit) bytes)")
                 }

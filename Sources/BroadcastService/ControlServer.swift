@@ -83,7 +83,9 @@ public final class ControlServer: @unchecked Sendable {
         logger: Logger,
         handler: @escaping Handler
     ) throws(BroadcastError) {
-        precondition(tcp == nil || token != nil, "a TCP control listener needs a token")
+        if tcp != nil && (token ?? "").isEmpty {
+            throw BroadcastError(.invalidArgument, "control tcp: a TCP control listener needs a token")
+        }
         self.socketPath = socketPath
         self.handler = handler
         self.logger = logger
@@ -224,11 +226,28 @@ public final class ControlServer: @unchecked Sendable {
         case .success(let r): request = r
         }
         if needsToken {
-            guard let token, request.headers["authorization"] == "Bearer \(token)" else {
+            guard let token, Self.bearerToken(request.headers["authorization"]).map({ Self.sameBytes($0, token) }) == true else {
                 return .error(401, "a bearer token is required on the TCP control listener")
             }
         }
         return handler(request)
+    }
+
+    /// The credentials of an `Authorization: Bearer ...` header; the scheme's name is
+    /// case-insensitive (RFC 9110 11.1), so `bearer` and `BEARER` count too.
+    static func bearerToken(_ header: String?) -> String? {
+        guard let header, let space = header.firstIndex(where: { $0 == " " || $0 == "\t" }) else { return nil }
+        guard header[..<space].lowercased() == "bearer" else { return nil }
+        let credentials = header[space...].drop { $0 == " " || $0 == "\t" }
+        return credentials.isEmpty ? nil : String(credentials)
+    }
+
+    /// Compares without stopping at the first difference (no timing hint about the token).
+    static func sameBytes(_ a: String, _ b: String) -> Bool {
+        let x = Array(a.utf8), y = Array(b.utf8)
+        var difference = UInt8(x.count == y.count ? 0 : 1)
+        for i in 0..<min(x.count, y.count) { difference |= x[i] ^ y[i] }
+        return difference == 0
     }
 
     private func send(_ response: ControlResponse, to client: Int32) {
@@ -348,7 +367,19 @@ public final class ControlServer: @unchecked Sendable {
             guard name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-") }) else {
                 return .failure(.error(400, "malformed header name"))
             }
-            headers[name] = line[line.index(after: colon)...].trimmingSpaces()
+            let value = line[line.index(after: colon)...].trimmingSpaces()
+            // Two lengths that disagree ("Content-Length: 5" and "Content-Length: 50", or "5, 50")
+            // would let a proxy and this parser see different requests: refused (RFC 9112 6.3).
+            if name == "content-length" {
+                let lengths = (headers[name].map { [$0] } ?? []) + value.split(separator: ",").map { String($0).trimmingSpaces() }
+                if Set(lengths).count > 1 { return .failure(.error(400, "conflicting Content-Length headers")) }
+                headers[name] = lengths.first ?? value
+                continue
+            }
+            if headers[name] != nil && (name == "authorization" || name == "transfer-encoding" || name == "host") {
+                return .failure(.error(400, "the \(name) header is given twice"))
+            }
+            headers[name] = value
         }
         let pathAndQuery = target.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false)
         guard let path = percentDecoded(pathAndQuery[0], plusIsSpace: false) else {
@@ -393,7 +424,7 @@ public final class ControlServer: @unchecked Sendable {
     }
 }
 
-extension Substring {
+extension StringProtocol {
     fileprivate func trimmingSpaces() -> String {
         String(self.drop { $0 == " " || $0 == "\t" }.reversed().drop { $0 == " " || $0 == "\t" }.reversed())
     }

@@ -9,26 +9,44 @@ import Glibc
 /// fragmented while recording and finalizes them on a clean stop) are finalized into regular files
 /// with the index at the front. Fragmented files play already; finalizing makes them seekable and
 /// lets every player open them quickly.
+///
+/// Only files the daemon's manifests list as its own are touched, and none that another process
+/// has open (`OpenFiles`): a live recording of another program is not an orphan. The daemon runs
+/// this holding the directories' locks (`InstanceLock`), so no other daemon records there.
 public enum RecordingRecovery {
-    /// Finalizes every fragmented .mp4/.mov directly in `directories`; returns the repaired paths.
-    /// A file that cannot be repaired is logged and left as it is.
+    /// Per manifest: removes what an interrupted finalize left (`.NAME.finalizing.EXT` beside a
+    /// listed recording), finalizes the listed recordings left fragmented, then compacts the
+    /// manifest. Returns the repaired paths. A file that cannot be repaired is logged and left as it is.
     @discardableResult
-    public static func finalizeOrphans(in directories: [String], logger: Logger) -> [String] {
+    public static func recover(
+        _ manifests: [RecordingManifest], logger: Logger, willFinalize: (String) -> Void = { _ in }
+    ) -> [String] {
         var repaired: [String] = []
-        for directory in Set(directories) {
-            guard let dir = opendir(directory) else { continue }
-            var names: [String] = []
-            while let entry = readdir(dir) {
-                let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-                names.append(name)
-            }
-            closedir(dir)
-            for name in names.sorted() where !name.hasPrefix(".") {
-                let path = "\(directory)/\(name)"
+        for manifest in Set(manifests) {
+            let files = manifest.files().filter { isRegularFile($0) }
+            let leftovers = finalizeLeftovers(besides: files)
+            let candidates = files.filter { path in
                 guard let container = try? Recording.container(for: path), container.isFinalizedByRemux,
-                    let boxes = topLevelBoxes(path), boxes.contains("moof")
-                else { continue }
+                    let boxes = topLevelBoxes(path)
+                else { return false }
+                return boxes.contains("moof")
+            }
+            let holders = OpenFiles.holders(of: leftovers + candidates)
+            for path in leftovers {
+                if let pid = holders[path] {
+                    logger.notice("not removing \(path): process \(pid) has it open")
+                } else if unlink(path) == 0 {
+                    logger.notice("removed \(path): the temporary file of a finalize that was interrupted")
+                }
+            }
+            for path in candidates {
+                if let pid = holders[path] {
+                    logger.notice("not recovering \(path): fragmented, but process \(pid) has it open (still being written?)")
+                    continue
+                }
+                guard let container = try? Recording.container(for: path) else { continue }
                 logger.notice("recovering \(path): left fragmented by an unclean stop, finalizing it")
+                willFinalize(path)
                 do {
                     try Recording.finalize(path: path, container: container, logger: logger)
                     repaired.append(path)
@@ -36,12 +54,50 @@ public enum RecordingRecovery {
                     logger.error("\(error.message)")
                 }
             }
-            // Temporary files of an interrupted finalize are incomplete copies: the original stays.
-            for name in names where name.hasPrefix(".") && name.contains(".finalizing.") {
-                unlink("\(directory)/\(name)")
-            }
+            manifest.compact()
         }
         return repaired
+    }
+
+    /// The temporary files of an interrupted finalize of `files`: `.NAME.finalizing.EXT` or
+    /// `.NAME.N.finalizing.EXT` beside a file NAME (the names `Recording.finalize` creates); regular
+    /// files only. They are incomplete copies: the original stays.
+    static func finalizeLeftovers(besides files: [String]) -> [String] {
+        var byDirectory: [String: Set<String>] = [:]
+        for file in files {
+            guard let slash = file.lastIndex(of: "/") else { continue }
+            byDirectory[String(file[..<slash]), default: []].insert(String(file[file.index(after: slash)...]))
+        }
+        var found: [String] = []
+        for (directory, names) in byDirectory {
+            guard let dir = opendir(directory.isEmpty ? "/" : directory) else { continue }
+            var entries: [String] = []
+            while let entry = readdir(dir) {
+                entries.append(withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) })
+            }
+            closedir(dir)
+            for entry in entries where entry.hasPrefix(".") && entry.contains(".finalizing.") {
+                let isLeftover = names.contains { name in
+                    guard let dot = name.lastIndex(of: ".") else { return false }
+                    let ext = name[dot...]
+                    let head = ".\(name)."
+                    let tail = "finalizing\(ext)"
+                    guard entry.hasPrefix(head), entry.hasSuffix(tail), entry.count >= head.count + tail.count else { return false }
+                    let middle = entry.dropFirst(head.count).dropLast(tail.count)
+                    // "" or "N." (a number added while a name was taken)
+                    return middle.isEmpty
+                        || (middle.count > 1 && middle.hasSuffix(".") && middle.dropLast().allSatisfy { $0.isASCII && $0.isNumber })
+                }
+                let path = "\(directory)/\(entry)"
+                if isLeftover && isRegularFile(path) { found.append(path) }
+            }
+        }
+        return found.sorted()
+    }
+
+    static func isRegularFile(_ path: String) -> Bool {
+        var info = stat()
+        return lstat(path, &info) == 0 && info.st_mode & S_IFMT == S_IFREG
     }
 
     /// The four-character types of the top-level boxes of an ISO BMFF file, reading only headers.

@@ -51,8 +51,12 @@ public struct TOMLDocument: Sendable {
     /// Names declared with `[[name]]`.
     public private(set) var arrayTableNames: Set<String> = []
 
+    /// Lines end in LF or CRLF (TOML allows both; Swift sees "\r\n" as one character, so it is
+    /// named here). A UTF-8 byte order mark at the start, as Windows editors write it, is skipped.
     public init(parsing text: String) throws(ParseError) {
-        var parser = Parser(lines: text.split(separator: "\n", omittingEmptySubsequences: false).map(Substring.init))
+        let body = text.unicodeScalars.first == "\u{FEFF}" ? Substring(text.unicodeScalars.dropFirst()) : Substring(text)
+        let lines = body.split(omittingEmptySubsequences: false, whereSeparator: { $0 == "\n" || $0 == "\r\n" })
+        var parser = Parser(lines: lines)
         try parser.parse(into: &self)
     }
 

@@ -46,21 +46,24 @@ struct Daemon: AsyncParsableCommand {
         let logger = Logging.bootstrap(level: level)
         FFmpegLog.install(logger)
 
-        let recordingDirectories = configuration.outputs.compactMap { output -> String? in
-            guard case .recording(let template) = output.kind, let slash = template.lastIndex(of: "/") else { return nil }
-            return String(template[..<slash])
-        }
         // Outside systemd (which makes them: StateDirectory, RuntimeDirectory) the directories may not exist yet.
         let socketDirectory = String(configuration.socketPath[..<(configuration.socketPath.lastIndex(of: "/") ?? configuration.socketPath.startIndex)])
-        for directory in recordingDirectories + [socketDirectory] where !directory.isEmpty {
-            if let problem = Self.makeDirectory(directory) {
+        let manifests = configuration.manifests
+        for directory in Set(manifests.map(\.directory)).sorted() + [socketDirectory] where !directory.isEmpty {
+            if let problem = RecordingTemplate.makeDirectories(directory) {
                 FileStandardError.write("broadcast: error: \(problem)\n")
                 throw ExitCode.failure
             }
         }
-        RecordingRecovery.finalizeOrphans(in: recordingDirectories, logger: logger)
+        // One daemon per directory, locked before anything there is touched: a second daemon on the
+        // same config ends here (exit 2) instead of "recovering" the first one's live recording.
+        let locks = try Self.lock(directories: manifests.map(\.directory), socketPath: configuration.socketPath)
         let notifier = SystemdNotifier.fromProcessEnvironment()
-        let controller = BroadcastController(config: configuration, logger: logger)
+        RecordingRecovery.recover(manifests, logger: logger) { path in
+            // Finalizing a long recording takes a while: ask systemd for more time to start.
+            notifier.send("EXTEND_TIMEOUT_USEC=\(Self.recoveryTimeoutMicroseconds)\nSTATUS=recovering \(path)")
+        }
+        let controller = BroadcastController(config: configuration, locks: locks, logger: logger)
         let metrics = DaemonMetrics.bootstrap()
         let server = try Self.controlServer(configuration, controller: controller, metrics: metrics, logger: logger)
         logger.notice("control API on \(configuration.socketPath)")
@@ -104,19 +107,26 @@ struct Daemon: AsyncParsableCommand {
 }
 
 extension Daemon {
-    /// Creates `path` and its parents (mode 0750) when missing; the reason when it cannot.
-    static func makeDirectory(_ path: String) -> String? {
-        var info = stat()
-        if stat(path, &info) == 0 {
-            return info.st_mode & S_IFMT == S_IFDIR ? nil : "\(path) exists and is not a directory"
+    /// How much more time systemd is asked for before each recording crash recovery finalizes.
+    static let recoveryTimeoutMicroseconds = 120_000_000
+
+    /// `/run/broadcast/.control.sock.lock` for `/run/broadcast/control.sock`.
+    static func socketLockPath(_ socketPath: String) -> String {
+        guard let slash = socketPath.lastIndex(of: "/") else { return ".\(socketPath).lock" }
+        return "\(socketPath[...slash]).\(socketPath[socketPath.index(after: slash)...]).lock"
+    }
+
+    /// Locks each directory (`InstanceLock`) and the control socket (`.SOCKET.lock`); a lock held
+    /// by another process is exit 2 with one line naming its pid.
+    static func lock(directories: [String], socketPath: String) throws -> DirectoryLocks {
+        let locks = DirectoryLocks()
+        try locks.acquire(directories: directories)
+        do {
+            locks.keep(try InstanceLock(path: Self.socketLockPath(socketPath), subject: "control socket \(socketPath)"), for: socketPath)
+        } catch {
+            throw BroadcastError(.invalidArgument, error.description)
         }
-        if let slash = path.lastIndex(of: "/"), slash != path.startIndex, let problem = makeDirectory(String(path[..<slash])) {
-            return problem
-        }
-        guard mkdir(path, 0o750) == 0 || errno == EEXIST else {
-            return "cannot create the directory \(path): \(String(cString: strerror(errno)))"
-        }
-        return nil
+        return locks
     }
 
     /// The control API's server; a socket that cannot be bound ends the daemon with exit code 1.
@@ -205,13 +215,16 @@ final class BroadcastController: Sendable {
     }
 
     private let state: Mutex<(config: DaemonConfig, running: Running?)>
+    /// The directories this daemon holds (recordings' base directories, the socket).
+    private let locks: DirectoryLocks
     /// Why the last broadcast ended with an error; set by the broadcast's thread.
     private let failure = Mutex<String?>(nil)
     private let logger: Logger
     let startedAt = MonotonicClock().now()
 
-    init(config: DaemonConfig, logger: Logger) {
+    init(config: DaemonConfig, locks: DirectoryLocks, logger: Logger) {
         self.state = Mutex((config, nil))
+        self.locks = locks
         self.logger = logger
     }
 
@@ -346,9 +359,13 @@ final class BroadcastController: Sendable {
                 }
                 // Without overwrite an existing file is never touched: the recording takes a new name beside it.
                 let path = output.overwrite ? RecordingRetention.expand(template) : RecordingRetention.nextPath(template)
+                // Conversions in the directories (`%Y/%m/rec.mp4`) name directories to create.
+                if let problem = RecordingTemplate.makeParentDirectories(of: path) {
+                    throw BroadcastError(.outputFailed, "output \(output.name): \(problem)")
+                }
                 return OutputConfiguration(
                     name: output.name, destination: .file(path), segments: segments, overwrite: output.overwrite,
-                    onFileFinished: output.onFileFinished)
+                    onFileFinished: output.onFileFinished, manifest: RecordingManifest(template: template))
             case .live(let url):
                 return OutputConfiguration(name: output.name, destination: try OutputDestination.parse(url))
             }
@@ -362,6 +379,16 @@ final class BroadcastController: Sendable {
         let fresh: DaemonConfig
         do {
             fresh = try DaemonConfig.load(path: path, environment: environment)
+        } catch {
+            logger.error("SIGHUP: config not reloaded: \(error)")
+            return
+        }
+        // New directories are locked like the first ones; one held by another daemon refuses the reload.
+        do {
+            for directory in fresh.manifests.map(\.directory) {
+                if let problem = RecordingTemplate.makeDirectories(directory) { throw BroadcastError(.outputFailed, problem) }
+            }
+            try locks.acquire(directories: fresh.manifests.map(\.directory))
         } catch {
             logger.error("SIGHUP: config not reloaded: \(error)")
             return
@@ -492,5 +519,26 @@ final class BroadcastController: Sendable {
             ("error", failure.map(JSONValue.string) ?? .null),
         ]
         return .object(fields)
+    }
+}
+
+/// The instance locks a daemon holds, by directory (see `InstanceLock`); held until the process ends.
+final class DirectoryLocks: Sendable {
+    private let held = Mutex<[String: InstanceLock]>([:])
+
+    /// Locks each of `directories` not yet held; exit 2 (one line, the holder's pid) when another
+    /// process holds one.
+    func acquire(directories: [String]) throws {
+        for directory in Set(directories).sorted() where held.withLock({ $0[directory] == nil }) {
+            do {
+                keep(try InstanceLock.forDirectory(directory), for: directory)
+            } catch {
+                throw BroadcastError(.invalidArgument, error.description)
+            }
+        }
+    }
+
+    func keep(_ lock: InstanceLock, for key: String) {
+        held.withLock { $0[key] = lock }
     }
 }

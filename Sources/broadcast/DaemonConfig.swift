@@ -57,6 +57,8 @@ struct DaemonConfig {
     var socketPath = "/run/broadcast/control.sock"
     var socketMode: mode_t = 0o660
     var tcp: (host: String, port: UInt16)?
+    /// Where control.tcp was set (a TCP listener needs a token).
+    var tcpLine: Int?
     var token: String?
     var autostart = true
     var outputs: [Output] = []
@@ -76,12 +78,24 @@ struct DaemonConfig {
     static let outputKeys = ["name", "path", "url", "segment", "retain_for", "retain_bytes", "overwrite", "replay", "max_memory", "on_file_finished"]
     static let tables = ["video", "audio", "encoder", "setup", "control", "daemon", "output"]
 
+    /// The manifests of the recordings' files, one per base directory (see `RecordingManifest`).
+    var manifests: [RecordingManifest] {
+        var seen: Set<RecordingManifest> = []
+        return outputs.compactMap { output -> RecordingManifest? in
+            guard case .recording(let template) = output.kind else { return nil }
+            let manifest = RecordingManifest(template: template)
+            return seen.insert(manifest).inserted ? manifest : nil
+        }
+    }
+
     /// Where each flag came from, to point errors found by the shared option parsing at the config.
     private var flagOrigins: [String: (key: String, line: Int, value: String)] = [:]
 
     static func load(path: String, environment: [String: String]) throws -> DaemonConfig {
-        guard let text = readText(path) else {
-            throw ConfigError(file: path, line: 0, key: nil, message: "cannot read the config file: \(String(cString: strerror(errno)))")
+        let text: String
+        switch readFile(path) {
+        case .success(let contents): text = contents
+        case .failure(let problem): throw ConfigError(file: path, line: 0, key: nil, message: "cannot read the config file: \(problem.reason)")
         }
         let document: TOMLDocument
         do {
@@ -91,22 +105,53 @@ struct DaemonConfig {
         }
         var config = DaemonConfig(file: path)
         try config.read(document, environment: environment)
+        if let tcp = config.tcpLine, config.token == nil {
+            throw ConfigError(
+                file: path, line: tcp, key: "control.tcp",
+                message: "a TCP control listener needs a token: set control.token (at least 16 characters, e.g. \"${credential:control-token}\")")
+        }
         try config.check()
+        // Nothing to do is a mistake, not a service: refuse before any socket or file exists.
+        if config.outputs.isEmpty {
+            let lines = text.split(omittingEmptySubsequences: false, whereSeparator: { $0 == "\n" || $0 == "\r\n" })
+            let last = max(1, lines.last?.isEmpty == true ? lines.count - 1 : lines.count)
+            throw ConfigError(
+                file: path, line: last, key: "output",
+                message: "no [[output]]: add at least one, with path = \"/dir/rec.mp4\" (a recording) or url = \"rtmp://...\" (a live stream)")
+        }
         return config
     }
 
-    static func readText(_ path: String) -> String? {
-        guard let f = fopen(path, "r") else { return nil }
-        defer { fclose(f) }
+    /// The largest config (or credential) read: a config is a page of text.
+    static let maxFileBytes = 1 << 20
+
+    struct ReadProblem: Error { var reason: String }
+
+    /// The contents of a regular file of at most `maxFileBytes`, or why not.
+    static func readFile(_ path: String) -> Result<String, ReadProblem> {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return .failure(ReadProblem(reason: String(cString: strerror(errno)))) }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0 else { return .failure(ReadProblem(reason: String(cString: strerror(errno)))) }
+        if info.st_mode & S_IFMT == S_IFDIR { return .failure(ReadProblem(reason: "it is a directory")) }
         var bytes: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 65536)
         while true {
-            let n = fread(&chunk, 1, chunk.count, f)
-            if n <= 0 { break }
+            let n = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+            if n < 0 && errno == EINTR { continue }
+            if n < 0 { return .failure(ReadProblem(reason: String(cString: strerror(errno)))) }
+            if n == 0 { break }
             bytes.append(contentsOf: chunk[0..<n])
-            if bytes.count > 1 << 20 { return nil }
+            if bytes.count > maxFileBytes {
+                return .failure(ReadProblem(reason: "it is larger than \(maxFileBytes >> 20) MiB (is it the right file?)"))
+            }
         }
-        return String(decoding: bytes, as: UTF8.self)
+        return .success(String(decoding: bytes, as: UTF8.self))
+    }
+
+    static func readText(_ path: String) -> String? {
+        try? readFile(path).get()
     }
 
     func error(_ line: Int, _ key: String?, _ message: String) -> ConfigError {
@@ -166,6 +211,7 @@ struct DaemonConfig {
                             throw error(entry.line, dotted, "expected HOST:PORT such as \"127.0.0.1:9090\", got \"\(text)\"")
                         }
                         tcp = (String(parts[0]), port)
+                        tcpLine = entry.line
                     case "token":
                         token = try string(entry, key: dotted, environment: environment)
                         if token!.count < 16 { throw error(entry.line, dotted, "a token needs at least 16 characters") }
@@ -216,6 +262,12 @@ struct DaemonConfig {
                 switch (output.path, output.url) {
                 case (let path?, nil):
                     guard path.hasPrefix("/") else { throw error(table.line, "output.path", "expected an absolute path, got \"\(path)\"") }
+                    // The container follows the extension: a wrong one is a config error, not a failed start.
+                    do {
+                        _ = try Recording.container(for: path)
+                    } catch {
+                        throw self.error(table.entries["path"]?.line ?? table.line, "output.path", error.message)
+                    }
                     kind = .recording(pathTemplate: path)
                 case (nil, let url?):
                     do {

@@ -37,8 +37,12 @@ enum Signals {
         for signal in handled {
             var action = sigaction()
             action.__sigaction_handler.sa_handler = { number in
+                // The interrupted code may be about to read errno: a failed write here (EAGAIN,
+                // the pipe full) must not change it.
+                let saved = errno
                 var byte = UInt8(truncatingIfNeeded: number)
                 _ = write(signalPipeWrite, &byte, 1)
+                errno = saved
             }
             action.sa_flags = SA_RESTART
             sigemptyset(&action.sa_mask)

@@ -52,6 +52,11 @@ import Testing
         ("[control]\ntoken = \"short\"", "2: control.token: a token needs at least 16 characters"),
         ("[daemon]\nautostart = \"yes\"", "2: daemon.autostart: expected true or false, got a string"),
         ("[[video]]\nsize = \"1280x720\"", "1: [[video]] must be a single table"),
+        ("[control]\ntcp = \"127.0.0.1:9999\"", "2: control.tcp: a TCP control listener needs a token"),
+        ("", "1: output: no [[output]]: add at least one"),
+        ("[control]\nsocket_mode = \"0600\"\n", "2: output: no [[output]]: add at least one"),
+        ("[[output]]\nname = \"a\"\npath = \"/tmp/a.mpeg\"", "3: output.path: recording /tmp/a.mpeg: unsupported extension .mpeg"),
+        ("[[output]]\nname = \"a\"\n\npath = \"/tmp/%Y/%m/a\"", "4: output.path: recording /tmp/%Y/%m/a: unsupported extension (none)"),
     ] as [(String, String)])
     func malformedConfigIsRefusedWithFileLineAndKey(config: String, expected: String) throws {
         let dir = try TemporaryDirectory()

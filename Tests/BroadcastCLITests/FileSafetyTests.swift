@@ -217,7 +217,8 @@ import Testing
         #expect((try? String(contentsOfFile: dir.path("a.mkv"), encoding: .utf8)) == "old a")
         #expect((try probe(dir.path("a-2.mkv")).video?.frames ?? 0) > 30)
         #expect((try probe(dir.path("b.mkv")).video?.frames ?? 0) > 30)
-        #expect(Set(dir.contents) == ["a.mkv", "a-2.mkv", "b.mkv", "d.toml"], "\(dir.contents)")
+        // Besides the daemon's own dot files (its lock, its list of files written).
+        #expect(Set(dir.contents.filter { !$0.hasPrefix(".") }) == ["a.mkv", "a-2.mkv", "b.mkv", "d.toml"], "\(dir.contents)")
     }
 
     /// Outputs added by SIGHUP start at zero in every container, and their duration is what they

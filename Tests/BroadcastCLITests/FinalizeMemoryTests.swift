@@ -2,7 +2,7 @@ import Foundation
 import Testing
 
 /// Finalizing does not take memory in proportion to the recording's length. Measured where it
-/// runs alone: the daemon finalizes, at start, the fragmented recordings it finds (autostart off,
+/// runs alone: the daemon finalizes, at start, the fragmented recordings its list has (autostart off,
 /// so nothing else runs), and its peak RSS is read from wait4. A 3-hour recording is made in a
 /// second from a short one by repeating its fragments with their decoding times moved on.
 @Suite(.serialized) struct FinalizeMemoryTests {
@@ -127,10 +127,14 @@ import Testing
         defer { dir.cleanup() }
         let short = try shortFragmented(dir)
         try Data(short).write(to: URL(fileURLWithPath: dir.path("short.mp4")))
+        // Recovery finalizes only what the daemon's list says it wrote: these stand for recordings
+        // of a daemon that was killed.
+        try "+ short.mp4\n".write(toFile: dir.path(".broadcast-files"), atomically: true, encoding: .utf8)
         let shortPeak = try daemonPeakKB(dir)
         #expect(try mp4TopLevelBoxes(dir.path("short.mp4")).prefix(2) == ["ftyp", "moov"], "the short recording was finalized")
 
         try longFragmented(from: short, hours: 3).write(to: URL(fileURLWithPath: dir.path("long.mp4")))
+        try "+ long.mp4\n".write(toFile: dir.path(".broadcast-files"), atomically: true, encoding: .utf8)
         let longPeak = try daemonPeakKB(dir)
         #expect(try mp4TopLevelBoxes(dir.path("long.mp4")).prefix(2) == ["ftyp", "moov"], "the long recording was finalized")
         let duration = try probe(dir.path("long.mp4")).formatDuration ?? 0

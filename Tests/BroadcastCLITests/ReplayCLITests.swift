@@ -340,7 +340,8 @@ func offsetInRecording(_ replay: [ProbedPacket], recording: [ProbedPacket]) -> D
     /// 6 Mbit/s CBR (a keyframe interval is ~750 kB) and a 60 s buffer, with max_memory = 2M and
     /// beside it the same daemon with 1G: the bounded buffer stays under 2 MB, the process's memory
     /// is lower than the unbounded one's by about what the buffers differ (the accounting is what
-    /// the process really holds), and a save holds what fits, saying it is shorter.
+    /// the process really holds), and a save holds what fits, saying it is shorter. (Each daemon
+    /// in a directory of its own: one daemon per directory.)
     @Test func theByteBoundHoldsInTheProcess() throws {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
@@ -361,7 +362,7 @@ func offsetInRecording(_ replay: [ProbedPacket], recording: [ProbedPacket]) -> D
                 name = "replay"
                 replay = "60s"
                 max_memory = "\(memory)"
-                path = "\(dir.path("\(memory)-%H-%M-%S.mp4"))"
+                path = "\(dir.path("\(memory)/\(memory)-%H-%M-%S.mp4"))"
                 """.write(toFile: dir.path("\(memory).toml"), atomically: true, encoding: .utf8)
             daemons.append((try Child(broadcastBinary, ["daemon", "--config", dir.path("\(memory).toml")]), socket))
         }

@@ -126,4 +126,75 @@ import Testing
             #expect(String(decoding: body, as: UTF8.self).contains("\"count\":0"))
         }
     }
+
+    /// Two Content-Length headers that disagree are refused (request smuggling: a proxy in front
+    /// could take the other one); the request is not executed. Equal ones are one length.
+    @Test(arguments: [
+        "Content-Length: 0\r\nContent-Length: 5",
+        "Content-Length: 5\r\nContent-Length: 0",
+        "Content-Length: 0, 5",
+        "Content-length: 0\r\ncontent-LENGTH: 1",
+    ])
+    func conflictingContentLengthsAreRefused(headers: String) throws {
+        try withServer { path, counter in
+            let code = Self.raw(path, Array("POST /v1/count HTTP/1.1\r\n\(headers)\r\n\r\nhello".utf8))
+            #expect(code == 400, "\(headers) got \(code)")
+            #expect(counter.value.withLock { $0 } == 0, "the request was executed")
+            #expect(Self.raw(path, Array("POST /v1/count HTTP/1.1\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n".utf8)) == 200)
+        }
+    }
+
+    /// On TCP the token is required; the scheme "Bearer" is case-insensitive, the token is not.
+    @Test func bearerSchemeIsCaseInsensitive() throws {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("ctl-\(UUID().uuidString.prefix(8)).sock").path
+        let token = "0123456789abcdef-token"
+        var server: ControlServer?
+        var port: UInt16 = 0
+        for attempt in 0..<20 where server == nil {
+            port = UInt16(30_000 + Int(getpid() % 10_000) + attempt * 11)
+            server = try? ControlServer(socketPath: path, tcp: ("127.0.0.1", port), token: token, logger: Logger(label: "test")) { _ in
+                .json(200, .object([("ok", .bool(true))]))
+            }
+        }
+        let running = try #require(server)
+        defer { running.stop() }
+        func status(_ authorization: String?) -> Int {
+            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            defer { close(fd) }
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_port = port.bigEndian
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            let ok = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            guard ok == 0 else { return -1 }
+            let request = "GET /v1/status HTTP/1.1\r\n" + (authorization.map { "Authorization: \($0)\r\n" } ?? "") + "\r\n"
+            _ = Array(request.utf8).withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            var answer: [UInt8] = []
+            var chunk = [UInt8](repeating: 0, count: 4096)
+            while true {
+                let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+                if n <= 0 { break }
+                answer += chunk[0..<n]
+            }
+            return Int(String(decoding: answer.dropFirst(9).prefix(3), as: UTF8.self)) ?? 0
+        }
+        #expect(status(nil) == 401)
+        #expect(status("Bearer nope") == 401)
+        #expect(status("Bearer \(token.uppercased())") == 401)
+        #expect(status("Basic \(token)") == 401)
+        for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+            #expect(status("\(scheme) \(token)") == 200, "\(scheme)")
+        }
+    }
+
+    /// A TCP listener without a token is an error, not a crash.
+    @Test func tcpWithoutATokenIsAnError() throws {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("ctl-\(UUID().uuidString.prefix(8)).sock").path
+        #expect(throws: BroadcastError.self) {
+            _ = try ControlServer(socketPath: path, tcp: ("127.0.0.1", 1), token: nil, logger: Logger(label: "test")) { _ in .error(404, "") }
+        }
+        #expect(!FileManager.default.fileExists(atPath: path))
+    }
 }

@@ -1,4 +1,5 @@
 import BroadcastService
+import Foundation
 import Testing
 
 @Suite struct TOMLDocumentTests {
@@ -64,5 +65,22 @@ import Testing
         let error = #expect(throws: TOMLDocument.ParseError.self) { try TOMLDocument(parsing: text) }
         #expect(error?.line == line, "\(String(describing: error))")
         #expect(error?.message.contains(reason) == true, "\(String(describing: error))")
+    }
+
+    /// CRLF line endings (TOML allows them) and a UTF-8 byte order mark (Windows editors) parse as
+    /// the same document, with the same line numbers.
+    @Test func acceptsCRLFAndAByteOrderMark() throws {
+        let text = "[video]\nsize = \"1280x720\"  # c\n\n[[output]]\nname = \"rec\"\nlist = [1,\n  2]\n"
+        for variant in [text, text.replacingOccurrences(of: "\n", with: "\r\n"), "\u{FEFF}" + text, "\u{FEFF}" + text.replacingOccurrences(of: "\n", with: "\r\n")] {
+            let doc = try TOMLDocument(parsing: variant)
+            let video = try #require(doc.tables(named: "video").first)
+            #expect(video.line == 1)
+            #expect(video.entries["size"]?.value == .string("1280x720"))
+            let output = try #require(doc.tables(named: "output").first)
+            #expect(output.line == 4)
+            #expect(output.entries["name"]?.value == .string("rec"))
+            #expect(output.entries["name"]?.line == 5)
+            #expect(output.entries["list"]?.value == .array([.integer(1), .integer(2)]))
+        }
     }
 }

@@ -1,0 +1,268 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The record of the files the daemon's recordings created under one directory: retention deletes,
+/// and crash recovery finalizes, only files listed here (and, for retention, named like the output's
+/// path template), never "any .mp4 in the directory".
+///
+/// A text file, `.broadcast-files` in the directory, appended to one line at a time (`+ NAME` when
+/// a file is created, `- NAME` when retention deleted it; NAME relative to the directory, or
+/// absolute when the file is elsewhere). Each line is one `write(2)` on an `O_APPEND` descriptor,
+/// so outputs sharing the directory append without a lock and a crash loses at most the line being
+/// written (its file is then not ours as far as deletion goes: the safe side). The daemon holds the
+/// directory's instance lock (`InstanceLock`), so no other daemon writes it; `compact()` rewrites it
+/// at start, before any recording, keeping the files that still exist.
+public struct RecordingManifest: Sendable, Hashable {
+    public static let fileName = ".broadcast-files"
+
+    /// The directory whose files it lists (an output's base directory).
+    public let directory: String
+
+    public init(directory: String) {
+        self.directory = directory
+    }
+
+    /// The manifest for a recording path template: in its base directory (see `RecordingTemplate`).
+    public init(template: String) {
+        self.init(directory: RecordingTemplate.baseDirectory(of: template))
+    }
+
+    public var path: String { RecordingTemplate.join(directory, Self.fileName) }
+
+    /// Notes that this run created the files `recording` writes.
+    public func recordCreated(_ recording: Recording) {
+        var files = [recording.path]
+        if recording.target.kind == .replace {
+            // The complete recording is renamed over the file it replaces; until then (or after a
+            // crash) it is this file beside it.
+            files.append(RecordingTemplate.join(Recording.directory(of: recording.path), Recording.name(of: recording.writingPath)))
+        }
+        if recording.target.kind != .stream { append(files.map { "+ \(relative($0))" }) }
+    }
+
+    public func recordCreated(path: String) { append(["+ \(relative(path))"]) }
+
+    public func recordDeleted(_ path: String) { append(["- \(relative(path))"]) }
+
+    /// The files created and not since deleted, absolute, in the order they were created. Whether
+    /// each still exists is for the caller to check.
+    public func files() -> [String] {
+        guard let text = Self.read(path) else { return [] }
+        var order: [String] = []
+        var live: Set<String> = []
+        for line in text.split(separator: "\n") {
+            guard line.count > 2 else { continue }
+            let name = absolute(String(line.dropFirst(2)))
+            if line.hasPrefix("+ ") {
+                if live.insert(name).inserted { order.append(name) }
+            } else if line.hasPrefix("- ") {
+                live.remove(name)
+            }
+        }
+        return order.filter { live.contains($0) }
+    }
+
+    /// Rewrites the manifest with only the listed files that still exist (a manifest only grows
+    /// while the daemon runs). Call while holding the directory's lock, before any recording starts.
+    public func compact() {
+        guard let text = Self.read(path) else { return }
+        let kept = files().filter { access($0, F_OK) == 0 }
+        let lines = kept.map { "+ \(relative($0))\n" }.joined()
+        if lines == text { return }
+        let temporary = path + ".new"
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { return }
+        let written = Self.writeAll(fd, lines)
+        let synced = fsync(fd) == 0
+        close(fd)
+        if written && synced && rename(temporary, path) == 0 { return }
+        unlink(temporary)
+    }
+
+    /// `file` relative to the directory when it is under it, else as given (absolute).
+    private func relative(_ file: String) -> String {
+        let prefix = directory == "/" ? "/" : directory + "/"
+        guard file.hasPrefix(prefix) else { return file }
+        let name = file.dropFirst(prefix.count)
+        // "/dir//x.mp4" would leave "/x.mp4", which reads back as another, absolute, path.
+        return name.isEmpty || name.hasPrefix("/") ? file : String(name)
+    }
+
+    private func absolute(_ name: String) -> String {
+        name.hasPrefix("/") ? name : RecordingTemplate.join(directory, name)
+    }
+
+    private func append(_ lines: [String]) {
+        // A name with a line break cannot be one line: not recorded, so never deleted by us.
+        let text = lines.filter { !$0.contains("\n") && !$0.contains("\r") }.map { $0 + "\n" }.joined()
+        guard !text.isEmpty else { return }
+        let fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { return }
+        _ = Self.writeAll(fd, text)
+        close(fd)
+    }
+
+    private static func writeAll(_ fd: Int32, _ text: String) -> Bool {
+        var text = text
+        return text.withUTF8 { bytes in
+            var offset = 0
+            while offset < bytes.count {
+                let n = write(fd, bytes.baseAddress! + offset, bytes.count - offset)
+                if n < 0 && errno == EINTR { continue }
+                if n <= 0 { return false }
+                offset += n
+            }
+            return true
+        }
+    }
+
+    private static func read(_ path: String) -> String? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+            if n < 0 && errno == EINTR { continue }
+            if n <= 0 { break }
+            bytes.append(contentsOf: chunk[0..<n])
+        }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+}
+
+/// A recording's path template: strftime(3) conversions, expanded when each file starts, possibly
+/// in the directories too (`/var/lib/broadcast/%Y/%m/rec-%d-%H%M%S.mp4`).
+public enum RecordingTemplate {
+    /// The deepest directory of `template` that has no conversion in it: where the daemon's lock
+    /// and manifest go, and what exists before any file is written.
+    public static func baseDirectory(of template: String) -> String {
+        let parts = template.split(separator: "/", omittingEmptySubsequences: false).dropLast()
+        var fixed: [Substring] = []
+        for part in parts {
+            if part.contains("%") { break }
+            fixed.append(part)
+        }
+        let directory = fixed.joined(separator: "/")
+        return directory.isEmpty ? "/" : directory
+    }
+
+    static func join(_ directory: String, _ name: String) -> String {
+        directory == "/" ? "/" + name : directory + "/" + name
+    }
+
+    /// Creates the directories above `path` that are missing (mode 0750); nil, or why not.
+    public static func makeParentDirectories(of path: String) -> String? {
+        guard let slash = path.lastIndex(of: "/"), slash != path.startIndex else { return nil }
+        return makeDirectories(String(path[..<slash]))
+    }
+
+    /// Creates `directory` and its missing parents (mode 0750); nil, or why not.
+    public static func makeDirectories(_ directory: String) -> String? {
+        var info = stat()
+        if stat(directory, &info) == 0 {
+            return info.st_mode & S_IFMT == S_IFDIR ? nil : "\(directory) exists and is not a directory"
+        }
+        if let slash = directory.lastIndex(of: "/"), slash != directory.startIndex,
+            let problem = makeDirectories(String(directory[..<slash]))
+        {
+            return problem
+        }
+        guard mkdir(directory, 0o750) == 0 || errno == EEXIST else {
+            return "cannot create the directory \(directory): \(String(cString: strerror(errno)))"
+        }
+        return nil
+    }
+
+    private enum Token: Equatable {
+        case literal(Character)
+        /// Exactly this many digits.
+        case digits(Int)
+        /// One or more digits.
+        case number
+        /// One or more characters other than '/' (names of days and months, time zones, ...).
+        case text
+    }
+
+    /// Whether `path` is a name `template` produces: each conversion stands for what it expands to
+    /// (`%Y` four digits, `%H` two, `%b` a word, ...), everything else for itself; `-2`, `-3`, ...
+    /// before the extension too (a name taken when the file started, see `RecordingRetention.nextPath`).
+    public static func matches(_ template: String, path: String) -> Bool {
+        let tokens = tokenize(template)
+        let characters = Array(path)
+        if match(tokens[...], characters[...]) { return true }
+        // "rec-120000-2.mp4": the "-N" nextPath adds before the extension.
+        guard let dot = characters.lastIndex(of: "."), let dash = characters[..<dot].lastIndex(of: "-"),
+            dash + 1 < dot, characters[(dash + 1)..<dot].allSatisfy(\.isASCIIDigit)
+        else { return false }
+        return match(tokens[...], characters[..<dash] + characters[dot...])
+    }
+
+    private static func tokenize(_ template: String) -> [Token] {
+        var tokens: [Token] = []
+        var rest = Substring(template)
+        while let c = rest.first {
+            rest = rest.dropFirst()
+            guard c == "%" else {
+                tokens.append(.literal(c))
+                continue
+            }
+            // glibc's flags and field width change the padding: then any run of characters.
+            var modified = false
+            while let f = rest.first, "_-0^#".contains(f) || f.isASCIIDigit || f == "E" || f == "O" {
+                modified = true
+                rest = rest.dropFirst()
+            }
+            guard let conversion = rest.first else {
+                tokens.append(.literal("%"))
+                break
+            }
+            rest = rest.dropFirst()
+            if modified && conversion != "%" {
+                tokens.append(.text)
+                continue
+            }
+            switch conversion {
+            case "%": tokens.append(.literal("%"))
+            case "Y": tokens.append(.digits(4))
+            case "C", "y", "m", "d", "H", "I", "M", "S", "U", "W", "V", "g": tokens.append(.digits(2))
+            case "j": tokens.append(.digits(3))
+            case "u", "w": tokens.append(.digits(1))
+            case "s", "G": tokens.append(.number)
+            case "F": tokens += [.digits(4), .literal("-"), .digits(2), .literal("-"), .digits(2)]
+            case "T": tokens += [.digits(2), .literal(":"), .digits(2), .literal(":"), .digits(2)]
+            case "R": tokens += [.digits(2), .literal(":"), .digits(2)]
+            case "D": tokens += [.digits(2), .literal("/"), .digits(2), .literal("/"), .digits(2)]
+            case "n": tokens.append(.literal("\n"))
+            case "t": tokens.append(.literal("\t"))
+            default: tokens.append(.text)
+            }
+        }
+        return tokens
+    }
+
+    private static func match(_ tokens: ArraySlice<Token>, _ text: ArraySlice<Character>) -> Bool {
+        guard let token = tokens.first else { return text.isEmpty }
+        let rest = tokens.dropFirst()
+        switch token {
+        case .literal(let c):
+            return text.first == c && match(rest, text.dropFirst())
+        case .digits(let n):
+            return text.count >= n && text.prefix(n).allSatisfy(\.isASCIIDigit) && match(rest, text.dropFirst(n))
+        case .number, .text:
+            var count = 0
+            for c in text {
+                if token == .number ? !c.isASCIIDigit : c == "/" { break }
+                count += 1
+                if match(rest, text.dropFirst(count)) { return true }
+            }
+            return false
+        }
+    }
+}
+
+extension Character {
+    fileprivate var isASCIIDigit: Bool { isASCII && isNumber }
+}
