@@ -38,8 +38,9 @@ struct PortalVideoTests {
 
     static func occurrences(_ needle: String, in text: String) -> Int { text.components(separatedBy: needle).count - 1 }
 
-    /// A 5 s recording of a screen that changes colour three times: 150 frames at 30 fps (mostly
-    /// repeats: the portal sends a frame only on a change), the colours in order, nothing stale after
+    /// A recording of a screen that changes colour three times, stopped a second after the last
+    /// change: 30 frames a second (mostly repeats: the portal sends a frame only on a change), the
+    /// colours in order, nothing stale after
     /// the last change, and each new frame in the recording within two frame intervals of the time
     /// the compositor gave it.
     @Test func recordsTheScreensColoursAtTheOutputRate() throws {
@@ -49,7 +50,7 @@ struct PortalVideoTests {
         defer { dir.cleanup() }
         let file = dir.path("desk.mp4")
         let recording = try desktop.start(broadcastBinary, [
-            "record", file, "--video", "portal", "--audio-mic", "none", "--fps", "30", "--duration", "5s", "-q",
+            "record", file, "--video", "portal", "--audio-mic", "none", "--fps", "30", "-q",
             "--log-level", "debug",
         ])
         try desktop.waitForCastConsumers()
@@ -66,13 +67,17 @@ struct PortalVideoTests {
         try desktop.setBackground("#0000ff")
         let blueDone = Date()
         let shortest = blueAsked.timeIntervalSince(greenDone), longest = blueDone.timeIntervalSince(greenAsked)
+        // Stopped, not timed: on a busy machine the three changes can take longer than any fixed duration.
+        Thread.sleep(forTimeInterval: 1.0)
+        recording.signal(SIGINT)
         let r = recording.wait(timeout: 120)
         #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
 
         let p = try probe(file)
         #expect(p.video?.width == 640 && p.video?.height == 360, "size: \(String(describing: p.video))")
         let frames = p.video?.frames ?? 0
-        #expect(abs(frames - 150) <= 1, "5 s at 30 fps: \(frames) frames")
+        let seconds = p.video?.duration ?? 0
+        #expect(seconds > 2.5 && abs(Double(frames) - seconds * 30) <= 2, "\(seconds) s at 30 fps: \(frames) frames")
         try expectDecodesCleanly(file)
 
         let colours = try Self.centreColours(file)
@@ -95,7 +100,7 @@ struct PortalVideoTests {
         let fresh = Self.count("new from PipeWire", in: r.stderr) ?? -1
         let repeats = Self.count("repeated", in: r.stderr) ?? -1
         #expect(fresh >= 3 && fresh <= 20, "new frames from PipeWire: \(fresh)")
-        #expect(repeats >= 120, "repeats: \(repeats)")
+        #expect(repeats >= frames - 25, "repeats: \(repeats) of \(frames)")
 
         // Each new frame reached the recording within two frame intervals of its producer time.
         var lateness: [Int64] = []
