@@ -390,6 +390,8 @@ final class PipeWireAudioStream {
         let linked = Set(links.keys.map(\.outputNode)).sorted()
         if linked != linkedNodeIDs {
             linkedNodeIDs = linked
+            // Another node may run on another clock (another sound card): measure it afresh.
+            delivery.timeline.restart()
             delivery.source.logLinks(linked.compactMap { graph.nodes[$0] })
         }
     }

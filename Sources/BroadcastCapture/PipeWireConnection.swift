@@ -41,7 +41,7 @@ final class PipeWireConnection {
             throw PipeWireError("cannot create a PipeWire context")
         }
         guard let core = pw_context_connect(context, nil, 0) else {
-            let reason = String(cString: strerror(errno))
+            let reason = access(Self.socketPath, F_OK) == 0 ? String(cString: strerror(errno)) : "no such socket"
             pw_context_destroy(context)
             pw_loop_destroy(loop)
             throw PipeWireError("no PipeWire server answers (\(Self.socketPath)): \(reason)")
