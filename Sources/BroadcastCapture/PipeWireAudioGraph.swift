@@ -72,6 +72,13 @@ public struct PipeWireAudioGraph: Sendable, Hashable {
         public var outputPort: UInt32
         public var inputNode: UInt32
         public var inputPort: UInt32
+
+        public init(outputNode: UInt32, outputPort: UInt32, inputNode: UInt32, inputPort: UInt32) {
+            self.outputNode = outputNode
+            self.outputPort = outputPort
+            self.inputNode = inputNode
+            self.inputPort = inputPort
+        }
     }
 
     public var nodes: [UInt32: Node] = [:]
