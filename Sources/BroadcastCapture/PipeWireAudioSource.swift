@@ -205,7 +205,10 @@ public final class PipeWireAudioSource: CaptureSource, @unchecked Sendable {
             self.sink = sink
             let bytes = maxFrames * source.format.bytesPerFrame
             pool = BufferPool(count: 64, byteCount: bytes, planeLayout: [(0, bytes, bytes)])
-            timeline = AudioTimeline(sampleRate: source.format.sampleRate)
+            // PipeWire's cycle times are exact (the graph's own clock, on CLOCK_MONOTONIC: stamps on the
+            // fitted line are within a microsecond of them), so anything a few ms off is a cycle the
+            // graph lost under load, not drift: re-anchor at 4 ms (ALSA's htstamps need 30 ms).
+            timeline = AudioTimeline(sampleRate: source.format.sampleRate, toleranceNanoseconds: 4_000_000)
             mediaFormat = .audio(source.format)
             lastEnd = sink.clock.now()
             lastArrival = MonotonicClockReading.now()
@@ -327,6 +330,10 @@ final class PipeWireAudioStream {
             let me = Unmanaged<PipeWireAudioStream>.fromOpaque(data).takeUnretainedValue()
             me.stateChanged(state, error: error.map { String(cString: $0) })
         }
+        events.pointee.param_changed = { data, id, param in
+            guard let data, id == SPA_PARAM_Format.rawValue, param != nil else { return }
+            Unmanaged<PipeWireAudioStream>.fromOpaque(data).takeUnretainedValue().formatChanged()
+        }
         events.pointee.process = { data in
             guard let data else { return }
             Unmanaged<PipeWireAudioStream>.fromOpaque(data).takeUnretainedValue().process()
@@ -367,6 +374,17 @@ final class PipeWireAudioStream {
                 plannedGeneration = -1
             }
         }
+    }
+
+    /// Once the format is fixed: ask for many buffers (64 cycles, 0.7 s at a 512-frame quantum),
+    /// so the thread may run late under load without PipeWire dropping cycles it had no buffer for.
+    private func formatChanged() {
+        guard let stream else { return }
+        let podBuffer = UnsafeMutablePointer<UInt8>.allocate(capacity: 1024)
+        defer { podBuffer.deallocate() }
+        guard let pod = CBroadcastPWAudio_buffers(podBuffer, 1024, 64, Int32(8192 * bytesPerFrame), Int32(bytesPerFrame)) else { return }
+        var params: [UnsafePointer<spa_pod>?] = [pod]
+        _ = params.withUnsafeMutableBufferPointer { pw_stream_update_params(stream, $0.baseAddress, 1) }
     }
 
     /// Makes the links match what the target names now (called after every loop iteration; does

@@ -78,3 +78,13 @@ struct pw_proxy *CBroadcastPWAudio_link(struct pw_core *core, uint32_t output_no
 void CBroadcastPWAudio_loop_enter(struct pw_loop *loop) { pw_loop_enter(loop); }
 int CBroadcastPWAudio_loop_iterate(struct pw_loop *loop, int timeout_ms) { return pw_loop_iterate(loop, timeout_ms); }
 void CBroadcastPWAudio_loop_leave(struct pw_loop *loop) { pw_loop_leave(loop); }
+
+#include <spa/param/buffers.h>
+const struct spa_pod *CBroadcastPWAudio_buffers(uint8_t *buffer, uint32_t size, int32_t count, int32_t bytes, int32_t stride) {
+    struct spa_pod_builder builder = SPA_POD_BUILDER_INIT(buffer, size);
+    return spa_pod_builder_add_object(&builder, SPA_TYPE_OBJECT_ParamBuffers, SPA_PARAM_Buffers,
+        SPA_PARAM_BUFFERS_buffers, SPA_POD_CHOICE_RANGE_Int(count, 2, count),
+        SPA_PARAM_BUFFERS_blocks, SPA_POD_Int(1),
+        SPA_PARAM_BUFFERS_size, SPA_POD_CHOICE_RANGE_Int(bytes, stride * 16, INT32_MAX),
+        SPA_PARAM_BUFFERS_stride, SPA_POD_Int(stride));
+}

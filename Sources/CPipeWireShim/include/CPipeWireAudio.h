@@ -37,3 +37,6 @@ struct pw_proxy *CBroadcastPWAudio_link(struct pw_core *core, uint32_t output_no
 void CBroadcastPWAudio_loop_enter(struct pw_loop *loop);
 int CBroadcastPWAudio_loop_iterate(struct pw_loop *loop, int timeout_ms);
 void CBroadcastPWAudio_loop_leave(struct pw_loop *loop);
+/// A Buffers param asking for `count` buffers (at least 2, at most `count`) of up to `size` bytes,
+/// so a capture thread that runs late for a while finds the cycles queued instead of dropped.
+const struct spa_pod *CBroadcastPWAudio_buffers(uint8_t *buffer, uint32_t size, int32_t count, int32_t bytes, int32_t stride);
