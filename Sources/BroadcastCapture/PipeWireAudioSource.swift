@@ -102,9 +102,9 @@ public final class PipeWireAudioSource: CaptureSource, @unchecked Sendable {
         let nodes = graph.audioNodes.filter { !$0.isPlaybackStream }.map { "\($0.name) (serial \($0.serial), \($0.mediaClass))" }
         let list = nodes.isEmpty ? "no PipeWire audio devices" : "PipeWire audio nodes: " + nodes.joined(separator: ", ")
         switch target {
-        case .defaultSink: throw BroadcastError(.invalidArgument, "cannot capture desktop audio: PipeWire has no default sink (\(list))")
-        case .defaultSource: throw BroadcastError(.invalidArgument, "cannot capture the default microphone: PipeWire has no default source (\(list))")
-        default: throw BroadcastError(.invalidArgument, "no PipeWire audio node named '\(target.description.dropFirst("pipewire:".count))' (\(list))")
+        case .defaultSink: throw BroadcastError(.invalidArgument, "cannot capture \(target): PipeWire has no default sink (\(list))")
+        case .defaultSource: throw BroadcastError(.invalidArgument, "cannot capture the \(target): PipeWire has no default source (\(list))")
+        default: throw BroadcastError(.invalidArgument, "cannot capture \(target): no PipeWire audio node of that name or serial (\(list))")
         }
     }
 
