@@ -198,7 +198,8 @@ struct PipeWireAudioTests {
         #expect(r.stderr.contains("the node is gone"), "loss reported: \(r.stderr.suffix(2000))")
         #expect(r.stderr.contains(": back"), "return reported: \(r.stderr.suffix(2000))")
         let p = try probe(file)
-        #expect(abs((p.audio?.duration ?? 0) - 6) < 0.1, "6 s recorded: \(String(describing: p.audio?.duration))")
+        // The broadcast went on through the loss: the whole 6 s (AAC's priming and padding aside).
+        #expect(abs((p.audio?.duration ?? 0) - 6) < 0.3, "6 s recorded: \(String(describing: p.audio?.duration))")
         let audible = Self.audibleSeconds(Self.levels(try Self.samples(file), frequency: 1000))
         #expect(audible >= 0.5 && audible <= 1.3, "the tone played after the node came back: \(audible) s")
     }
