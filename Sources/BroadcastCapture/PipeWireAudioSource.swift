@@ -198,7 +198,6 @@ public final class PipeWireAudioSource: CaptureSource, @unchecked Sendable {
         /// Monotonic time real audio last arrived.
         var lastArrival: Int64
         let isMonotonic: Bool
-        let debugTiming = getenv("BROADCAST_PW_DEBUG") != nil
 
         init(source: PipeWireAudioSource, sink: SourceSink) {
             self.source = source
@@ -226,7 +225,6 @@ public final class PipeWireAudioSource: CaptureSource, @unchecked Sendable {
             var time = now - duration
             if isMonotonic, let observed, abs(observed - now) < 1_000_000_000 { time = observed }
             let captureTime = timeline.place(frames: frames, observedTime: time)
-            if debugTiming { print("pwaudio frames=\(frames) observed=\(time) now=\(now) placed=\(captureTime) diff=\(captureTime - lastEnd)") }
             if let drift = timeline.driftPPM { source.driftMicroPPM.store(Int(drift * 1e6), ordering: .relaxed) }
             lastEnd = captureTime + duration
             lastArrival = MonotonicClockReading.now()
