@@ -25,10 +25,11 @@ struct Devices: ParsableCommand {
         let audio = DeviceDiscovery.audioCaptureDevices()
         let screens = X11ScreenSource.reachableScreens()
         let pipeWireVideo = PipeWireVideoListing.discover()
+        let pipeWireAudio = PipeWireAudioListing.current()
         print(
             json
-                ? Self.json(video: video, audio: audio, screens: screens, extra: pipeWireVideo.json)
-                : Self.text(video: video, audio: audio, screens: screens) + pipeWireVideo.text,
+                ? Self.json(video: video, audio: audio, screens: screens, extra: pipeWireVideo.json + [("pipewireAudio", pipeWireAudio.json)])
+                : Self.text(video: video, audio: audio, screens: screens) + pipeWireVideo.text + pipeWireAudio.text,
             terminator: "")
     }
 

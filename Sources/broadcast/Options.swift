@@ -8,10 +8,10 @@ struct SourceOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp("Video source: 'test' (built-in pattern), 'x11:DISPLAY[+X,Y/WxH][?window=ID|title=TEXT,cursor=off,window-gone=keep]' (an X11 screen, region or window), 'portal[:window][?cursor=embedded|metadata|hidden]' (a Wayland desktop through the ScreenCast portal), 'pipewire:NODE' (a PipeWire video node by name or serial) or 'none'.", valueName: "source"))
     var video: String = "test"
 
-    @Option(name: .customLong("audio-mic"), help: ArgumentHelp("Microphone audio (.audioMic): 'test' (built-in tone), an ALSA capture device (hw:1,0, plughw:CARD=Loopback,DEV=1, default) or 'none'.", valueName: "source"))
+    @Option(name: .customLong("audio-mic"), help: ArgumentHelp("Microphone audio (.audioMic): 'test' (built-in tone), 'default' (PipeWire's default source when PipeWire runs, else ALSA's default), 'pipewire:NODE' (a PipeWire node by name or serial), an ALSA capture device (hw:1,0, plughw:CARD=Loopback,DEV=1) or 'none'.", valueName: "source"))
     var audioMic: String = "test"
 
-    @Option(name: .customLong("audio-app"), help: ArgumentHelp("Application audio (.audioApp): 'test', an ALSA capture device (a loopback or monitor, e.g. hw:Loopback,1,0) or 'none'.", valueName: "source"))
+    @Option(name: .customLong("audio-app"), help: ArgumentHelp("Application audio (.audioApp): 'test', 'desktop' (PipeWire: what the default sink plays, followed when it changes), 'app:NAME' (PipeWire: the streams of one application, by application.name or binary), 'pipewire:NODE', an ALSA capture device (a loopback, e.g. hw:Loopback,1,0) or 'none'.", valueName: "source"))
     var audioApp: String = "none"
 
     @Option(name: .customLong("audio-period"), help: ArgumentHelp("With an ALSA --audio-mic/--audio-app: how much audio the device hands over at a time (its period), 2ms to 200ms. Shorter: lower latency (a video frame waits for the audio period it falls in), more wake-ups and a greater risk of overruns on a busy machine. The device may round it.", valueName: "duration"))
@@ -91,11 +91,14 @@ struct SourceOptions: ParsableArguments {
             )
         }
         for (type, value, option) in [(SampleBufferType.audioMic, audioMic, "--audio-mic"), (.audioApp, audioApp, "--audio-app")] {
+            let pipeWire = try Self.pipeWireAudioTarget(value, option: option, serverAnswers: { PipeWireAudioGraph.serverAnswers })
             switch value {
             case "test":
                 sources.append((type, ToneSource(realtime: !noRealtime)))
             case "none":
                 break
+            case _ where pipeWire != nil:
+                sources.append((type, try pipeWireAudioSource(pipeWire!, periodNanoseconds: period)))
             default:
                 sources.append((type, try alsaSource(name: value, option: option, periodNanoseconds: period)))
             }

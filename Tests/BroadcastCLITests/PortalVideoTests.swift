@@ -359,6 +359,9 @@ struct UserServiceTests {
         #expect(files.contains("portal-monitor.token"), "files: \(files)")
         let recording = files.first { $0.hasPrefix("desk-") && $0.hasSuffix(".mp4") }
         #expect(recording != nil, "files: \(files)")
-        if let recording { #expect(try probe(state + "/" + recording).video != nil) }
+        if let recording {
+            #expect(try probe(state + "/" + recording).video != nil)
+            #expect(try probe(state + "/" + recording).audio != nil, "audio.app = desktop, audio.mic = default")
+        }
     }
 }

@@ -13,3 +13,4 @@ struct pw_properties *CBroadcastPW_properties(const char *const *keys, const cha
 /// SPA_RESULT_IS_ERROR / spa_strerror: a readable text for a negative SPA/PipeWire result.
 const char *CBroadcastPW_strerror(int result);
 #include "CPipeWireVideo.h"
+#include "CPipeWireAudio.h"
