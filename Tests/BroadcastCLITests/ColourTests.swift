@@ -43,13 +43,34 @@ import Testing
         return points.map { x, y in (0..<3).map { Int(data[(y * 1280 + x) * 3 + $0]) } }
     }
 
-    @Test(arguments: ["mp4", "mkv"])
-    func hdScreenPatchesDecodeToTheirColoursWithTheFilesBT709Tags(_ container: String) throws {
+    /// An Xvfb 1280x720 screen with the five patches side by side.
+    func patchScreen() throws -> XvfbScreen {
         let screen = try XvfbScreen(width: 1280, height: 720)
-        defer { screen.stop() }
         for (index, patch) in Self.patches.enumerated() {
             try screen.window(patch.name, index * 256, 180, 256, 360, title: "patch-\(index)")
         }
+        return screen
+    }
+
+    /// The file says BT.709 limited range, and each patch's centre decodes within 6 levels.
+    func expectPatches(_ file: String, _ what: String) throws {
+        let tags = try colourTags(file)
+        #expect(tags["color_space"] == "bt709", "\(what): \(tags)")
+        #expect(tags["color_primaries"] == "bt709", "\(what): \(tags)")
+        #expect(tags["color_transfer"] == "bt709", "\(what): \(tags)")
+        #expect(tags["color_range"] == "tv", "\(what): \(tags)")
+        let centres = Self.patches.indices.map { ($0 * 256 + 128, 360) }
+        let pixels = try decodedPixels(file, tags: tags, at: 1, points: centres)
+        for (patch, pixel) in zip(Self.patches, pixels) {
+            let close = zip(pixel, patch.rgb).allSatisfy { abs($0 - $1) <= 6 }
+            #expect(close, "\(what): \(patch.name) decoded as \(pixel) (tags \(tags))")
+        }
+    }
+
+    @Test(arguments: ["mp4", "mkv"])
+    func hdScreenPatchesDecodeToTheirColoursWithTheFilesBT709Tags(_ container: String) throws {
+        let screen = try patchScreen()
+        defer { screen.stop() }
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
         let file = dir.path("colours.\(container)")
@@ -57,16 +78,23 @@ import Testing
             "record", file, "--video", "x11:\(screen.name)?cursor=off", "--audio-mic", "none", "--duration", "2s", "--quiet",
         ])
         #expect(r.status == 0, "record failed: \(r.stderr)")
-        let tags = try colourTags(file)
-        #expect(tags["color_space"] == "bt709", "\(container): \(tags)")
-        #expect(tags["color_primaries"] == "bt709", "\(container): \(tags)")
-        #expect(tags["color_transfer"] == "bt709", "\(container): \(tags)")
-        #expect(tags["color_range"] == "tv", "\(container): \(tags)")
-        let centres = Self.patches.indices.map { ($0 * 256 + 128, 360) }
-        let pixels = try decodedPixels(file, tags: tags, at: 1, points: centres)
-        for (patch, pixel) in zip(Self.patches, pixels) {
-            let close = zip(pixel, patch.rgb).allSatisfy { abs($0 - $1) <= 6 }
-            #expect(close, "\(container): \(patch.name) decoded as \(pixel) (tags \(tags))")
-        }
+        try expectPatches(file, container)
+    }
+
+    /// The same screen streamed over RTMP: nginx's copy (FLV, whose colour is the H.264 VUI) says
+    /// BT.709 and decodes to the patches' colours.
+    @Test func hdScreenPatchesStreamedOverRTMPKeepTheirColours() throws {
+        let screen = try patchScreen()
+        defer { screen.stop() }
+        let server = try RTMPServer()
+        defer { server.cleanup() }
+        let r = try broadcast(
+            ["stream", "rtmp://127.0.0.1:\(server.port)/live/colour", "--video", "x11:\(screen.name)?cursor=off",
+             "--audio-mic", "none", "--duration", "3s", "--quiet"],
+            timeout: 60)
+        #expect(r.status == 0, "stream failed: \(r.stderr.suffix(3000))")
+        server.stop()
+        let copy = try #require(server.recordings.first, "nginx recorded nothing")
+        try expectPatches(copy, "rtmp")
     }
 }
