@@ -27,7 +27,9 @@ import Testing
 
     /// RGB at `points` of the frame at `time`, decoded with the matrix and range the file is tagged
     /// with; where it says nothing, what players assume for HD (BT.709, limited range).
-    func decodedPixels(_ path: String, tags: [String: String], at time: Double, points: [(Int, Int)]) throws -> [[Int]] {
+    func decodedPixels(
+        _ path: String, tags: [String: String], at time: Double, width: Int = 1280, height: Int = 720, points: [(Int, Int)]
+    ) throws -> [[Int]] {
         let matrix = ["bt709": "bt709", "smpte170m": "smpte170m", "bt470bg": "bt470"][tags["color_space"] ?? ""] ?? "bt709"
         let range = tags["color_range"] == "pc" ? "pc" : "tv"
         let raw = FileManager.default.temporaryDirectory.appendingPathComponent("colour-\(UUID().uuidString).rgb").path
@@ -39,28 +41,30 @@ import Testing
              "-f", "rawvideo", "-pix_fmt", "rgb24", "-y", raw])
         guard r.status == 0 else { throw ProbeError(message: "ffmpeg frame at \(time) s of \(path): \(r.stderr)") }
         let data = try Data(contentsOf: URL(fileURLWithPath: raw))
-        guard data.count == 1280 * 720 * 3 else { throw ProbeError(message: "frame is \(data.count) bytes, not 1280x720x3") }
-        return points.map { x, y in (0..<3).map { Int(data[(y * 1280 + x) * 3 + $0]) } }
+        guard data.count == width * height * 3 else { throw ProbeError(message: "frame is \(data.count) bytes, not \(width)x\(height)x3") }
+        return points.map { x, y in (0..<3).map { Int(data[(y * width + x) * 3 + $0]) } }
     }
 
-    /// An Xvfb 1280x720 screen with the five patches side by side.
-    func patchScreen() throws -> XvfbScreen {
-        let screen = try XvfbScreen(width: 1280, height: 720)
+    /// An Xvfb screen (1280x720 unless said) with the five patches side by side, each a fifth as
+    /// wide and half as high as the screen.
+    func patchScreen(width: Int = 1280, height: Int = 720) throws -> XvfbScreen {
+        let screen = try XvfbScreen(width: width, height: height)
         for (index, patch) in Self.patches.enumerated() {
-            try screen.window(patch.name, index * 256, 180, 256, 360, title: "patch-\(index)")
+            try screen.window(patch.name, index * width / 5, height / 4, width / 5, height / 2, title: "patch-\(index)")
         }
         return screen
     }
 
-    /// The file says BT.709 limited range, and each patch's centre decodes within 6 levels.
-    func expectPatches(_ file: String, _ what: String) throws {
+    /// The file says `standard` (BT.709 unless said) limited range, and each patch's centre decodes
+    /// within 6 levels.
+    func expectPatches(_ file: String, _ what: String, standard: String = "bt709", width: Int = 1280, height: Int = 720) throws {
         let tags = try colourTags(file)
-        #expect(tags["color_space"] == "bt709", "\(what): \(tags)")
-        #expect(tags["color_primaries"] == "bt709", "\(what): \(tags)")
-        #expect(tags["color_transfer"] == "bt709", "\(what): \(tags)")
+        #expect(tags["color_space"] == standard, "\(what): \(tags)")
+        #expect(tags["color_primaries"] == standard, "\(what): \(tags)")
+        #expect(tags["color_transfer"] == standard, "\(what): \(tags)")
         #expect(tags["color_range"] == "tv", "\(what): \(tags)")
-        let centres = Self.patches.indices.map { ($0 * 256 + 128, 360) }
-        let pixels = try decodedPixels(file, tags: tags, at: 1, points: centres)
+        let centres = Self.patches.indices.map { ($0 * width / 5 + width / 10, height / 2) }
+        let pixels = try decodedPixels(file, tags: tags, at: 1, width: width, height: height, points: centres)
         for (patch, pixel) in zip(Self.patches, pixels) {
             let close = zip(pixel, patch.rgb).allSatisfy { abs($0 - $1) <= 6 }
             #expect(close, "\(what): \(patch.name) decoded as \(pixel) (tags \(tags))")
@@ -96,5 +100,19 @@ import Testing
         server.stop()
         let copy = try #require(server.recordings.first, "nginx recorded nothing")
         try expectPatches(copy, "rtmp")
+    }
+
+    /// Below 720 lines the common rule holds: BT.601 (SMPTE 170M), said as such.
+    @Test func sdScreenPatchesAreBT601AndSaySo() throws {
+        let screen = try patchScreen(width: 640, height: 360)
+        defer { screen.stop() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let file = dir.path("colours.mp4")
+        let r = try broadcast([
+            "record", file, "--video", "x11:\(screen.name)?cursor=off", "--audio-mic", "none", "--duration", "2s", "--quiet",
+        ])
+        #expect(r.status == 0, "record failed: \(r.stderr)")
+        try expectPatches(file, "sd mp4", standard: "smpte170m", width: 640, height: 360)
     }
 }
