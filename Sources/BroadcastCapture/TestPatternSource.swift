@@ -157,9 +157,15 @@ struct TestPatternPainter: Sendable {
     }
 
     // 75% colour bars in BT.601 limited range: white, yellow, cyan, green, magenta, red, blue, black.
-    private static let bars: [(y: UInt8, u: UInt8, v: UInt8)] = [
+    private static let bars601: [(y: UInt8, u: UInt8, v: UInt8)] = [
         (180, 128, 128), (162, 44, 142), (131, 156, 44), (112, 72, 58),
         (84, 184, 198), (65, 100, 212), (35, 212, 114), (16, 128, 128),
+    ]
+    // The same bars in BT.709 (SMPTE RP 219 values): an encoder tags pictures of 720 lines or more
+    // BT.709 (BroadcastMedia's ColourDescription rule), so a pattern of that size is painted in it.
+    private static let bars709: [(y: UInt8, u: UInt8, v: UInt8)] = [
+        (180, 128, 128), (168, 44, 136), (145, 147, 44), (133, 63, 52),
+        (63, 193, 204), (51, 109, 212), (28, 212, 120), (16, 128, 128),
     ]
 
     init(width: Int, height: Int) {
@@ -168,15 +174,16 @@ struct TestPatternPainter: Sendable {
         let lumaSize = width * height
         let chromaSize = (width / 2) * (height / 2)
         var image = [UInt8](repeating: 0, count: lumaSize + 2 * chromaSize)
-        let barCount = Self.bars.count
+        let bars = height >= 720 ? Self.bars709 : Self.bars601
+        let barCount = bars.count
         for y in 0..<height {
             for x in 0..<width {
-                image[y * width + x] = Self.bars[x * barCount / width].y
+                image[y * width + x] = bars[x * barCount / width].y
             }
         }
         for y in 0..<(height / 2) {
             for x in 0..<(width / 2) {
-                let bar = Self.bars[(2 * x) * barCount / width]
+                let bar = bars[(2 * x) * barCount / width]
                 image[lumaSize + y * (width / 2) + x] = bar.u
                 image[lumaSize + chromaSize + y * (width / 2) + x] = bar.v
             }

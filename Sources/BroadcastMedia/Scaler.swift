@@ -82,7 +82,10 @@ final class Scaler {
     private let context: ScaleContext
     private let frame: Frame
 
-    convenience init(input: VideoFormat, outputFormat: AVPixelFormat, width: Int32, height: Int32) throws(FFmpegError) {
+    convenience init(
+        input: VideoFormat, outputFormat: AVPixelFormat, width: Int32, height: Int32,
+        colour: ColourDescription? = nil
+    ) throws(FFmpegError) {
         guard let source = Source(input) else {
             throw FFmpegError(
                 code: FFmpegError.posix(38 /* ENOSYS */),
@@ -90,12 +93,17 @@ final class Scaler {
                 operation: "scaling \(input)"
             )
         }
-        try self.init(source: source, outputFormat: outputFormat, width: width, height: height)
+        try self.init(source: source, outputFormat: outputFormat, width: width, height: height, colour: colour)
     }
 
     /// The output is video range (what H.264 encoders are given); a full-range source is
-    /// compressed into it.
-    init(source: Source, outputFormat: AVPixelFormat, width: Int32, height: Int32) throws(FFmpegError) {
+    /// compressed into it. An RGB source becomes YUV with `colour`'s matrix (default: the rule for
+    /// the output height, BT.709 from 720 lines); a YUV source keeps its matrix.
+    init(
+        source: Source, outputFormat: AVPixelFormat, width: Int32, height: Int32,
+        colour: ColourDescription? = nil
+    ) throws(FFmpegError) {
+        let colour = colour ?? .forOutput(height: Int(height))
         let what = "scaling \(source) to \(String(cString: av_get_pix_fmt_name(outputFormat))) \(width)x\(height)"
         // Ranges are options set before sws_init_context, so the path libswscale chooses at init
         // (for yuv420p to yuv420p a plain plane copy, unless the ranges differ) already knows them.
@@ -112,6 +120,12 @@ final class Scaler {
         }
         guard sws_init_context(sws, nil, nil) >= 0 else {
             throw FFmpegError.invalidArgument("libswscale cannot do this conversion", what)
+        }
+        // libswscale's default matrix is BT.601; the RGB→YUV one is the destination table. The
+        // source table only matters for a YUV source, which keeps its own matrix: give it the same.
+        let table = sws_getCoefficients(colour.swsColourspace)
+        guard sws_setColorspaceDetails(sws, table, source.fullRange ? 1 : 0, table, 0, 0, 1 << 16, 1 << 16) >= 0 else {
+            throw FFmpegError.invalidArgument("libswscale cannot convert with the \(colour) matrix", what)
         }
         self.context = context
         self.source = source

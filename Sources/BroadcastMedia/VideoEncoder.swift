@@ -120,6 +120,12 @@ public final class VideoEncoder {
             den: Int32(settings.frameRate.denominator)
         )
         c.pointee.sample_aspect_ratio = AVRational(num: 1, den: 1)
+        // Said before avcodec_open2 so x264 writes the VUI; the muxers copy them into colr/Colour.
+        let colour = ColourDescription.forOutput(height: settings.height)
+        c.pointee.colorspace = colour.matrix
+        c.pointee.color_primaries = colour.primaries
+        c.pointee.color_trc = colour.transfer
+        c.pointee.color_range = colour.fullRange ? AVCOL_RANGE_JPEG : AVCOL_RANGE_MPEG
         c.pointee.gop_size = Int32(settings.gopSize)
         c.pointee.thread_count = Int32(settings.threads)
         if globalHeader { c.pointee.flags |= Int32(AV_CODEC_FLAG_GLOBAL_HEADER) }
