@@ -182,6 +182,9 @@ public final class BroadcastSession: @unchecked Sendable {
         _ = try? transition(.finish)
     }
 
+    /// How the session thread's sleeps ended: by a source's (or a command's) wake-up, or by a timeout.
+    public var wakeupStatistics: WakeupStatistics { wakeup.statistics }
+
     /// A snapshot of the per-type figures.
     public func statistics() -> [SampleBufferType: SampleBufferStatistics] {
         let ready = sinksReady.load(ordering: .acquiring)

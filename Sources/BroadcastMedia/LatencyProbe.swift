@@ -38,6 +38,13 @@ final class LatencyProbe {
         beyondEncoder.reserveCapacity(1 << 16)
     }
 
+    /// Per-frame stage times, when `BROADCAST_STAGES_FILE` is set too (see `StageLog`).
+    private let stages = StageLog(part: "session", columns: ["pts", "captured", "handler_in", "encoder_in", "encoder_out"])
+    private var enteredAt: [Int64: Int64] = [:]
+
+    /// Notes that the frame with `pts` reached the encoder (before any conversion) now.
+    func entering(pts: Int64) { if stages != nil { enteredAt[pts] = MonotonicClock().now() } }
+
     /// Notes that the frame with `pts` goes into the encoder now.
     func sending(pts: Int64) { sentAt[pts] = MonotonicClock().now() }
 
@@ -48,12 +55,15 @@ final class LatencyProbe {
         for packet in packets {
             let captured = origin + packet.pts * 1_000_000_000 * Int64(timeBase.numerator) / Int64(timeBase.denominator)
             nanoseconds.append(now - captured)
-            if let sent = sentAt.removeValue(forKey: packet.pts) { beyondEncoder.append(sent - captured) }
+            let sent = sentAt.removeValue(forKey: packet.pts)
+            if let sent { beyondEncoder.append(sent - captured) }
+            stages?.add([packet.pts, captured, enteredAt.removeValue(forKey: packet.pts) ?? 0, sent ?? 0, now])
         }
     }
 
     /// Writes count, p50, p90, p99 and max in milliseconds, and p50/p99 of the part beyond the encoder.
     func write() {
+        stages?.write()
         let sorted = nanoseconds.sorted()
         let beyond = beyondEncoder.sorted()
         func percentile(_ p: Double, of sorted: [Int64]) -> Double {
@@ -67,6 +77,43 @@ final class LatencyProbe {
             + "\"beyond_encoder_p50_ms\": \(percentile(0.5, of: beyond)), \"beyond_encoder_p99_ms\": \(percentile(0.99, of: beyond))}\n"
         guard let file = fopen(path, "w") else { return }
         fputs(json, file)
+        fclose(file)
+    }
+}
+
+/// Benchmark instrumentation, off unless the environment variable `BROADCAST_STAGES_FILE` names a
+/// file: one tab-separated row per video frame of CLOCK_MONOTONIC times (ns) at each stage, written
+/// to `<file>.<part>.tsv` at the end. The session's part (capture, handler, encoder in/out) and each
+/// output thread's part (taken from its queue, written to the socket) are joined by pts
+/// (`benchmarks/glass.py --stages`). Single-threaded: one log per recording thread.
+public final class StageLog {
+    public static let environmentKey = "BROADCAST_STAGES_FILE"
+    private let path: String
+    private let columns: [String]
+    private var rows: [Int64] = []
+
+    public init?(part: String, columns: [String]) {
+        guard let value = getenv(Self.environmentKey), value.pointee != 0 else { return nil }
+        path = String(cString: value) + ".\(part).tsv"
+        self.columns = columns
+        rows.reserveCapacity(columns.count << 16)
+    }
+
+    public func add(_ row: [Int64]) {
+        precondition(row.count == columns.count)
+        rows += row
+    }
+
+    public static func now() -> Int64 { MonotonicClock().now() }
+
+    public func write() {
+        guard let file = fopen(path, "w") else { return }
+        fputs(columns.joined(separator: "\t") + "\n", file)
+        var i = 0
+        while i + columns.count <= rows.count {
+            fputs(rows[i..<(i + columns.count)].map(String.init).joined(separator: "\t") + "\n", file)
+            i += columns.count
+        }
         fclose(file)
     }
 }

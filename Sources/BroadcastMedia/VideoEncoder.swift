@@ -191,6 +191,7 @@ public final class VideoEncoder {
             )
         }
         let pts = buffer.presentationTime.rescaled(to: Self.timeBase.denominator).value
+        latencyProbe?.entering(pts: pts)
         // Matroska and FLV count in milliseconds: a frame less than 1 ms after the previous one would
         // share its timestamp there (a device delivering two buffers back to back), so it goes.
         if let last = lastPTS, pts < last + Int64(Self.timeBase.denominator) / 1000 {

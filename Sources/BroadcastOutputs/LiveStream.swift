@@ -43,6 +43,9 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
     private var writingDTS: Int64 = 0
     /// The interrupt callback ended the current operation because its deadline passed.
     private var deadlinePassed = false
+    /// Benchmark instrumentation (BROADCAST_STAGES_FILE): when each video packet left the feed and the socket.
+    private let stages = StageLog(part: "output", columns: ["pts", "popped", "written"])
+    private var poppedAt: [Int64: Int64] = [:]
     /// A write blocked this long means the server takes nothing: the output is stalled.
     static let stallNanoseconds: Int64 = 1_000_000_000
     /// While a write blocks longer than this, packets keep coming off the encoder's queue into the
@@ -70,6 +73,7 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
     }
 
     func run() {
+        defer { stages?.write() }
         var muxer: Muxer?
         var failures = 0
         var refusals = 0
@@ -205,6 +209,9 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
             }
             operationDeadline.store(0, ordering: .relaxed)
             writeStartedAt = 0
+            if let stages, packet.mediaType == .video {
+                stages.add([packet.pts, poppedAt.removeValue(forKey: packet.pts) ?? 0, StageLog.now()])
+            }
             if status.current == .stalled {
                 status.set(.live)
                 logger.notice("stream \(url.redacted): the server takes data again")
@@ -246,6 +253,7 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
     private func intake(paused: Bool) {
         if feed.overflowed.exchange(false, ordering: .acquiringAndReleasing) { restartPending = true }
         while let packet = feed.pop() {
+            if stages != nil, packet.mediaType == .video { poppedAt[packet.pts] = StageLog.now() }
             if paused {
                 drop(.paused)
                 restartPending = true

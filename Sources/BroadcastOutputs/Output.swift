@@ -1,5 +1,5 @@
 import Atomics
-import BroadcastKit
+public import BroadcastKit
 import BroadcastMedia
 import Logging
 
@@ -244,6 +244,9 @@ public final class Output: @unchecked Sendable {
     }
 
     public var isPaused: Bool { paused.load(ordering: .acquiring) }
+
+    /// How the output thread's waits for packets ended: woken by the encoder's hand-off, or by a timeout.
+    public var wakeupStatistics: WakeupStatistics { feed.dataWakeup.statistics }
 
     // MARK: Session thread
 

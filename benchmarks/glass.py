@@ -1,0 +1,262 @@
+#!/usr/bin/env python3
+"""Glass-to-glass latency: broadcast's X11 source vs ffmpeg -f x11grab, each published to nginx-rtmp on
+loopback (one at a time) and read back by one low-delay ffmpeg reader that decodes a barcode of the clock.
+
+An X client (benchmarks/glass/painter.c, built here with cc) paints CLOCK_MONOTONIC as a barcode on a
+1280x720 Xvfb screen ~250 times a second. The reader (ffmpeg -fflags nobuffer -flags low_delay,
+one decoding thread, raw grey frames of the barcode band to a pipe, flushed per frame) stamps each
+frame as it arrives; latency = arrival - painted time. The floor is the same reader grabbing the
+screen itself (x11grab, no encoder, no network). Both publishers use x264 veryfast + zerolatency,
+CBR 3 Mb/s, a keyframe every 2 s, no audio. Runs alternate broadcast, ffmpeg, floor.
+
+Usage: benchmarks/glass.py --broadcast PATH [--fps 30,60] [--runs 3] [--seconds 20] [--out DIR]
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench import Nginx, machine  # noqa: E402
+
+W, H = 1280, 720
+BITS, BAR, BAND_H = 32, 16, 96  # as in painter.c
+PAINT_RATE = 250
+BITRATE = "3M"
+FF = ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error"]
+WARMUP_S = 3.0
+
+
+def build_painter(work):
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "glass", "painter.c")
+    exe = os.path.join(work, "painter")
+    subprocess.run(["cc", "-O2", "-o", exe, src, "-lxcb"], check=True)
+    return exe
+
+
+def start_xvfb():
+    n = 300 + os.getpid() % 200
+    while os.path.exists(f"/tmp/.X11-unix/X{n}") or os.path.exists(f"/tmp/.X{n}-lock"):
+        n += 1
+    proc = subprocess.Popen(["Xvfb", f":{n}", "-screen", "0", f"{W}x{H}x24", "-nolisten", "tcp", "-noreset"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        if os.path.exists(f"/tmp/.X11-unix/X{n}"):
+            break
+        time.sleep(0.05)
+    return proc, f":{n}"
+
+
+def decode(band):
+    """The painted time (100 µs units mod 2^32) in one grey band, or None when it does not read cleanly
+    (a frame captured between the painter's two fills, or damaged by the encoder)."""
+    x0 = (W - 2 * BITS * BAR) // 2
+    row = (BAND_H // 2) * W
+    value = 0
+    for i in range(BITS):
+        a_x = x0 + 2 * i * BAR + BAR // 2
+        b_x = a_x + BAR
+        a = sum(band[row + a_x - 3: row + a_x + 4]) / 7
+        b = sum(band[row + b_x - 3: row + b_x + 4]) / 7
+        if a < 96 and b > 160:
+            bit = 1
+        elif a > 160 and b < 96:
+            bit = 0
+        else:
+            return None
+        value = (value << 1) | bit
+    return value
+
+
+class Reader:
+    """ffmpeg decoding `source` to raw grey bands on a pipe; a thread stamps each band on arrival."""
+
+    def __init__(self, input_args):
+        frame = W * BAND_H
+        self.samples = []  # (arrival monotonic ns, latency ms)
+        self.unreadable = 0
+        self.proc = subprocess.Popen(
+            FF + ["-fflags", "nobuffer", "-flags", "low_delay", "-threads", "1"] + input_args
+            + ["-an", "-vf", f"crop={W}:{BAND_H}:0:0,format=gray", "-fps_mode", "passthrough",
+               "-flush_packets", "1", "-f", "rawvideo", "pipe:1"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+        self.started = time.monotonic_ns()
+
+        def run():
+            seen = set()
+            buf = bytearray()
+            while True:
+                chunk = self.proc.stdout.read(frame - len(buf))
+                if not chunk:
+                    return
+                buf += chunk
+                if len(buf) < frame:
+                    continue
+                now = time.monotonic_ns()
+                value = decode(buf)
+                buf_copy = bytes(buf)
+                buf = bytearray()
+                if value is None:
+                    self.unreadable += 1
+                    if os.environ.get("GLASS_DEBUG") and self.unreadable == 50:
+                        with open("/tmp/glass-bad.gray", "wb") as f:
+                            f.write(buf_copy)
+                    continue
+                if value in seen:
+                    continue
+                seen.add(value)
+                latency_units = ((now // 100_000) - value) % (1 << 32)
+                self.samples.append((now, latency_units / 10.0 + (now % 100_000) / 1e6))
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.thread.join(timeout=5)
+        if os.environ.get("GLASS_DEBUG"):
+            print(f"    reader: {len(self.samples)} read, {self.unreadable} unreadable", flush=True)
+        first = self.samples[0][0] if self.samples else 0
+        return [s for s in self.samples if s[0] - first > WARMUP_S * 1e9]
+
+    def collect(self, seconds):
+        """Waits for the first frame (at most 30 s), then for the warm-up and `seconds` more."""
+        deadline = time.monotonic() + 30
+        while not self.samples and time.monotonic() < deadline and self.proc.poll() is None:
+            time.sleep(0.05)
+        time.sleep(WARMUP_S + seconds)
+
+
+def publisher(side, args, display, url, fps):
+    if side == "broadcast":
+        return [args.broadcast, "stream", url, "--video", f"x11:{display}?cursor=off", "--audio-mic", "none",
+                "--fps", str(fps), "--preset", "veryfast", "--tune", "zerolatency", "--video-bitrate", BITRATE,
+                "--rate-control", "cbr", "--keyframe-interval", "2s", "--quiet", "--log-level", "error"]
+    return FF + ["-f", "x11grab", "-draw_mouse", "0", "-framerate", str(fps), "-video_size", f"{W}x{H}",
+                 "-i", display, "-c:v", "libx264", "-preset", "veryfast", "-tune", "zerolatency",
+                 "-forced-idr", "1", "-b:v", BITRATE, "-minrate", BITRATE, "-maxrate", BITRATE, "-bufsize", BITRATE,
+                 "-x264-params", "nal-hrd=cbr", "-g", str(2 * fps), "-pix_fmt", "yuv420p", "-f", "flv", url]
+
+
+def run_one(side, args, display, nginx, fps, index, env):
+    if side == "floor":
+        reader = Reader(["-f", "x11grab", "-draw_mouse", "0", "-framerate", str(fps),
+                         "-video_size", f"{W}x{BAND_H}", "-i", f"{display}+0,0"])
+        reader.collect(args.seconds)
+        return reader.stop(), None
+    url = f"{nginx.url}/{side}{fps}x{index}"
+    pub_env = dict(env)
+    stages = None
+    if side == "broadcast" and args.stages:
+        stages = os.path.join(args.work, f"stages-{fps}-{index}.tsv")
+        pub_env["BROADCAST_STAGES_FILE"] = stages
+    pub = subprocess.Popen(publisher(side, args, display, url, fps), stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=pub_env)
+    time.sleep(1.0)
+    reader = Reader(["-analyzeduration", "500000", "-i", url])
+    reader.collect(args.seconds)
+    samples = reader.stop()
+    pub.send_signal(signal.SIGINT)
+    try:
+        _, err = pub.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        pub.kill()
+        _, err = pub.communicate()
+    if not samples:
+        print(f"  {side}: no frames read; publisher said: {err.decode(errors='replace')[-1500:]}", flush=True)
+    return samples, stages
+
+
+def percentile(sorted_values, p):
+    if not sorted_values:
+        return float("nan")
+    i = min(len(sorted_values) - 1, int(round(p * (len(sorted_values) - 1))))
+    return sorted_values[i]
+
+
+def summarize(samples, fps):
+    lat = sorted(s[1] for s in samples)
+    arrivals = sorted(s[0] for s in samples)
+    gaps = [(b - a) / 1e6 for a, b in zip(arrivals, arrivals[1:])]
+    period = 1000.0 / fps
+    return {"frames": len(lat), "p50": percentile(lat, 0.5), "p90": percentile(lat, 0.9),
+            "p99": percentile(lat, 0.99), "max": lat[-1] if lat else float("nan"),
+            "long_gaps": sum(1 for g in gaps if g > 1.8 * period),
+            "long_gap_share": (sum(1 for g in gaps if g > 1.8 * period) / len(gaps)) if gaps else float("nan")}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--broadcast", required=True)
+    p.add_argument("--fps", default="30,60")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=20)
+    p.add_argument("--stages", action="store_true", help="also have broadcast write per-stage timestamps")
+    p.add_argument("--out", default="out/glass")
+    args = p.parse_args()
+    args.broadcast = os.path.abspath(args.broadcast)
+    os.makedirs(args.out, exist_ok=True)
+    info = machine()
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="broadcast-glass-") as work:
+        args.work = work
+        painter_exe = build_painter(work)
+        xvfb, display = start_xvfb()
+        env = dict(os.environ, DISPLAY=display)
+        painter = subprocess.Popen([painter_exe, str(W), str(H), str(PAINT_RATE)], env=env)
+        nginx = Nginx(work)
+        try:
+            time.sleep(1)
+            for fps in [int(f) for f in args.fps.split(",")]:
+                got = {"broadcast": [], "ffmpeg": [], "floor": []}
+                for i in range(args.runs):
+                    for side in ("broadcast", "ffmpeg", "floor"):
+                        samples, stages = run_one(side, args, display, nginx, fps, i, env)
+                        got[side] += samples
+                        s = summarize(samples, fps)
+                        print(f"  {fps} fps run {i + 1}/{args.runs} {side:9}: {s['frames']} frames, p50 {s['p50']:.1f} "
+                              f"p90 {s['p90']:.1f} p99 {s['p99']:.1f} max {s['max']:.1f} ms, "
+                              f"{s['long_gaps']} gaps > 1.8 periods", flush=True)
+                        if stages and os.path.exists(stages):
+                            dest = os.path.join(args.out, os.path.basename(stages))
+                            with open(stages) as f, open(dest, "w") as g:
+                                g.write(f.read())
+                results[fps] = {side: summarize(v, fps) for side, v in got.items()}
+        finally:
+            nginx.stop()
+            painter.kill()
+            painter.wait()
+            xvfb.kill()
+            xvfb.wait()
+    lines = [f"Machine: {info['nproc']} cores, {info['cpu']}; {info['ffmpeg']}. Load at start: {info['load_at_start']}. "
+             f"{args.runs} alternating runs of {args.seconds:.0f} s per side and rate.", "",
+             "| fps | who | frames | p50 ms | p90 | p99 | max | arrival gaps > 1.8 periods |",
+             "|---|---|---|---|---|---|---|---|"]
+    for fps, r in results.items():
+        for side, label in (("broadcast", "broadcast"), ("ffmpeg", "ffmpeg x11grab"),
+                            ("floor", "floor (reader grabs the screen)")):
+            s = r[side]
+            lines.append(f"| {fps} | {label} | {s['frames']} | {s['p50']:.1f} | {s['p90']:.1f} | {s['p99']:.1f} "
+                         f"| {s['max']:.1f} | {100 * s['long_gap_share']:.1f} % |")
+    table = "\n".join(lines) + "\n"
+    with open(os.path.join(args.out, "glass.json"), "w") as f:
+        json.dump({"machine": info, "results": results}, f, indent=1)
+    with open(os.path.join(args.out, "glass.md"), "w") as f:
+        f.write(table)
+    print()
+    print(table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
