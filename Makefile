@@ -91,7 +91,7 @@ vm-test: deps vm-deps
 		vm/run-guest.sh vm/guest-tests.sh
 
 # Benchmarks side by side with ffmpeg, and the one-hour soak: see benchmarks/README.md.
-# make bench PAIRS=5 CASES=rec-720,offline-720     make soak SOAK_SECONDS=600
+# make bench PAIRS=5 CASES=rec-720,offline-720,glass     make soak SOAK_SECONDS=600
 .PHONY: bench soak
 PAIRS ?= 3
 SOAK_SECONDS ?= 3600
@@ -103,6 +103,8 @@ bench: deps
 	python3 benchmarks/bench.py --broadcast $$($(RELEASE_BUILD) --show-bin-path)/broadcast \
 		--pairs $(PAIRS) --out $(OUT)/bench $(if $(CASES),--cases $(CASES))
 	benchmarks/portal.sh $$($(RELEASE_BUILD) --show-bin-path)/broadcast 10 | tee $(OUT)/bench/portal.md
+	case ",$(CASES)," in ",,"|*,glass,*) python3 benchmarks/glass.py --runs $(PAIRS) --out $(OUT)/glass \
+		--broadcast $$($(RELEASE_BUILD) --show-bin-path)/broadcast;; *) echo "glass-to-glass: not in CASES";; esac
 
 soak: deps
 	$(RELEASE_BUILD) --product broadcast

@@ -9,12 +9,22 @@ frame as it arrives; latency = arrival - painted time. The floor is the same rea
 screen itself (x11grab, no encoder, no network). Both publishers use x264 veryfast + zerolatency,
 CBR 3 Mb/s, a keyframe every 2 s, no audio. Runs alternate broadcast, ffmpeg, floor.
 
-Usage: benchmarks/glass.py --broadcast PATH [--fps 30,60] [--runs 3] [--seconds 20] [--out DIR]
+The reader's socket ACKs late: nginx-rtmp never sets TCP_NODELAY, so while the reader holds back its
+ACK of one frame (Linux's delayed ACK, 40 ms at least), Nagle keeps the next frame in nginx's socket:
+that frame arrives ~40 ms late and the one after it right behind (a 75-80 ms gap, then < 1 ms at
+30 fps), whoever publishes. That is the rig, not the publisher. So the runs are made twice: as is
+("default ACKs"), and in a private network namespace whose loopback route has `quickack 1` (the
+receivers ACK at once; nothing outside this benchmark is changed), which shows the publishers' own
+latency. Needs root, unshare and ip for the second; skipped otherwise.
+
+Usage: benchmarks/glass.py --broadcast PATH [--broadcast-before PATH] [--fps 30,60] [--runs 3]
+                           [--seconds 20] [--rigs default,quickack] [--stages] [--out DIR]
 """
 
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,7 +46,8 @@ WARMUP_S = 3.0
 def build_painter(work):
     src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "glass", "painter.c")
     exe = os.path.join(work, "painter")
-    subprocess.run(["cc", "-O2", "-o", exe, src, "-lxcb"], check=True)
+    compiler = shutil.which("cc") or shutil.which("clang") or "gcc"
+    subprocess.run([compiler, "-O2", "-o", exe, src, "-lxcb"], check=True)
     return exe
 
 
@@ -139,8 +150,9 @@ class Reader:
 
 
 def publisher(side, args, display, url, fps):
-    if side == "broadcast":
-        return [args.broadcast, "stream", url, "--video", f"x11:{display}?cursor=off", "--audio-mic", "none",
+    if side.startswith("broadcast"):
+        exe = args.broadcast_before if side == "broadcast-before" else args.broadcast
+        return [exe, "stream", url, "--video", f"x11:{display}?cursor=off", "--audio-mic", "none",
                 "--fps", str(fps), "--preset", "veryfast", "--tune", "zerolatency", "--video-bitrate", BITRATE,
                 "--rate-control", "cbr", "--keyframe-interval", "2s", "--quiet", "--log-level", "error"]
     return FF + ["-f", "x11grab", "-draw_mouse", "0", "-framerate", str(fps), "-video_size", f"{W}x{H}",
@@ -158,9 +170,10 @@ def run_one(side, args, display, nginx, fps, index, env):
     url = f"{nginx.url}/{side}{fps}x{index}"
     pub_env = dict(env)
     stages = None
-    if side == "broadcast" and args.stages:
+    if side.startswith("broadcast") and args.stages:
         stages = os.path.join(args.work, f"stages-{fps}-{index}.tsv")
         pub_env["BROADCAST_STAGES_FILE"] = stages
+        pub_env["BROADCAST_LATENCY_FILE"] = stages + ".latency.json"  # the session's stages ride on the latency probe
     pub = subprocess.Popen(publisher(side, args, display, url, fps), stdin=subprocess.DEVNULL,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=pub_env)
     time.sleep(1.0)
@@ -190,7 +203,9 @@ def summarize(samples, fps):
     arrivals = sorted(s[0] for s in samples)
     gaps = [(b - a) / 1e6 for a, b in zip(arrivals, arrivals[1:])]
     period = 1000.0 / fps
-    return {"frames": len(lat), "p50": percentile(lat, 0.5), "p90": percentile(lat, 0.9),
+    # The signature of a frame held back and released with the next: a long gap, then a very short one.
+    held = sum(1 for g, h in zip(gaps, gaps[1:]) if g > 1.8 * period and h < 0.3 * period)
+    return {"held": held, "held_share": held / len(gaps) if gaps else float("nan"),"frames": len(lat), "p50": percentile(lat, 0.5), "p90": percentile(lat, 0.9),
             "p99": percentile(lat, 0.99), "max": lat[-1] if lat else float("nan"),
             "long_gaps": sum(1 for g in gaps if g > 1.8 * period),
             "long_gap_share": (sum(1 for g in gaps if g > 1.8 * period) / len(gaps)) if gaps else float("nan")}
@@ -199,14 +214,53 @@ def summarize(samples, fps):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--broadcast", required=True)
+    p.add_argument("--broadcast-before", help="another broadcast binary to run side by side (before a fix)")
     p.add_argument("--fps", default="30,60")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--seconds", type=float, default=20)
     p.add_argument("--stages", action="store_true", help="also have broadcast write per-stage timestamps")
     p.add_argument("--out", default="out/glass")
+    p.add_argument("--rigs", default="default,quickack", help="default: loopback as it is; quickack: a private "
+                   "network namespace whose loopback ACKs at once")
+    p.add_argument("--in-netns", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    rigs = args.rigs.split(",")
     args.broadcast = os.path.abspath(args.broadcast)
+    if args.broadcast_before:
+        args.broadcast_before = os.path.abspath(args.broadcast_before)
     os.makedirs(args.out, exist_ok=True)
+    tables = []
+    if "default" in rigs or args.in_netns:
+        tables.append(("quick ACKs (private network namespace, loopback route quickack 1)" if args.in_netns
+                       else "default ACKs", run_rig(args)))
+    if "quickack" in rigs and not args.in_netns:
+        if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
+            print("quickack rig: skipped (needs root, unshare and ip)")
+        else:
+            sub = os.path.join(args.out, "quickack")
+            setup = ("ip link set lo up && "
+                     "ip route change table local local 127.0.0.0/8 dev lo proto kernel scope host src 127.0.0.1 quickack 1 && "
+                     "ip route change table local local 127.0.0.1 dev lo proto kernel scope host src 127.0.0.1 quickack 1 && "
+                     'exec "$@"')
+            cmd = ["unshare", "-n", "sh", "-c", setup, "sh", sys.executable, os.path.abspath(__file__),
+                   "--broadcast", args.broadcast, "--fps", args.fps, "--runs", str(args.runs),
+                   "--seconds", str(args.seconds), "--out", sub, "--in-netns"]
+            if args.broadcast_before:
+                cmd += ["--broadcast-before", args.broadcast_before]
+            if args.stages:
+                cmd += ["--stages"]
+            subprocess.run(cmd, check=True)
+            with open(os.path.join(sub, "glass.md")) as f:
+                tables.append(("quick ACKs (private network namespace, loopback route quickack 1)", f.read()))
+    if not args.in_netns:
+        text = "".join(f"{title}:\n\n{table}\n" for title, table in tables)
+        with open(os.path.join(args.out, "glass-all.md"), "w") as f:
+            f.write(text)
+        print()
+        print(text)
+
+
+def run_rig(args):
     info = machine()
     results = {}
     with tempfile.TemporaryDirectory(prefix="broadcast-glass-") as work:
@@ -219,19 +273,25 @@ def main():
         try:
             time.sleep(1)
             for fps in [int(f) for f in args.fps.split(",")]:
-                got = {"broadcast": [], "ffmpeg": [], "floor": []}
+                sides = (["broadcast-before"] if args.broadcast_before else []) + ["broadcast", "ffmpeg", "floor"]
+                got = {side: [] for side in sides}
                 for i in range(args.runs):
-                    for side in ("broadcast", "ffmpeg", "floor"):
+                    for side in sides:
                         samples, stages = run_one(side, args, display, nginx, fps, i, env)
                         got[side] += samples
                         s = summarize(samples, fps)
                         print(f"  {fps} fps run {i + 1}/{args.runs} {side:9}: {s['frames']} frames, p50 {s['p50']:.1f} "
                               f"p90 {s['p90']:.1f} p99 {s['p99']:.1f} max {s['max']:.1f} ms, "
-                              f"{s['long_gaps']} gaps > 1.8 periods", flush=True)
-                        if stages and os.path.exists(stages):
-                            dest = os.path.join(args.out, os.path.basename(stages))
-                            with open(stages) as f, open(dest, "w") as g:
-                                g.write(f.read())
+                              f"{s['long_gaps']} gaps > 1.8 periods, {s['held']} held and released with the next", flush=True)
+                        for part in ("session", "output"):
+                            if stages and os.path.exists(f"{stages}.{part}.tsv"):
+                                shutil.copy(f"{stages}.{part}.tsv", args.out)
+                        if True:
+                            keep = [s for s in samples]
+                            with open(os.path.join(args.out, f"arrivals-{side}-{fps}-{i}.tsv"), "w") as g:
+                                g.write("arrival\tlatency_ms\n")
+                                for a, l in keep:
+                                    g.write(f"{a}\t{l:.3f}\n")
                 results[fps] = {side: summarize(v, fps) for side, v in got.items()}
         finally:
             nginx.stop()
@@ -241,21 +301,22 @@ def main():
             xvfb.wait()
     lines = [f"Machine: {info['nproc']} cores, {info['cpu']}; {info['ffmpeg']}. Load at start: {info['load_at_start']}. "
              f"{args.runs} alternating runs of {args.seconds:.0f} s per side and rate.", "",
-             "| fps | who | frames | p50 ms | p90 | p99 | max | arrival gaps > 1.8 periods |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| fps | who | frames | p50 ms | p90 | p99 | max | arrival gaps > 1.8 periods | held, released with the next |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for fps, r in results.items():
-        for side, label in (("broadcast", "broadcast"), ("ffmpeg", "ffmpeg x11grab"),
-                            ("floor", "floor (reader grabs the screen)")):
+        for side, label in (("broadcast-before", "broadcast (before)"), ("broadcast", "broadcast"),
+                            ("ffmpeg", "ffmpeg x11grab"), ("floor", "floor (reader grabs the screen)")):
+            if side not in r:
+                continue
             s = r[side]
             lines.append(f"| {fps} | {label} | {s['frames']} | {s['p50']:.1f} | {s['p90']:.1f} | {s['p99']:.1f} "
-                         f"| {s['max']:.1f} | {100 * s['long_gap_share']:.1f} % |")
+                         f"| {s['max']:.1f} | {100 * s['long_gap_share']:.1f} % | {100 * s['held_share']:.1f} % |")
     table = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "glass.json"), "w") as f:
         json.dump({"machine": info, "results": results}, f, indent=1)
     with open(os.path.join(args.out, "glass.md"), "w") as f:
         f.write(table)
-    print()
-    print(table)
+    return table
 
 
 if __name__ == "__main__":

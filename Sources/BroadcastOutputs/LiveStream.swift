@@ -332,6 +332,9 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
         switch url.scheme {
         case .rtmp, .rtmps:
             ioOptions["send_buffer_size"] = "\(sendBufferBytes)"
+            // FFmpeg's RTMP writes each message as several small writes (header, chunks): with Nagle
+            // on, one is held until the server ACKs the last segment, and a delayed ACK takes 40 ms.
+            ioOptions["tcp_nodelay"] = "1"
             // A live FLV is not seekable: do not try to write duration and size back at the end.
             options["flvflags"] = "no_duration_filesize"
         case .srt:
