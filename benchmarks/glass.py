@@ -171,7 +171,7 @@ def run_one(side, args, display, nginx, fps, index, env):
     pub_env = dict(env)
     stages = None
     if side.startswith("broadcast") and args.stages:
-        stages = os.path.join(args.work, f"stages-{fps}-{index}.tsv")
+        stages = os.path.join(args.work, f"stages-{side}-{fps}-{index}.tsv")
         pub_env["BROADCAST_STAGES_FILE"] = stages
         pub_env["BROADCAST_LATENCY_FILE"] = stages + ".latency.json"  # the session's stages ride on the latency probe
     pub = subprocess.Popen(publisher(side, args, display, url, fps), stdin=subprocess.DEVNULL,
@@ -189,6 +189,28 @@ def run_one(side, args, display, nginx, fps, index, env):
     if not samples:
         print(f"  {side}: no frames read; publisher said: {err.decode(errors='replace')[-1500:]}", flush=True)
     return samples, stages
+
+
+def stage_summary(prefix):
+    """Per-stage p50/p99/max (ms) from broadcast's BROADCAST_STAGES_FILE logs (`prefix`.session/.output.tsv)."""
+    def load(path):
+        with open(path) as f:
+            rows = [line.rstrip("\n").split("\t") for line in f]
+        return {int(r[0]): dict(zip(rows[0], map(int, r))) for r in rows[1:] if r and r[0]}
+    try:
+        session, output = load(prefix + ".session.tsv"), load(prefix + ".output.tsv")
+    except OSError:
+        return None
+    spans = {"capture → handler": ("captured", "handler_in"), "handler → encoder (conversion)": ("handler_in", "encoder_in"),
+             "encoder": ("encoder_in", "encoder_out"), "queue → output thread": ("encoder_out", "popped"),
+             "output thread → socket written": ("popped", "written"), "capture → socket written": ("captured", "written")}
+    out = {}
+    for name, (a, b) in spans.items():
+        values = sorted((({**session[p], **output[p]})[b] - ({**session[p], **output[p]})[a]) / 1e6
+                        for p in session if p in output and session[p].get("encoder_in") and output[p].get("popped"))
+        out[name] = {"p50": percentile(values, 0.5), "p99": percentile(values, 0.99),
+                     "max": values[-1] if values else float("nan")}
+    return out
 
 
 def percentile(sorted_values, p):
@@ -263,6 +285,7 @@ def main():
 def run_rig(args):
     info = machine()
     results = {}
+    stage_rows = {}
     with tempfile.TemporaryDirectory(prefix="broadcast-glass-") as work:
         args.work = work
         painter_exe = build_painter(work)
@@ -283,6 +306,12 @@ def run_rig(args):
                         print(f"  {fps} fps run {i + 1}/{args.runs} {side:9}: {s['frames']} frames, p50 {s['p50']:.1f} "
                               f"p90 {s['p90']:.1f} p99 {s['p99']:.1f} max {s['max']:.1f} ms, "
                               f"{s['long_gaps']} gaps > 1.8 periods, {s['held']} held and released with the next", flush=True)
+                        if stages:
+                            st = stage_summary(stages)
+                            if st:
+                                stage_rows.setdefault(fps, []).append(st)
+                                print("    stages: " + ", ".join(f"{k} {v['p50']:.1f}/{v['p99']:.1f}/{v['max']:.1f}"
+                                                          for k, v in st.items()) + " ms (p50/p99/max)", flush=True)
                         for part in ("session", "output"):
                             if stages and os.path.exists(f"{stages}.{part}.tsv"):
                                 shutil.copy(f"{stages}.{part}.tsv", args.out)
@@ -311,6 +340,12 @@ def run_rig(args):
             s = r[side]
             lines.append(f"| {fps} | {label} | {s['frames']} | {s['p50']:.1f} | {s['p90']:.1f} | {s['p99']:.1f} "
                          f"| {s['max']:.1f} | {100 * s['long_gap_share']:.1f} % | {100 * s['held_share']:.1f} % |")
+    for fps, runs in stage_rows.items():
+        lines += ["", f"broadcast's stages at {fps} fps (ms, p50 / p99 / max, worst run by p99 of the total):", "",
+                  "| stage | p50 | p99 | max |", "|---|---|---|---|"]
+        worst = max(runs, key=lambda r: r["capture → socket written"]["p99"])
+        for k, v in worst.items():
+            lines.append(f"| {k} | {v['p50']:.1f} | {v['p99']:.1f} | {v['max']:.1f} |")
     table = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "glass.json"), "w") as f:
         json.dump({"machine": info, "results": results}, f, indent=1)

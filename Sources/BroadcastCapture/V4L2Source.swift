@@ -52,7 +52,7 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
     /// The stream `start` made, taken by the capture thread.
     private var handoff: V4L2Stream?
     private let running = ManagedAtomic<Bool>(false)
-    private let wake = WakePipe()
+    private let wake = Wakeup()
 
     /// Frames delivered from the device.
     let framesCaptured = ManagedAtomic<Int>(0)
@@ -161,7 +161,7 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
 
     public func stop() {
         running.store(false, ordering: .releasing)
-        wake.wake()
+        wake.signal()
         thread?.join()
         thread = nil
     }
@@ -214,7 +214,7 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
 
             var fds = [
                 pollfd(fd: current.hasQueuedBuffers ? current.device.fd : -1, events: Int16(POLLIN | POLLPRI), revents: 0),
-                pollfd(fd: wake.readFD, events: Int16(POLLIN), revents: 0),
+                pollfd(fd: wake.descriptor, events: Int16(POLLIN), revents: 0),
             ]
             let ready = poll(&fds, 2, 200)
             wake.drain()
@@ -359,7 +359,7 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
     private func waitForSessionBuffers(_ stream: V4L2Stream) {
         let deadline = MonotonicClock().now() + 2_000_000_000
         while stream.buffersWithSession > 0 && MonotonicClock().now() < deadline && shouldRun {
-            var fd = pollfd(fd: wake.readFD, events: Int16(POLLIN), revents: 0)
+            var fd = pollfd(fd: wake.descriptor, events: Int16(POLLIN), revents: 0)
             _ = poll(&fd, 1, 50)
             wake.drain()
             stream.collectReturned()
@@ -614,7 +614,7 @@ final class V4L2Stream: @unchecked Sendable {
         return max(4, min(perSecond, 64 << 20 / max(frameBytes, 1), 64))
     }
 
-    init(device: V4L2Device, negotiated: V4L2Negotiation, wake: WakePipe) throws(SystemCallError) {
+    init(device: V4L2Device, negotiated: V4L2Negotiation, wake: Wakeup) throws(SystemCallError) {
         self.device = device
         self.negotiated = negotiated
         let count = try device.requestBuffers(
@@ -700,9 +700,9 @@ final class V4L2FrameBacking: SampleBufferBacking, @unchecked Sendable {
     /// Keeps the memory mapped (and the device open) while the session holds the frame.
     let mapping: V4L2Mapping
     private let returned = ManagedAtomic<Bool>(false)
-    private let wake: WakePipe
+    private let wake: Wakeup
 
-    init(index: Int, mapping: V4L2Mapping, wake: WakePipe) {
+    init(index: Int, mapping: V4L2Mapping, wake: Wakeup) {
         self.index = index
         self.mapping = mapping
         self.wake = wake
@@ -710,45 +710,12 @@ final class V4L2FrameBacking: SampleBufferBacking, @unchecked Sendable {
 
     func release() {
         returned.store(true, ordering: .releasing)
-        wake.wake()
+        wake.signal()
     }
 
     /// True (once) after a release.
     func takeReturned() -> Bool {
         returned.exchange(false, ordering: .acquiringAndReleasing)
-    }
-}
-
-/// Wakes a thread blocked in poll: a non-blocking pipe it includes in its poll set.
-final class WakePipe: @unchecked Sendable {
-    let readFD: Int32
-    private let writeFD: Int32
-
-    init() {
-        var fds: [Int32] = [-1, -1]
-        let rc = pipe(&fds)
-        precondition(rc == 0, "pipe failed: errno \(errno)")
-        for end in fds {
-            _ = fcntl(end, F_SETFL, fcntl(end, F_GETFL) | O_NONBLOCK)
-            _ = fcntl(end, F_SETFD, FD_CLOEXEC)
-        }
-        readFD = fds[0]
-        writeFD = fds[1]
-    }
-
-    deinit {
-        close(readFD)
-        close(writeFD)
-    }
-
-    func wake() {
-        var one: UInt8 = 1
-        _ = write(writeFD, &one, 1)
-    }
-
-    func drain() {
-        var bytes = (UInt64(0), UInt64(0), UInt64(0), UInt64(0))
-        while withUnsafeMutableBytes(of: &bytes, { read(readFD, $0.baseAddress, $0.count) }) > 0 {}
     }
 }
 
