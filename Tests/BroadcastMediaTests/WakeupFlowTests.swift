@@ -1,4 +1,4 @@
-import BroadcastCapture
+import Atomics
 import BroadcastKit
 import BroadcastMedia
 import BroadcastOutputs
@@ -22,7 +22,7 @@ struct WakeupFlowTests {
                 audio: nil,
                 recordings: [file]),
             logger: quietLogger())
-        let source = TestPatternSource(width: 160, height: 120, frameRate: (50, 1))
+        let source = SteadyVideoSource(width: 160, height: 120, framesPerSecond: 50)
         let session = BroadcastSession(
             handler: handler, sources: [(.video, source)],
             options: SessionOptions(duration: MediaTime(value: 4, timescale: 1)), logger: quietLogger())
@@ -44,5 +44,58 @@ struct WakeupFlowTests {
         #expect(outputWakeups.late == 0, "output sleeps ended by the timeout with packets waiting: \(outputWakeups)")
         // (A sleep that times out with nothing due is not a fault: frames come every 20 ms and the
         // timeouts are 200–250 ms, so that needs a machine that stops the producer for longer.)
+    }
+}
+
+/// A realtime video source at a steady rate: a grey yuv420p frame every period, captured on the
+/// period's grid (the session clock), handed over without waiting, like a device.
+final class SteadyVideoSource: CaptureSource, @unchecked Sendable {
+    let name = "steady"
+    let isRealtime = true
+    private let width: Int
+    private let height: Int
+    private let period: Int64
+    private let running = ManagedAtomic<Bool>(false)
+    private var thread: OSThread?
+    private let frame: UnsafeMutableRawPointer
+
+    init(width: Int, height: Int, framesPerSecond: Int) {
+        self.width = width
+        self.height = height
+        self.period = 1_000_000_000 / Int64(framesPerSecond)
+        frame = .allocate(byteCount: width * height * 3 / 2, alignment: 64)
+        frame.initializeMemory(as: UInt8.self, repeating: 128, count: width * height * 3 / 2)
+    }
+
+    deinit { frame.deallocate() }
+
+    func start(into sink: SourceSink) throws {
+        running.store(true, ordering: .releasing)
+        let (width, height, period, running) = (width, height, period, running)
+        let luma = width * height
+        thread = OSThread { [self] in
+            let base = UnsafeRawPointer(frame)
+            let format = MediaFormat.video(VideoFormat(pixelFormat: .yuv420p, width: width, height: height))
+            var index: Int64 = 0
+            while running.load(ordering: .acquiring), !sink.isStopping {
+                let due = sink.startTime + index * period
+                MonotonicClock.sleep(until: due)
+                sink.offer(
+                    CapturedBuffer(
+                        format: format, captureTime: due, duration: MediaTime(nanoseconds: period),
+                        planes: [
+                            Plane(base: base, count: luma, bytesPerRow: width),
+                            Plane(base: base + luma, count: luma / 4, bytesPerRow: width / 2),
+                            Plane(base: base + luma * 5 / 4, count: luma / 4, bytesPerRow: width / 2),
+                        ]))
+                index += 1
+            }
+        }
+    }
+
+    func stop() {
+        running.store(false, ordering: .releasing)
+        thread?.join()
+        thread = nil
     }
 }
