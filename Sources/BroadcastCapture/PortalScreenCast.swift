@@ -177,28 +177,21 @@ public final class ScreenCastPortal: @unchecked Sendable {
 
     /// The PipeWire remote for this session (a new descriptor the caller owns).
     public func openPipeWireRemote() throws(BroadcastError) -> Int32 {
-        guard let bus, let handle = sessionHandle else {
+        guard let handle = sessionHandle else {
             throw BroadcastError(.sourceFailed, "ScreenCast portal: no session")
         }
-        var message: OpaquePointer?
-        var reply: OpaquePointer?
-        var error = sd_bus_error()
-        defer {
-            sd_bus_error_free(&error)
-            sd_bus_message_unref(message)
-            sd_bus_message_unref(reply)
+        return try call("OpenPipeWireRemote", timeoutMicroseconds: 10_000_000) { (message) throws(BroadcastError) in
+            try Self.check(sd_bus_message_append_basic(message, Self.type("o"), handle))
+            try Self.check(sd_bus_message_open_container(message, Self.type("a"), "{sv}"))
+            try Self.check(sd_bus_message_close_container(message))
+        } read: { (reply) throws(BroadcastError) -> Int32 in
+            // The reply owns the descriptor it carries and closes it when freed: keep a copy first.
+            var fd: Int32 = -1
+            try Self.check(sd_bus_message_read_basic(reply, Self.type("h"), &fd))
+            let own = fcntl(fd, F_DUPFD_CLOEXEC, 3)
+            guard own >= 0 else { throw BroadcastError(.sourceFailed, "ScreenCast portal: cannot keep the PipeWire descriptor: \(Self.errnoText(-errno))") }
+            return own
         }
-        try Self.check(sd_bus_message_new_method_call(bus, &message, Self.destination, Self.objectPath, Self.interface, "OpenPipeWireRemote"))
-        try Self.check(sd_bus_message_append_basic(message, Self.type("o"), handle))
-        try Self.check(sd_bus_message_open_container(message, Self.type("a"), "{sv}"))
-        try Self.check(sd_bus_message_close_container(message))
-        let r = sd_bus_call(bus, message, 10_000_000, &error, &reply)
-        guard r >= 0 else { throw BroadcastError(.sourceFailed, "ScreenCast portal: OpenPipeWireRemote failed: \(Self.text(error, r))") }
-        var fd: Int32 = -1
-        try Self.check(sd_bus_message_read_basic(reply, Self.type("h"), &fd))
-        let own = fcntl(fd, F_DUPFD_CLOEXEC, 3)
-        guard own >= 0 else { throw BroadcastError(.sourceFailed, "ScreenCast portal: cannot keep the PipeWire descriptor: \(Self.errnoText(-errno))") }
-        return own
     }
 
     /// Handles what arrived on the bus without waiting; false once the portal closed the session.
@@ -254,20 +247,9 @@ public final class ScreenCastPortal: @unchecked Sendable {
             sd_bus_message_unref(pending.message)
         }
 
-        var message: OpaquePointer?
-        var reply: OpaquePointer?
-        var error = sd_bus_error()
-        defer {
-            sd_bus_error_free(&error)
-            sd_bus_message_unref(message)
-            sd_bus_message_unref(reply)
-        }
-        try Self.check(sd_bus_message_new_method_call(bus, &message, Self.destination, Self.objectPath, Self.interface, method))
-        try arguments(message, token)
-        let r = sd_bus_call(bus, message, 30_000_000, &error, &reply)
-        guard r >= 0 else {
-            throw BroadcastError(.sourceFailed, "ScreenCast portal: \(method) failed: \(Self.text(error, r))")
-        }
+        try call(method, timeoutMicroseconds: 30_000_000) { (message) throws(BroadcastError) in
+            try arguments(message, token)
+        } read: { _ in }
         let deadline = MonotonicClock().now() + Int64(timeoutSeconds) * 1_000_000_000
         while pending.message == nil {
             let p = sd_bus_process(bus, nil)
@@ -288,6 +270,31 @@ public final class ScreenCastPortal: @unchecked Sendable {
         default: throw BroadcastError(.sourceFailed, "ScreenCast portal: \(method) was refused by the portal (response \(code); see the portal's log)")
         }
         return try Self.readResults(response)
+    }
+
+    /// Calls a ScreenCast method on the portal and hands its reply to `read` (both messages are
+    /// freed after); an error reply or no reply within the timeout throws, naming the method.
+    private func call<Result>(
+        _ method: String, timeoutMicroseconds: UInt64,
+        arguments: (OpaquePointer?) throws(BroadcastError) -> Void,
+        read: (OpaquePointer?) throws(BroadcastError) -> Result
+    ) throws(BroadcastError) -> Result {
+        guard let bus else { throw BroadcastError(.sourceFailed, "ScreenCast portal: no bus") }
+        var message: OpaquePointer?
+        var reply: OpaquePointer?
+        var error = sd_bus_error()
+        defer {
+            sd_bus_error_free(&error)
+            sd_bus_message_unref(message)
+            sd_bus_message_unref(reply)
+        }
+        try Self.check(sd_bus_message_new_method_call(bus, &message, Self.destination, Self.objectPath, Self.interface, method))
+        try arguments(message)
+        let r = sd_bus_call(bus, message, timeoutMicroseconds, &error, &reply)
+        guard r >= 0 else {
+            throw BroadcastError(.sourceFailed, "ScreenCast portal: \(method) failed: \(Self.text(error, r))")
+        }
+        return try read(reply)
     }
 
     private func watchClosed(_ handle: String) {
