@@ -101,12 +101,12 @@ esac
 
 [ -f "$dir/processes" ] && fail "a session is already running in $dir ($0 stop $dir)"
 trap 'status=$?; [ $status -eq 0 ] || { say "stopping what was started"; stop; }' EXIT
-rm -rf "$dir/run" "$dir/state" "$dir/logs"
-mkdir -p "$dir/logs" "$dir/config/pipewire/pipewire.conf.d" "$dir/state" "$dir/services"
+rm -rf "$dir/run" "$dir/state" "$dir/data" "$dir/logs"
+mkdir -p "$dir/logs" "$dir/config/pipewire/pipewire.conf.d" "$dir/state" "$dir/data" "$dir/services"
 mkdir -m 0700 "$dir/run"
 : >"$dir/processes"
 
-export XDG_RUNTIME_DIR=$dir/run XDG_CONFIG_HOME=$dir/config XDG_STATE_HOME=$dir/state
+export XDG_RUNTIME_DIR=$dir/run XDG_CONFIG_HOME=$dir/config XDG_STATE_HOME=$dir/state XDG_DATA_HOME=$dir/data
 export DBUS_SESSION_BUS_ADDRESS=unix:path=$dir/run/bus
 export GSETTINGS_BACKEND=memory LANG=C.UTF-8
 unset WAYLAND_DISPLAY DISPLAY SWAYSOCK PIPEWIRE_REMOTE PULSE_SERVER
@@ -154,6 +154,7 @@ until_ready 5 "pipewire-pulse" pactl info
 environment="export XDG_RUNTIME_DIR='$XDG_RUNTIME_DIR'
 export XDG_CONFIG_HOME='$XDG_CONFIG_HOME'
 export XDG_STATE_HOME='$XDG_STATE_HOME'
+export XDG_DATA_HOME='$XDG_DATA_HOME'
 export DBUS_SESSION_BUS_ADDRESS='$DBUS_SESSION_BUS_ADDRESS'
 export PULSE_SERVER='unix:$XDG_RUNTIME_DIR/pulse/native'
 export GSETTINGS_BACKEND=memory"
@@ -200,6 +201,10 @@ if [ "$portal" = 1 ]; then
     export XDG_CURRENT_DESKTOP=sway   # xdg-desktop-portal 1.16 chooses the wlr backend by UseIn=sway
     launch portal-wlr env LD_PRELOAD="$preload" /usr/libexec/xdg-desktop-portal-wlr -l INFO -c "$dir/xdpw.conf"
     until_ready 10 "portal backend (wlr)" has_owner org.freedesktop.impl.portal.desktop.wlr
+    # The permission store keeps the portal's restore data (on disk, under XDG_DATA_HOME), as on a
+    # real desktop where the bus activates it; without it xdg-desktop-portal keeps it in memory only.
+    launch permission-store /usr/libexec/xdg-permission-store --replace
+    until_ready 10 "permission store" has_owner org.freedesktop.impl.portal.PermissionStore
     launch portal /usr/libexec/xdg-desktop-portal -v
     until_ready 15 "ScreenCast portal" sh -c "dbus-send --session --print-reply --dest=org.freedesktop.portal.Desktop \
         /org/freedesktop/portal/desktop org.freedesktop.DBus.Properties.Get \
