@@ -137,7 +137,8 @@ class Reader:
             self.proc.wait()
         self.thread.join(timeout=5)
         if os.environ.get("GLASS_DEBUG"):
-            print(f"    reader: {len(self.samples)} read, {self.unreadable} unreadable", flush=True)
+            print(f"    reader: {len(self.samples)} read, {self.unreadable} unreadable; "
+                  f"{self.proc.stderr.read().decode(errors='replace')[-800:]}", flush=True)
         first = self.samples[0][0] if self.samples else 0
         return [s for s in self.samples if s[0] - first > WARMUP_S * 1e9]
 
@@ -152,11 +153,16 @@ class Reader:
 def publisher(side, args, display, url, fps):
     if side.startswith("broadcast"):
         exe = args.broadcast_before if side == "broadcast-before" else args.broadcast
-        return [exe, "stream", url, "--video", f"x11:{display}?cursor=off", "--audio-mic", "none",
+        # "broadcast+a21ms": with the test tone in 21 ms periods as the microphone (what audio costs video).
+        audio = f"test:period={side.split('+a', 1)[1]}" if "+a" in side else "none"
+        return [exe, "stream", url, "--video", f"x11:{display}?cursor=off", "--audio-mic", audio,
                 "--fps", str(fps), "--preset", "veryfast", "--tune", "zerolatency", "--video-bitrate", BITRATE,
                 "--rate-control", "cbr", "--keyframe-interval", "2s", "--quiet", "--log-level", "error"]
+    # "ffmpeg+a": with a sine as its audio (AAC) read in real time (-re) in 1024-sample (21 ms) frames, as a device delivers it.
+    audio_in = ["-re", "-f", "lavfi", "-i", "sine=f=1000:r=48000:samples_per_frame=1024"] if "+a" in side else []
+    audio_out = ["-c:a", "aac", "-b:a", "128k"] if "+a" in side else ["-an"]
     return FF + ["-f", "x11grab", "-draw_mouse", "0", "-framerate", str(fps), "-video_size", f"{W}x{H}",
-                 "-i", display, "-c:v", "libx264", "-preset", "veryfast", "-tune", "zerolatency",
+                 "-i", display] + audio_in + audio_out + ["-c:v", "libx264", "-preset", "veryfast", "-tune", "zerolatency",
                  "-forced-idr", "1", "-b:v", BITRATE, "-minrate", BITRATE, "-maxrate", BITRATE, "-bufsize", BITRATE,
                  "-x264-params", "nal-hrd=cbr", "-g", str(2 * fps), "-pix_fmt", "yuv420p", "-f", "flv", url]
 
@@ -167,7 +173,7 @@ def run_one(side, args, display, nginx, fps, index, env):
                          "-video_size", f"{W}x{BAND_H}", "-i", f"{display}+0,0"])
         reader.collect(args.seconds)
         return reader.stop(), None
-    url = f"{nginx.url}/{side}{fps}x{index}"
+    url = f"{nginx.url}/{side.replace('+', '-')}{fps}x{index}"
     pub_env = dict(env)
     stages = None
     if side.startswith("broadcast") and args.stages:
@@ -177,7 +183,8 @@ def run_one(side, args, display, nginx, fps, index, env):
     pub = subprocess.Popen(publisher(side, args, display, url, fps), stdin=subprocess.DEVNULL,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=pub_env)
     time.sleep(1.0)
-    reader = Reader(["-analyzeduration", "500000", "-i", url])
+    # With audio in the stream FLV's streams appear as their packets do: probe long enough to see video.
+    reader = Reader(["-analyzeduration", "3000000" if "+a" in side else "500000", "-i", url])
     reader.collect(args.seconds)
     samples = reader.stop()
     pub.send_signal(signal.SIGINT)
@@ -241,6 +248,8 @@ def main():
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--seconds", type=float, default=20)
     p.add_argument("--stages", action="store_true", help="also have broadcast write per-stage timestamps")
+    p.add_argument("--audio-periods", default="", help="e.g. 10ms,21ms: also run broadcast with the test tone as its "
+                   "microphone in periods of that length (a video frame waits for the audio period it falls in)")
     p.add_argument("--out", default="out/glass")
     p.add_argument("--rigs", default="default,quickack", help="default: loopback as it is; quickack: a private "
                    "network namespace whose loopback ACKs at once")
@@ -266,7 +275,7 @@ def main():
                      'exec "$@"')
             cmd = ["unshare", "-n", "sh", "-c", setup, "sh", sys.executable, os.path.abspath(__file__),
                    "--broadcast", args.broadcast, "--fps", args.fps, "--runs", str(args.runs),
-                   "--seconds", str(args.seconds), "--out", sub, "--in-netns"]
+                   "--seconds", str(args.seconds), "--out", sub, "--in-netns", "--audio-periods", args.audio_periods]
             if args.broadcast_before:
                 cmd += ["--broadcast-before", args.broadcast_before]
             if args.stages:
@@ -296,7 +305,9 @@ def run_rig(args):
         try:
             time.sleep(1)
             for fps in [int(f) for f in args.fps.split(",")]:
-                sides = (["broadcast-before"] if args.broadcast_before else []) + ["broadcast", "ffmpeg", "floor"]
+                sides = ((["broadcast-before"] if args.broadcast_before else []) + ["broadcast"]
+                         + [f"broadcast+a{p}" for p in args.audio_periods.split(",") if p] + ["ffmpeg"]
+                         + (["ffmpeg+a"] if args.audio_periods else []) + ["floor"])
                 got = {side: [] for side in sides}
                 for i in range(args.runs):
                     for side in sides:
@@ -333,8 +344,11 @@ def run_rig(args):
              "| fps | who | frames | p50 ms | p90 | p99 | max | arrival gaps > 1.8 periods | held, released with the next |",
              "|---|---|---|---|---|---|---|---|---|"]
     for fps, r in results.items():
-        for side, label in (("broadcast-before", "broadcast (before)"), ("broadcast", "broadcast"),
-                            ("ffmpeg", "ffmpeg x11grab"), ("floor", "floor (reader grabs the screen)")):
+        labelled = ([("broadcast-before", "broadcast (before)"), ("broadcast", "broadcast")]
+                    + [(side, f"broadcast + tone in {side.split('+a', 1)[1]} periods") for side in r if side.startswith("broadcast+a")]
+                    + [("ffmpeg", "ffmpeg x11grab"), ("ffmpeg+a", "ffmpeg x11grab + sine (AAC)"),
+                       ("floor", "floor (reader grabs the screen)")])
+        for side, label in labelled:
             if side not in r:
                 continue
             s = r[side]

@@ -8,7 +8,7 @@ struct SourceOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp("Video source: 'test' (built-in pattern), 'x11:DISPLAY[+X,Y/WxH][?window=ID|title=TEXT,cursor=off,window-gone=keep]' (an X11 screen, region or window), 'portal[:window][?cursor=embedded|metadata|hidden]' (a Wayland desktop through the ScreenCast portal), 'pipewire:NODE' (a PipeWire video node by name or serial) or 'none'.", valueName: "source"))
     var video: String = "test"
 
-    @Option(name: .customLong("audio-mic"), help: ArgumentHelp("Microphone audio (.audioMic): 'test' (built-in tone), 'default' (PipeWire's default source when PipeWire runs, else ALSA's default), 'pipewire:NODE' (a PipeWire node by name or serial), an ALSA capture device (hw:1,0, plughw:CARD=Loopback,DEV=1) or 'none'.", valueName: "source"))
+    @Option(name: .customLong("audio-mic"), help: ArgumentHelp("Microphone audio (.audioMic): 'test' (built-in tone, in 10 ms periods; 'test:period=21ms' for another period), 'default' (PipeWire's default source when PipeWire runs, else ALSA's default), 'pipewire:NODE' (a PipeWire node by name or serial), an ALSA capture device (hw:1,0, plughw:CARD=Loopback,DEV=1) or 'none'.", valueName: "source"))
     var audioMic: String = "test"
 
     @Option(name: .customLong("audio-app"), help: ArgumentHelp("Application audio (.audioApp): 'test', 'desktop' (PipeWire: what the default sink plays, followed when it changes), 'app:NAME' (PipeWire: the streams of one application, by application.name or binary), 'pipewire:NODE', an ALSA capture device (a loopback, e.g. hw:Loopback,1,0) or 'none'.", valueName: "source"))
@@ -95,6 +95,14 @@ struct SourceOptions: ParsableArguments {
             switch value {
             case "test":
                 sources.append((type, ToneSource(realtime: !noRealtime)))
+            case let spec where spec.hasPrefix("test:period="):
+                // The tone in periods of a device's size (ALSA's default is 21 ms), to measure what an
+                // audio period costs video latency (a video frame waits for the period it falls in).
+                let period = try Values.duration(String(spec.dropFirst("test:period=".count)), option: "\(option) test:period").nanoseconds ?? 0
+                guard period >= 2_000_000, period <= 200_000_000 else {
+                    throw ValueError("invalid \(option) '\(spec)': the period must be from 2ms to 200ms")
+                }
+                sources.append((type, ToneSource(periodFrames: Int(period * 48_000 / 1_000_000_000), realtime: !noRealtime)))
             case "none":
                 break
             case _ where pipeWire != nil:

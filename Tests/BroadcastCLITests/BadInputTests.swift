@@ -10,6 +10,8 @@ import Testing
         (["record", "out.mp4", "--size", "12x"], "12x"),
         (["record", "out.mp4", "--audio-period", "1s"], "--audio-period '1s': must be from 2ms to 200ms"),
         (["record", "out.mp4", "--audio-period", "soon"], "--audio-period 'soon'"),
+        (["record", "out.mp4", "--audio-mic", "test:period=300ms"], "--audio-mic 'test:period=300ms': the period must be from 2ms to 200ms"),
+        (["record", "out.mp4", "--audio-mic", "test:period=soon"], "--audio-mic test:period 'soon'"),
         (["record", "out.mp4", "--size", "641x480"], "641x480"),
         (["record", "out.mp4", "--fps", "abc"], "abc"),
         (["record", "out.mp4", "--fps", "0"], "--fps '0'"),
