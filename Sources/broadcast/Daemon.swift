@@ -71,6 +71,11 @@ struct Daemon: AsyncParsableCommand {
         if configuration.autostart {
             do {
                 try controller.start()
+            } catch let error as ValueError {
+                // A source the config names that refuses at start (the ScreenCast portal refused or
+                // was cancelled, a device that went away since the check): bad input, exit 2, one line.
+                server.stop()
+                throw ValueError("\(config): the broadcast could not start: \(error)")
             } catch {
                 logger.error("the broadcast could not start: \(error)")
                 server.stop()

@@ -353,26 +353,34 @@ struct DaemonConfig {
     }
 
     /// Runs the shared option parsing on what the config said; errors point back at the config.
+    /// At load: the values, and the devices opened once to say early (file:line) that one is missing
+    /// or cannot do what the config asks. Not the ScreenCast portal: asking it is a Start (a prompt
+    /// on a desktop with a chooser, a restore token spent), so it is asked once, when the broadcast
+    /// starts; a refusal there is exit 2 too.
     private func check() throws {
-        _ = try sourceOptions()
+        _ = try parse(SourceOptions.self, sourceArguments, openDevices: true)
         _ = try encoderOptions()
     }
 
+    /// The source options as parsed and range-checked, without opening anything (the caller opens
+    /// the sources once, with `makeSources`).
     func sourceOptions() throws -> SourceOptions {
-        try parse(SourceOptions.self, sourceArguments)
+        try parse(SourceOptions.self, sourceArguments, openDevices: false)
     }
 
     func encoderOptions() throws -> EncoderOptions {
-        try parse(EncoderOptions.self, encoderArguments)
+        try parse(EncoderOptions.self, encoderArguments, openDevices: false)
     }
 
-    private func parse<T: ParsableArguments>(_ type: T.Type, _ arguments: [String]) throws -> T {
+    private func parse<T: ParsableArguments>(_ type: T.Type, _ arguments: [String], openDevices: Bool) throws -> T {
         do {
             let options = try T.parse(arguments)
             if let sources = options as? SourceOptions {
                 _ = try sources.videoSize()
                 _ = try sources.frameRate()
-                _ = try sources.makeSources()
+                if openDevices {
+                    _ = try sources.makeSources(openingPortal: false)
+                }
             }
             if let encoder = options as? EncoderOptions {
                 _ = try encoder.videoSettings(width: 1280, height: 720, frameRate: (30, 1), live: true)

@@ -63,8 +63,10 @@ struct SourceOptions: ParsableArguments {
         return info
     }
 
-    /// The capture sources these options name, one per buffer type.
-    func makeSources(logger: Logger? = nil) throws -> [(type: SampleBufferType, source: any CaptureSource)] {
+    /// The capture sources these options name, one per buffer type. `openingPortal: false` checks a
+    /// portal/PipeWire video spec without asking the portal (for validating a config: each ask is a
+    /// Start, i.e. a prompt or a spent restore token) and leaves that source out.
+    func makeSources(logger: Logger? = nil, openingPortal: Bool = true) throws -> [(type: SampleBufferType, source: any CaptureSource)] {
         let (width, height) = try videoSize()
         let rate = try frameRate()
         let period = try alsaPeriod()
@@ -81,6 +83,8 @@ struct SourceOptions: ParsableArguments {
         case let spec where spec.hasPrefix("x11:"):
             let x11 = try X11CaptureSpec(parsing: spec)
             sources.append((.video, X11ScreenSource(spec: x11, frameRate: rate, logger: logger ?? Logger(label: "broadcast.x11"))))
+        case let spec where PipeWireVideoSpec.matches(spec) && !openingPortal:
+            _ = try PipeWireVideoSpec(parsing: spec)
         case let spec where PipeWireVideoSpec.matches(spec):
             sources.append((.video, try pipeWireVideoSource(spec: spec, rate: rate)))
         case let path where Self.isV4L2Path(path):
@@ -111,7 +115,7 @@ struct SourceOptions: ParsableArguments {
                 sources.append((type, try alsaSource(name: value, option: option, periodNanoseconds: period)))
             }
         }
-        if sources.isEmpty {
+        if sources.isEmpty && (openingPortal || !PipeWireVideoSpec.matches(video)) {
             throw ValueError("nothing to capture: --video, --audio-mic and --audio-app are all 'none'")
         }
         return sources

@@ -201,6 +201,34 @@ struct PortalVideoTests {
         #expect(dir.contents.isEmpty, "written: \(dir.contents)")
     }
 
+    /// The daemon with `video.source = "portal"` and no portal on the bus: exit 2, one line naming the
+    /// config and the portal, no recording (the portal is asked when the broadcast starts, not at load).
+    @Test func daemonWithoutAPortalExits2() throws {
+        let desktop = try DesktopSession(.init(size: "320x240", portal: false))
+        defer { desktop.stop() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let config = dir.path("broadcast.toml")
+        try """
+            [video]
+            source = "portal"
+            [audio]
+            mic = "none"
+            [control]
+            socket = "\(dir.path("control.sock"))"
+            [[output]]
+            name = "rec"
+            path = "\(dir.path("rec/desk.mp4"))"
+            """.write(toFile: config, atomically: true, encoding: .utf8)
+        let r = try Child(broadcastBinary, ["daemon", "--config", config],
+                          environment: desktop.environment.merging(["XDG_STATE_HOME": dir.path("state")]) { $1 }).wait(timeout: 60)
+        #expect(r.status == 2, "exit \(r.status): \(r.stderr)")
+        let errors = r.stderr.split(separator: "\n").filter { $0.contains("error") }
+        #expect(errors.count == 1 && errors[0].contains(config) && errors[0].contains("ScreenCast portal"), "stderr: \(r.stderr)")
+        let recorded = (try? FileManager.default.contentsOfDirectory(atPath: dir.path("rec"))) ?? []
+        #expect(!recorded.contains { $0.hasSuffix(".mp4") }, "recorded: \(recorded)")
+    }
+
     /// `broadcast devices --json` says whether the portal answers, and lists PipeWire video nodes
     /// (the portal's own while a cast runs); `--video pipewire:NODE` records from such a node by name.
     @Test func devicesListThePortalAndPipeWireNodesRecordsANode() throws {
@@ -357,6 +385,9 @@ struct UserServiceTests {
         #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(1500))")
         let files = (try? FileManager.default.contentsOfDirectory(atPath: state)) ?? []
         #expect(files.contains("portal-monitor.token"), "files: \(files)")
+        // The portal was asked once: loading the config does not start a cast of its own.
+        let starts = PortalVideoTests.occurrences("dbus: start method invoked", in: desktop.log("portal-wlr"))
+        #expect(starts == 1, "the portal's Start was called \(starts) times")
         let recording = files.first { $0.hasPrefix("desk-") && $0.hasSuffix(".mp4") }
         #expect(recording != nil, "files: \(files)")
         if let recording {
