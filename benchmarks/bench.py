@@ -512,8 +512,8 @@ def markdown(info, results, overhead, args):
              f"{args.pairs} pairs per case, run A B A B.", "",
              "| case | CPU-s per media-s: broadcast / ffmpeg | ratio (median of pairs) | peak RSS MB: broadcast / ffmpeg "
              "| RSS ratio | media fps: broadcast / ffmpeg | fps ratio | latency p50 / p99 ms "
-             "| of which before the encoder p50 / p99 ms |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| of which before the encoder p50 / p99 ms | x264 options (screen cases) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lat = (f"{fmt(r.get('latency_p50_ms'), '.1f')} / {fmt(r.get('latency_p99_ms'), '.1f')}"
                if "latency_p50_ms" in r else "—")
@@ -523,7 +523,9 @@ def markdown(info, results, overhead, args):
         fps_cells = (f"{fmt(r['a_fps'], '.0f')} / {fmt(r['b_fps'], '.0f')} | {fmt(r['fps_ratio'])}"
                      if offline else "realtime | —")
         if "x264_equal" in r:
-            lat += " | x264 options " + ("equal" if r["x264_equal"] else f"DIFFER: {r.get('x264_differences')}")
+            lat += " | " + ("equal" if r["x264_equal"] else f"DIFFER: {r.get('x264_differences')}")
+        else:
+            lat += " | —"
         lines.append(f"| {r['title']} | {fmt(r['a_cpu_per_media_s'], '.3f')} / {fmt(r['b_cpu_per_media_s'], '.3f')} "
                      f"| **{fmt(r['cpu_ratio'])}** | {fmt(r['a_rss_mb'], '.0f')} / {fmt(r['b_rss_mb'], '.0f')} "
                      f"| {fmt(r['rss_ratio'])} | {fps_cells} | {lat} |")
