@@ -260,6 +260,12 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 next.append(kept)
                 continue
             }
+            if self.configuration.frameRateMode == .vfr, configuration.destination.isLive {
+                record(BroadcastError(
+                    .outputFailed,
+                    "output \(configuration.name) not added: the frame rate mode is vfr, for files only; a live output needs cfr"))
+                continue
+            }
             let output = Output(
                 configuration: configuration, keyframeRequest: keyframeRequest, failedOutputs: counters.failedOutputs,
                 logger: logger, mediaClock: mediaClock)
