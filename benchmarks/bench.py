@@ -103,10 +103,105 @@ FF = ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-y"]
 class Case:
     """One job: broadcast's command, ffmpeg's, how much media each makes."""
 
-    def __init__(self, name, title, a, b, media_seconds, frames, realtime, latency=False, needs_stream=False):
+    def __init__(self, name, title, a, b, media_seconds, frames, realtime, latency=False, needs_stream=False,
+                 screen=None, outputs=None):
         self.name, self.title, self.a, self.b = name, title, a, b
         self.media_seconds, self.frames, self.realtime = media_seconds, frames, realtime
         self.latency, self.needs_stream = latency, needs_stream
+        # An X screen the case records (started before its pairs, stopped after), and the files
+        # the two sides write (their x264 option strings are compared).
+        self.screen, self.outputs = screen, outputs
+
+
+# X11 screen capture: broadcast --video x11: vs ffmpeg -f x11grab, the same Xvfb screen, 1080p30, the
+# same x264 settings (checked: both files' x264 option strings, from the SEI x264 writes, are printed
+# and compared). Three screens: "full" (a video over the whole screen: ffplay showing testsrc2 at
+# 1920x1080, so the whole screen is redrawn every frame), "desktop" (static windows, xclock ticking
+# every second, a 240x240 animation: ffplay showing testsrc2 at 240x240), "static" (static windows).
+SCREEN_SIZE = (1920, 1080)
+
+
+class XScreen:
+    """An Xvfb display with one of the benchmark screens on it; started and stopped by PID."""
+
+    def __init__(self, kind):
+        self.kind, self.procs, self.server = kind, [], None
+
+    def start(self):
+        n = 400 + os.getpid() % 50
+        while os.path.exists(f"/tmp/.X11-unix/X{n}") or os.path.exists(f"/tmp/.X{n}-lock"):
+            n += 1
+        self.display = f":{n}"
+        w, h = SCREEN_SIZE
+        self.server = subprocess.Popen(["Xvfb", self.display, "-screen", "0", f"{w}x{h}x24", "-nolisten", "tcp",
+                                        "-noreset"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(100):
+            if os.path.exists(f"/tmp/.X11-unix/X{n}"):
+                break
+            time.sleep(0.05)
+        env = dict(os.environ, DISPLAY=self.display, SDL_AUDIODRIVER="dummy")
+
+        def client(*cmd):
+            self.procs.append(subprocess.Popen(list(cmd), env=env, stdin=subprocess.DEVNULL,
+                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+        def video(x, y, vw, vh):
+            client("ffplay", "-loglevel", "quiet", "-an", "-noborder", "-left", str(x), "-top", str(y), "-x", str(vw),
+                   "-y", str(vh), "-f", "lavfi", "-i", f"testsrc2=size={vw}x{vh}:rate={FPS}")
+
+        if self.kind == "full":
+            video(0, 0, w, h)
+        else:
+            for colour, x, y, ww, wh in (("red", 0, 0, 960, 540), ("navy", 960, 0, 960, 540),
+                                         ("gray", 0, 540, 1300, 540), ("darkgreen", 1300, 540, 620, 540)):
+                client("xlogo", "-bw", "0", "-bg", colour, "-fg", "white", "-geometry", f"{ww}x{wh}+{x}+{y}")
+            if self.kind == "desktop":
+                client("xclock", "-update", "1", "-geometry", "200x200+1600+60")
+                video(200, 700, 240, 240)
+        time.sleep(2)
+
+    def stop(self):
+        for proc in self.procs + ([self.server] if self.server else []):
+            proc.kill()
+            proc.wait()
+        self.procs, self.server = [], None
+        n = self.display[1:]
+        for path in (f"/tmp/.X{n}-lock", f"/tmp/.X11-unix/X{n}"):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def x264_options(path):
+    """The option string x264 writes into its first SEI ("... options: cabac=1 ref=1 ..."), or None."""
+    with open(path, "rb") as f:
+        data = f.read(4 << 20)
+    m = re.search(rb"x264 - core .*? - options: (.*?)\x00", data, re.S)
+    return m.group(1).decode(errors="replace") if m else None
+
+
+def screen_cases(args, work):
+    cases = []
+    w, h = SCREEN_SIZE
+    s = args.seconds
+    rate = "6M"
+    for kind, mode in (("full", "cfr"), ("desktop", "cfr"), ("static", "cfr"), ("desktop", "vfr"), ("static", "vfr")):
+        name = f"screen-{kind}" + ("-vfr" if mode == "vfr" else "")
+        if not wanted(args, name):
+            continue
+        screen = XScreen(kind)
+        a_out, b_out = os.path.join(work, f"{name}-a.mp4"), os.path.join(work, f"{name}-b.mp4")
+        cases.append(Case(
+            name, f"x11 {kind} screen 1080p30 {mode} → mp4",
+            lambda sc=screen, o=a_out, m=mode: [args.broadcast, "record", o, "--video", f"x11:{sc.display}?cursor=off",
+                                                "--audio-mic", "none", "--fps", str(FPS), "--duration", f"{s}s",
+                                                "--preset", "veryfast", "--tune", "zerolatency", "--video-bitrate", rate,
+                                                "--rate-control", "cbr", "--keyframe-interval", "2s",
+                                                "--frame-rate-mode", m, "--quiet", "--log-level", "error", "-y"],
+            lambda sc=screen, o=b_out: FF + ["-f", "x11grab", "-draw_mouse", "0", "-framerate", str(FPS),
+                                             "-video_size", f"{w}x{h}", "-i", sc.display, "-t", str(s), "-an",
+                                             "-c:v", "libx264"] + X264 + x264_rc(rate) + ["-movflags", "+faststart", o],
+            s, s * FPS, True, latency=True, screen=screen, outputs=(a_out, b_out)))
+    return cases
 
 
 def make_cases(args, work, rtmp, patterns):
@@ -170,6 +265,28 @@ def median(values):
 
 
 def run_case(case, pairs, work):
+    if case.screen:
+        case.screen.start()
+        try:
+            result = run_pairs(case, pairs, work)
+            a, b = (x264_options(path) for path in case.outputs)
+            result.update({"x264_a": a, "x264_b": b, "x264_equal": a is not None and a == b})
+            print(f"  x264 broadcast: {a}\n  x264 ffmpeg:    {b}", flush=True)
+            if a != b:
+                pa, pb = dict(o.split("=", 1) for o in (a or "").split() if "=" in o), \
+                    dict(o.split("=", 1) for o in (b or "").split() if "=" in o)
+                diff = {k: (pa.get(k), pb.get(k)) for k in sorted(set(pa) | set(pb)) if pa.get(k) != pb.get(k)}
+                result["x264_differences"] = diff
+                print(f"  x264 options differ: {diff}", flush=True)
+            else:
+                print("  x264 options: equal", flush=True)
+            return result
+        finally:
+            case.screen.stop()
+    return run_pairs(case, pairs, work)
+
+
+def run_pairs(case, pairs, work):
     rows = {"a": [], "b": [], "latency": []}
     for i in range(pairs):
         env = dict(os.environ)
@@ -395,8 +512,8 @@ def markdown(info, results, overhead, args):
              f"{args.pairs} pairs per case, run A B A B.", "",
              "| case | CPU-s per media-s: broadcast / ffmpeg | ratio (median of pairs) | peak RSS MB: broadcast / ffmpeg "
              "| RSS ratio | media fps: broadcast / ffmpeg | fps ratio | latency p50 / p99 ms "
-             "| of which before the encoder p50 / p99 ms |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| of which before the encoder p50 / p99 ms | x264 options (screen cases) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lat = (f"{fmt(r.get('latency_p50_ms'), '.1f')} / {fmt(r.get('latency_p99_ms'), '.1f')}"
                if "latency_p50_ms" in r else "—")
@@ -405,6 +522,10 @@ def markdown(info, results, overhead, args):
         offline = "offline" in r["case"]
         fps_cells = (f"{fmt(r['a_fps'], '.0f')} / {fmt(r['b_fps'], '.0f')} | {fmt(r['fps_ratio'])}"
                      if offline else "realtime | —")
+        if "x264_equal" in r:
+            lat += " | " + ("equal" if r["x264_equal"] else f"DIFFER: {r.get('x264_differences')}")
+        else:
+            lat += " | —"
         lines.append(f"| {r['title']} | {fmt(r['a_cpu_per_media_s'], '.3f')} / {fmt(r['b_cpu_per_media_s'], '.3f')} "
                      f"| **{fmt(r['cpu_ratio'])}** | {fmt(r['a_rss_mb'], '.0f')} / {fmt(r['b_rss_mb'], '.0f')} "
                      f"| {fmt(r['rss_ratio'])} | {fps_cells} | {lat} |")
@@ -454,7 +575,7 @@ def main():
                         if wanted(args, f"same-{key}") or wanted(args, f"same-offline-{key}")
                         or wanted(args, f"overhead-{key}")}
             results = []
-            for case in make_cases(args, work, nginx.url if nginx else None, patterns):
+            for case in make_cases(args, work, nginx.url if nginx else None, patterns) + screen_cases(args, work):
                 print(f"{case.name}: {case.title}", flush=True)
                 results.append(run_case(case, args.pairs, work))
             overhead = {}

@@ -115,7 +115,7 @@ public final class X11ScreenSource: CaptureSource, @unchecked Sendable {
             if late { missed.wrappingIncrement(ordering: .relaxed) }
             if state == .ok, !late, last == nil || capture.needsCapture {
                 switch capture.grab() {
-                case .frame(let frame, let format):
+                case .frame(let frame, let format, let changed):
                     // The new image becomes the source's last frame (its claim is the source's reference).
                     last?.backing?.release()
                     last = CapturedBuffer(
@@ -123,6 +123,7 @@ public final class X11ScreenSource: CaptureSource, @unchecked Sendable {
                         captureTime: due,
                         duration: duration,
                         planes: [Plane(base: UnsafeRawPointer(frame.memory), count: format.height * format.width * 4, bytesPerRow: format.width * 4)],
+                        changedRegions: changed,
                         backing: frame
                     )
                     fresh = true
@@ -153,6 +154,8 @@ public final class X11ScreenSource: CaptureSource, @unchecked Sendable {
             if var buffer = last, let frame = buffer.backing as? X11Frame {
                 (fresh ? captured : repeated).wrappingIncrement(ordering: .relaxed)
                 buffer.captureTime = due
+                // A repeat: the same image again, nothing changed since the previous delivery.
+                if !fresh { buffer.changedRegions = [] }
                 frame.retain()  // the session's reference, released after the handler call
                 sink.offer(buffer)
             } else {
@@ -228,7 +231,8 @@ final class X11Capture: @unchecked Sendable {
     }
 
     enum Grab {
-        case frame(X11Frame, VideoFormat)
+        /// The image, its format, and what changed since the previous image (nil: anything).
+        case frame(X11Frame, VideoFormat, [PixelRegion]?)
         /// Every segment is still with the session.
         case busy
         case failed(State)
@@ -253,6 +257,14 @@ final class X11Capture: @unchecked Sendable {
     private var damageNotifyCode: UInt8 = 0
     /// Something changed inside the area since the last grab (damage, the pointer, the window's place).
     private(set) var needsCapture = true
+    /// Damage reported since the last grab, in root-window coordinates (inside the area).
+    private var pendingDamage: [X11Rectangle] = []
+    /// Too many rectangles to keep: the next image counts as changed everywhere.
+    private var damageOverflow = false
+    private static let damageLimit = 64
+    /// The area and pointer rectangle of the last image taken; nil before the first.
+    private var lastGrabArea: X11Rectangle?
+    private var lastCursorDrawn: X11Rectangle?
     private var windowGone = false
     private var pool: [X11Frame] = []
     private static let poolLimit = 4
@@ -385,11 +397,7 @@ final class X11Capture: @unchecked Sendable {
             defer { free(event) }
             let type = event.pointee.response_type & 0x7f
             if hasDamage, type == damageNotifyCode {
-                let notify = UnsafeRawPointer(event).assumingMemoryBound(to: xcb_damage_notify_event_t.self).pointee
-                let damaged = X11Rectangle(
-                    x: Int(notify.area.x), y: Int(notify.area.y), width: Int(notify.area.width),
-                    height: Int(notify.area.height))
-                if damaged.intersects(area) { needsCapture = true }
+                noteDamage(event)
             } else if type == XCB_DESTROY_NOTIFY {
                 let destroyed = UnsafeRawPointer(event).assumingMemoryBound(to: xcb_destroy_notify_event_t.self).pointee
                 if destroyed.window == window { windowGone = true }
@@ -412,6 +420,65 @@ final class X11Capture: @unchecked Sendable {
             cursor = reply
         }
         return .ok
+    }
+
+    /// Keeps a DAMAGE notification's rectangle when it touches the area.
+    private func noteDamage(_ event: UnsafeMutablePointer<xcb_generic_event_t>) {
+        let notify = UnsafeRawPointer(event).assumingMemoryBound(to: xcb_damage_notify_event_t.self).pointee
+        let damaged = X11Rectangle(
+            x: Int(notify.area.x), y: Int(notify.area.y), width: Int(notify.area.width),
+            height: Int(notify.area.height))
+        guard let inside = damaged.intersection(area) else { return }
+        needsCapture = true
+        if pendingDamage.count < Self.damageLimit {
+            pendingDamage.append(inside)
+        } else {
+            damageOverflow = true
+        }
+    }
+
+    /// After an image was taken: reads the notifications that came before its reply. What they
+    /// report was drawn before the image was taken, so it is in it: it counts as changed in this
+    /// image. Drawing after the subtract leaves the server's damage region non-empty, and DAMAGE
+    /// reports only growth of the region, so the same place drawn again would go unreported:
+    /// such rectangles stay pending and the next frame is grabbed (and subtracted) again.
+    private func drainAfterGrab() -> (damage: [X11Rectangle], overflow: Bool) {
+        let before = pendingDamage
+        pendingDamage = []
+        let overflowBefore = damageOverflow
+        damageOverflow = false
+        let c = connection.connection
+        while let event = xcb_poll_for_queued_event(c) {
+            defer { free(event) }
+            let type = event.pointee.response_type & 0x7f
+            if hasDamage, type == damageNotifyCode {
+                noteDamage(event)
+            } else if type == XCB_DESTROY_NOTIFY {
+                let destroyed = UnsafeRawPointer(event).assumingMemoryBound(to: xcb_destroy_notify_event_t.self).pointee
+                if destroyed.window == window { windowGone = true }
+            } else if type == XCB_CONFIGURE_NOTIFY || type == XCB_UNMAP_NOTIFY {
+                needsCapture = true
+            }
+        }
+        // Late rectangles (and a late overflow) stay for the next image as well.
+        if damageOverflow { needsCapture = true }
+        return (before + pendingDamage, overflowBefore || damageOverflow)
+    }
+
+    /// What changed in the image just taken, in its own pixels; nil when anything may have.
+    private func changedRegions(damage: [X11Rectangle], overflow: Bool, cursor drawn: X11Rectangle?) -> [PixelRegion]? {
+        defer {
+            lastGrabArea = area
+            lastCursorDrawn = drawn
+        }
+        guard hasDamage, !overflow, let previous = lastGrabArea, previous == area else { return nil }
+        var rectangles = damage
+        if let old = lastCursorDrawn { rectangles.append(old) }
+        if let drawn { rectangles.append(drawn) }
+        return rectangles.compactMap { rectangle in
+            PixelRegion(x: rectangle.x - area.x, y: rectangle.y - area.y, width: rectangle.width, height: rectangle.height)
+                .clipped(width: area.width, height: area.height)
+        }
     }
 
     private func cursorRectangle(_ image: UnsafeMutablePointer<xcb_xfixes_get_cursor_image_reply_t>) -> X11Rectangle {
@@ -472,8 +539,10 @@ final class X11Capture: @unchecked Sendable {
             frame = X11Frame(reply: UnsafeMutableRawPointer(reply), data: UnsafeMutableRawPointer(data), byteCount: byteCount)
             _ = frame.claim()
         }
-        if drawsCursor, let cursor { drawCursor(cursor, into: frame.memory) }
-        return .frame(frame, format)
+        var drawn: X11Rectangle?
+        if drawsCursor, let cursor { drawn = drawCursor(cursor, into: frame.memory) }
+        let (damage, overflow) = drainAfterGrab()
+        return .frame(frame, format, changedRegions(damage: damage, overflow: overflow, cursor: drawn))
     }
 
     private func failure(_ error: UnsafeMutablePointer<xcb_generic_error_t>?, _ what: String) -> State {
@@ -522,10 +591,14 @@ final class X11Capture: @unchecked Sendable {
     }
 
     /// Blends XFixes' cursor image (premultiplied ARGB) into the frame at the pointer's place.
-    private func drawCursor(_ image: UnsafeMutablePointer<xcb_xfixes_get_cursor_image_reply_t>, into memory: UnsafeMutableRawPointer) {
+    /// Returns the rectangle drawn over, in root coordinates; nil when the pointer is outside the area.
+    @discardableResult
+    private func drawCursor(
+        _ image: UnsafeMutablePointer<xcb_xfixes_get_cursor_image_reply_t>, into memory: UnsafeMutableRawPointer
+    ) -> X11Rectangle? {
         let rect = cursorRectangle(image)
         guard let visible = rect.intersection(area), let source = xcb_xfixes_get_cursor_image_cursor_image(image) else {
-            return
+            return nil
         }
         let pixels = memory.assumingMemoryBound(to: UInt32.self)
         for y in visible.y..<(visible.y + visible.height) {
@@ -548,5 +621,6 @@ final class X11Capture: @unchecked Sendable {
                 pixels[d] = out
             }
         }
+        return visible
     }
 }

@@ -295,6 +295,8 @@ public final class BroadcastSession: @unchecked Sendable {
         /// Delivery stopped for a buffer type: its sink ended or the duration was reached.
         var done: Set<SampleBufferType> = []
         var lastPTS: [SampleBufferType: Int64] = [:]
+        /// Types whose last buffer was dropped here: the next one delivered says everything changed.
+        var changesLost: Set<SampleBufferType> = []
         /// The earliest capture time a type's next buffer can have: the end of its last buffer for
         /// audio (continuous), half a frame after its last frame for video (a frame period apart).
         /// A buffer captured before it need not wait for that type's empty queue.
@@ -462,7 +464,7 @@ public final class BroadcastSession: @unchecked Sendable {
         /// Drops buffers captured entirely after the pause began; earlier ones wait for the resume.
         /// A buffer that ends after the commands were last read stays too: a resume may have come
         /// before its end, which the next turn of the loop will see.
-        private func dropCapturedWhilePaused(since pauseStart: Int64) {
+        private mutating func dropCapturedWhilePaused(since pauseStart: Int64) {
             for sink in session.sinks {
                 while let head = sink.ring.peek(), head.captureTime >= pauseStart,
                     head.captureTime + (head.duration.nanoseconds ?? 0) <= commandsTakenAt
@@ -470,6 +472,7 @@ public final class BroadcastSession: @unchecked Sendable {
                     _ = sink.ring.pop()
                     sink.tookBuffer()
                     head.backing?.release()
+                    changesLost.insert(sink.type)
                     session.counters[sink.type]!.droppedPaused.wrappingIncrement(ordering: .relaxed)
                 }
             }
@@ -486,6 +489,10 @@ public final class BroadcastSession: @unchecked Sendable {
         /// with media times. Audio is cut at sample precision; a video frame is all or nothing.
         private mutating func deliver(_ buffer: CapturedBuffer, of type: SampleBufferType, cutAt pause: Int64? = nil) throws {
             let counters = session.counters[type]!
+            // Until a buffer of this type is delivered, assume it is not: any return before the
+            // handler call below leaves the next buffer saying everything changed.
+            let changedRegions = changesLost.contains(type) ? nil : buffer.changedRegions
+            changesLost.insert(type)
             let start = buffer.captureTime
             let durationNs = buffer.duration.nanoseconds ?? 0
             guard start >= startTime else {
@@ -544,8 +551,10 @@ public final class BroadcastSession: @unchecked Sendable {
                     presentationTime: MediaTime(nanoseconds: pts),
                     duration: MediaTime(nanoseconds: sample.durationNs),
                     planes: sample.planes,
-                    frameCount: sample.frameCount
+                    frameCount: sample.frameCount,
+                    changedRegions: changedRegions
                 )
+                changesLost.remove(type)
                 try session.handler.processSampleBuffer(sampleBuffer, of: type)
                 counters.delivered.wrappingIncrement(ordering: .relaxed)
                 counters.mediaTime.store(pts + sample.durationNs, ordering: .relaxed)

@@ -9,6 +9,10 @@ public struct CapturedBuffer: Sendable {
     public var duration: MediaTime
     public var planes: [Plane]
     public var frameCount: Int
+    /// Video: what changed since the source's previous video buffer (see
+    /// ``SampleBuffer/changedRegions``): nil = everything, empty = a repeat. The session passes it
+    /// on, and makes it nil when a buffer between the two was dropped.
+    public var changedRegions: [PixelRegion]?
     /// Released by the session after the handler call (or when the buffer is dropped).
     public var backing: (any SampleBufferBacking)?
 
@@ -18,6 +22,7 @@ public struct CapturedBuffer: Sendable {
         duration: MediaTime,
         planes: [Plane],
         frameCount: Int = 0,
+        changedRegions: [PixelRegion]? = nil,
         backing: (any SampleBufferBacking)? = nil
     ) {
         self.format = format
@@ -25,6 +30,7 @@ public struct CapturedBuffer: Sendable {
         self.duration = duration
         self.planes = planes
         self.frameCount = frameCount
+        self.changedRegions = changedRegions
         self.backing = backing
     }
 }
@@ -85,6 +91,9 @@ public final class SourceSink: @unchecked Sendable {
     private let ended = ManagedAtomic<Bool>(false)
     /// Buffers the source could not hand over because the session had not taken the earlier ones.
     let droppedFull = ManagedAtomic<Int>(0)
+    /// Source thread only: a buffer was dropped since the last one handed over, so the next one's
+    /// changed regions (relative to the dropped one) are not enough.
+    private var lostSinceLastHandOver = false
 
     public var droppedCount: Int { droppedFull.load(ordering: .relaxed) }
 
@@ -113,10 +122,14 @@ public final class SourceSink: @unchecked Sendable {
     /// the ring is full the buffer is released, counted as dropped, and false returned.
     @discardableResult
     public func offer(_ buffer: CapturedBuffer) -> Bool {
+        var buffer = buffer
+        if lostSinceLastHandOver { buffer.changedRegions = nil }
         if ring.push(buffer) {
+            lostSinceLastHandOver = false
             sessionWakeup.wake()
             return true
         }
+        lostSinceLastHandOver = true
         droppedFull.wrappingIncrement(ordering: .relaxed)
         buffer.backing?.release()
         return false
@@ -126,8 +139,11 @@ public final class SourceSink: @unchecked Sendable {
     /// the buffer, when the session stops meanwhile.
     @discardableResult
     public func push(_ buffer: CapturedBuffer) -> Bool {
+        var buffer = buffer
+        if lostSinceLastHandOver { buffer.changedRegions = nil }
         while !isStopping {
             if ring.push(buffer) {
+                lostSinceLastHandOver = false
                 sessionWakeup.wake()
                 return true
             }
@@ -138,6 +154,7 @@ public final class SourceSink: @unchecked Sendable {
             }
             spaceWakeup.sleep(timeoutNanoseconds: 100_000_000)
         }
+        lostSinceLastHandOver = true
         buffer.backing?.release()
         return false
     }

@@ -126,6 +126,35 @@ public enum MediaFormat: Sendable, Hashable, CustomStringConvertible {
     }
 }
 
+/// A rectangle of pixels in a video frame, from its top-left corner.
+public struct PixelRegion: Sendable, Hashable, CustomStringConvertible {
+    public var x: Int
+    public var y: Int
+    public var width: Int
+    public var height: Int
+
+    public init(x: Int, y: Int, width: Int, height: Int) {
+        self.x = x
+        self.y = y
+        self.width = width
+        self.height = height
+    }
+
+    public var isEmpty: Bool { width <= 0 || height <= 0 }
+
+    /// The part inside `width` x `height` pixels from the origin; nil when nothing is.
+    public func clipped(width frameWidth: Int, height frameHeight: Int) -> PixelRegion? {
+        let left = max(x, 0)
+        let top = max(y, 0)
+        let right = min(x + width, frameWidth)
+        let bottom = min(y + height, frameHeight)
+        guard right > left, bottom > top else { return nil }
+        return PixelRegion(x: left, y: top, width: right - left, height: bottom - top)
+    }
+
+    public var description: String { "\(width)x\(height)+\(x)+\(y)" }
+}
+
 /// One plane of sample data: where its bytes are and how long a row is.
 ///
 /// Sources describe their memory with planes when they make a ``SampleBuffer``. A handler never
@@ -170,6 +199,12 @@ public struct SampleBuffer: ~Copyable, @unchecked Sendable {
     package let planes: [Plane]
     /// Audio frames (samples per channel); 0 for video.
     public let frameCount: Int
+    /// Video: the regions of the picture that may differ from the previous video buffer of the
+    /// same source, in pixels of this frame. `nil`: anything may have changed (the first frame, a
+    /// source that does not know, a buffer dropped in between). Empty: nothing changed, the
+    /// picture repeats the previous one. Regions may overlap and may cover more than what changed,
+    /// never less. Always `nil` for audio. See <doc:WritingABroadcastHandler#Only-what-changed>.
+    public let changedRegions: [PixelRegion]?
     let owner: AnyObject?
 
     public init(
@@ -178,6 +213,7 @@ public struct SampleBuffer: ~Copyable, @unchecked Sendable {
         duration: MediaTime,
         planes: [Plane],
         frameCount: Int = 0,
+        changedRegions: [PixelRegion]? = nil,
         owner: AnyObject? = nil
     ) {
         self.format = format
@@ -185,8 +221,12 @@ public struct SampleBuffer: ~Copyable, @unchecked Sendable {
         self.duration = duration
         self.planes = planes
         self.frameCount = frameCount
+        self.changedRegions = changedRegions
         self.owner = owner
     }
+
+    /// True when the buffer says its picture is the previous one again (``changedRegions`` empty).
+    public var isRepeat: Bool { changedRegions?.isEmpty == true }
 
     public var videoFormat: VideoFormat? {
         if case .video(let v) = format { return v }
@@ -230,6 +270,7 @@ public struct SampleBuffer: ~Copyable, @unchecked Sendable {
             duration: duration,
             planes: storage.planes,
             frameCount: frameCount,
+            changedRegions: changedRegions,
             owner: storage
         )
     }

@@ -80,7 +80,17 @@ final class Scaler {
     let outputWidth: Int32
     let outputHeight: Int32
     private let context: ScaleContext
+    private let colour: ColourDescription
     private let frame: Frame
+    /// Whether `frame` holds the conversion of the previous input, so regions can be updated.
+    private(set) var holdsPicture = false
+    /// Region conversions: contexts by size (a few sizes recur: a clock, a video, a pointer), and
+    /// a full-size frame they write into before the inside is copied out.
+    private var regionContexts: [RegionSize: RegionContext] = [:]
+    private var scratch: ScratchFrame?
+    private static let regionContextLimit = 24
+    /// Pixels converted since the scaler was made (benchmarks and tests).
+    private(set) var convertedPixels = 0
 
     convenience init(
         input: VideoFormat, outputFormat: AVPixelFormat, width: Int32, height: Int32,
@@ -104,6 +114,23 @@ final class Scaler {
         colour: ColourDescription? = nil
     ) throws(FFmpegError) {
         let colour = colour ?? .forOutput(height: Int(height))
+        self.context = try Self.makeContext(
+            source: source, outputFormat: outputFormat, width: width, height: height, colour: colour)
+        self.colour = colour
+        self.source = source
+        self.outputFormat = outputFormat
+        self.outputWidth = width
+        self.outputHeight = height
+        self.frame = try Frame()
+        frame.pointer.pointee.format = outputFormat.rawValue
+        frame.pointer.pointee.width = width
+        frame.pointer.pointee.height = height
+        try check(av_frame_get_buffer(frame.pointer, 0), "allocating a \(width)x\(height) frame")
+    }
+
+    private static func makeContext(
+        source: Source, outputFormat: AVPixelFormat, width: Int32, height: Int32, colour: ColourDescription
+    ) throws(FFmpegError) -> ScaleContext {
         let what = "scaling \(source) to \(String(cString: av_get_pix_fmt_name(outputFormat))) \(width)x\(height)"
         // Ranges are options set before sws_init_context, so the path libswscale chooses at init
         // (for yuv420p to yuv420p a plain plane copy, unless the ranges differ) already knows them.
@@ -127,16 +154,168 @@ final class Scaler {
         guard sws_setColorspaceDetails(sws, table, source.fullRange ? 1 : 0, table, 0, 0, 1 << 16, 1 << 16) >= 0 else {
             throw FFmpegError.invalidArgument("libswscale cannot convert with the \(colour) matrix", what)
         }
-        self.context = context
-        self.source = source
-        self.outputFormat = outputFormat
-        self.outputWidth = width
-        self.outputHeight = height
-        self.frame = try Frame()
-        frame.pointer.pointee.format = outputFormat.rawValue
-        frame.pointer.pointee.width = width
-        frame.pointer.pointee.height = height
-        try check(av_frame_get_buffer(frame.pointer, 0), "allocating a \(width)x\(height) frame")
+        return context
+    }
+
+    /// Whether region updates are possible: same size in and out, even sizes, and a packed RGB
+    /// source (one plane, one pixel per 3 or 4 bytes).
+    var convertsRegions: Bool {
+        source.width == outputWidth && source.height == outputHeight && source.width % 2 == 0
+            && source.height % 2 == 0 && outputFormat == AV_PIX_FMT_YUV420P && !source.fullRange
+            && [AV_PIX_FMT_BGR0, AV_PIX_FMT_BGRA, AV_PIX_FMT_RGB24, AV_PIX_FMT_BGR24, AV_PIX_FMT_RGB0, AV_PIX_FMT_RGBA]
+                .contains(source.format)
+    }
+
+    /// The next input is not the successor of the last one converted (a frame was skipped): the
+    /// next `scale(_:changed:)` converts everything.
+    func forgetPicture() { holdsPicture = false }
+
+    /// Converts `buffer` knowing what changed since the previous buffer given to this scaler:
+    /// `changed` nil converts everything, empty nothing (the frame is returned as it is), otherwise
+    /// only the regions, padded to the 4:2:0 chroma grid, and the result is pixel for pixel what a
+    /// full conversion gives (see `convertRegion`).
+    func scale(_ buffer: borrowing SampleBuffer, changed: [PixelRegion]?) throws(FFmpegError) -> UnsafeMutablePointer<AVFrame> {
+        guard holdsPicture, let changed, convertsRegions else { return try scale(buffer) }
+        if changed.isEmpty { return frame.pointer }
+        let width = Int(source.width)
+        let height = Int(source.height)
+        // Grow by the reach of the chroma filters (a changed row also changes the chroma row
+        // next to its pair: libswscale's 2:1 vertical chroma filter has four taps), snap to the
+        // chroma grid and clip; a big total is cheaper converted whole.
+        let reach = Self.filterReach
+        var regions: [PixelRegion] = []
+        var area = 0
+        for region in changed {
+            guard let clipped = region.clipped(width: width, height: height) else { continue }
+            let x0 = max(0, clipped.x - reach) & ~1
+            let y0 = max(0, clipped.y - reach) & ~1
+            let x1 = min(width, (clipped.x + clipped.width + reach + 1) & ~1)
+            let y1 = min(height, (clipped.y + clipped.height + reach + 1) & ~1)
+            regions.append(PixelRegion(x: x0, y: y0, width: x1 - x0, height: y1 - y0))
+            area += (x1 - x0) * (y1 - y0)
+        }
+        if area * 2 > width * height { return try scale(buffer) }
+        try check(av_frame_make_writable(frame.pointer), "making a video frame writable")
+        guard let plane = buffer.planes.first else { return try scale(buffer) }
+        for region in regions {
+            try convertRegion(region, from: plane)
+        }
+        return frame.pointer
+    }
+
+    /// Context around a region, in pixels: libswscale's 2:1 vertical chroma filter reads rows
+    /// beyond a chroma pair and its horizontal chroma filter columns beyond one, and its dither
+    /// pattern repeats every 8 chroma pixels; converting a block aligned to 16 pixels with this
+    /// margin, and keeping only the inside, gives exactly what the whole-frame conversion gives.
+    private static let regionMargin = 8
+    private static let filterReach = 4
+    private static let regionAlignment = 16
+
+    private struct RegionSize: Hashable {
+        var width: Int32
+        var height: Int32
+    }
+
+    private final class ScratchFrame {
+        let frame: Frame
+        init(_ frame: consuming Frame) { self.frame = frame }
+    }
+
+    private final class RegionContext {
+        let context: ScaleContext
+        init(_ context: consuming ScaleContext) { self.context = context }
+    }
+
+    /// Converts one even-aligned region of the packed source plane into the kept frame.
+    private func convertRegion(_ region: PixelRegion, from plane: Plane) throws(FFmpegError) {
+        let width = Int(source.width)
+        let height = Int(source.height)
+        let align = Self.regionAlignment
+        let margin = Self.regionMargin
+        let bx0 = max(0, region.x - margin) / align * align
+        let by0 = max(0, region.y - margin) / align * align
+        // Sizes rounded up to the alignment (then clipped) so that few distinct sizes occur.
+        let bx1 = min(width, bx0 + (region.x + region.width + margin - bx0 + align - 1) / align * align)
+        let by1 = min(height, by0 + (region.y + region.height + margin - by0 + align - 1) / align * align)
+        let size = RegionSize(width: Int32(bx1 - bx0), height: Int32(by1 - by0))
+        let regionContext: RegionContext
+        if let known = regionContexts[size] {
+            regionContext = known
+        } else {
+            if regionContexts.count >= Self.regionContextLimit { regionContexts.removeAll(keepingCapacity: true) }
+            var blockSource = source
+            blockSource.width = size.width
+            blockSource.height = size.height
+            regionContext = RegionContext(
+                try Self.makeContext(
+                    source: blockSource, outputFormat: outputFormat, width: size.width, height: size.height,
+                    colour: colour))
+            regionContexts[size] = regionContext
+        }
+        let scratch: ScratchFrame
+        if let known = self.scratch {
+            scratch = known
+        } else {
+            let frame = try Frame()
+            frame.pointer.pointee.format = outputFormat.rawValue
+            frame.pointer.pointee.width = source.width
+            frame.pointer.pointee.height = source.height
+            try check(av_frame_get_buffer(frame.pointer, 0), "allocating a \(width)x\(height) frame")
+            scratch = ScratchFrame(frame)
+            self.scratch = scratch
+        }
+        let bytesPerPixel = source.format == AV_PIX_FMT_RGB24 || source.format == AV_PIX_FMT_BGR24 ? 3 : 4
+        var sourcePlanes: [UnsafePointer<UInt8>?] = [
+            plane.base.assumingMemoryBound(to: UInt8.self) + by0 * plane.bytesPerRow + bx0 * bytesPerPixel, nil, nil, nil,
+        ]
+        var sourceStrides: [Int32] = [Int32(plane.bytesPerRow), 0, 0, 0]
+        var scratchPlanes: [UnsafeMutablePointer<UInt8>?] = (0..<4).map { scratch.frame.plane($0) }
+        var scratchStrides: [Int32] = (0..<4).map { scratch.frame.bytesPerRow($0) }
+        let rows = sws_scale(
+            regionContext.context.pointer, &sourcePlanes, &sourceStrides, 0, size.height, &scratchPlanes, &scratchStrides)
+        try check(rows, "converting a \(size.width)x\(size.height) region of a \(source) frame")
+        convertedPixels += Int(size.width) * Int(size.height)
+        // Copy the inside: luma, then both chroma planes at half the coordinates.
+        for index in 0..<3 {
+            let shift = index == 0 ? 0 : 1
+            let from = scratchPlanes[index]!
+            let fromStride = Int(scratchStrides[index])
+            let to = frame.plane(index)!
+            let toStride = Int(frame.bytesPerRow(index))
+            let x = region.x >> shift
+            let columns = region.width >> shift
+            for y in (region.y >> shift)..<((region.y + region.height) >> shift) {
+                (to + y * toStride + x).update(from: from + (y - (by0 >> shift)) * fromStride + (x - (bx0 >> shift)), count: columns)
+            }
+        }
+    }
+
+    /// The kept picture, to encode again.
+    func keptPicture() throws(FFmpegError) -> UnsafeMutablePointer<AVFrame> { frame.pointer }
+
+    /// Tests: a scaler to yuv420p of the same size, as the encoder makes for a screen.
+    convenience init(toYUV420P input: VideoFormat) throws(FFmpegError) {
+        try self.init(input: input, outputFormat: AV_PIX_FMT_YUV420P, width: Int32(input.width), height: Int32(input.height))
+    }
+
+    /// Tests: `scale(_:changed:)` without the frame pointer.
+    func update(_ buffer: borrowing SampleBuffer, changed: [PixelRegion]?) throws(FFmpegError) {
+        _ = try scale(buffer, changed: changed)
+    }
+
+    /// Tests: the kept picture's planes, rows without padding.
+    func pictureBytes() -> [[UInt8]] {
+        (0..<3).map { index in
+            let shift = index == 0 ? 0 : 1
+            let columns = Int(outputWidth) >> shift
+            let rows = Int(outputHeight) >> shift
+            let stride = Int(frame.bytesPerRow(index))
+            let base = frame.plane(index)!
+            var bytes: [UInt8] = []
+            bytes.reserveCapacity(columns * rows)
+            for y in 0..<rows { bytes.append(contentsOf: UnsafeBufferPointer(start: base + y * stride, count: columns)) }
+            return bytes
+        }
     }
 
     /// Converts `buffer` and returns the scaler's frame, valid until the next call. When an
@@ -175,6 +354,8 @@ final class Scaler {
             &destinationPlanes, &destinationStrides
         )
         try check(rows, "scaling a \(source) frame")
+        convertedPixels += Int(source.width) * Int(source.height)
+        holdsPicture = true
         return frame.pointer
     }
 }

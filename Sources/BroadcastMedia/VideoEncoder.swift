@@ -40,6 +40,10 @@ public final class VideoEncoder {
     public private(set) var droppedFrames = 0
     /// Frames handed to the encoder.
     public private(set) var framesEncoded = 0
+    /// Frames that repeated the previous picture (``SampleBuffer/isRepeat``) and were not converted.
+    public private(set) var repeatsNotConverted = 0
+    /// Pixels converted to the encoder's format so far (whole frames and changed regions).
+    public var convertedPixels: Int { scaler?.convertedPixels ?? 0 }
     /// Compressed (MJPEG) frames dropped because they could not be decoded: webcams send truncated
     /// JPEGs now and then, which costs that frame and nothing more.
     public private(set) var undecodableFrames = 0
@@ -196,6 +200,7 @@ public final class VideoEncoder {
         // share its timestamp there (a device delivering two buffers back to back), so it goes.
         if let last = lastPTS, pts < last + Int64(Self.timeBase.denominator) / 1000 {
             droppedFrames += 1
+            skippedFrame()
             logger.debug(
                 "dropping a video frame less than 1 ms after the previous one", metadata: ["pts": "\(pts)"])
             return []
@@ -234,7 +239,8 @@ public final class VideoEncoder {
                 scaler = try Scaler(
                     input: format, outputFormat: c.pointee.pix_fmt, width: c.pointee.width, height: c.pointee.height)
             }
-            frame = try scaler!.scale(buffer)
+            if buffer.isRepeat, scaler!.convertsRegions, scaler!.holdsPicture { repeatsNotConverted += 1 }
+            frame = try scaler!.scale(buffer, changed: buffer.changedRegions)
         }
         lastPTS = pts
         frame.pointee.pts = pts
@@ -252,6 +258,26 @@ public final class VideoEncoder {
         latencyProbe?.handOver(packets)
         return packets
     }
+
+    /// Encodes the last converted picture again at `time` (vfr: the end of a still stretch). Nothing
+    /// when there is no kept picture (the last frame went in without conversion) or `time` is not
+    /// after the last frame.
+    public func repeatLastPicture(at time: MediaTime) throws(FFmpegError) -> [EncodedPacket] {
+        guard !flushed, let scaler, scaler.holdsPicture, scaler.convertsRegions, time.isNumeric else { return [] }
+        let pts = time.rescaled(to: Self.timeBase.denominator).value
+        if let last = lastPTS, pts < last + Int64(Self.timeBase.denominator) / 1000 { return [] }
+        let frame = try scaler.keptPicture()
+        lastPTS = pts
+        frame.pointee.pts = pts
+        frame.pointee.pict_type = AVPictureType(rawValue: 0)
+        framesEncoded += 1
+        repeatsNotConverted += 1
+        return try send(frame, "encoding a repeated video frame with \(settings.encoder)")
+    }
+
+    /// The caller drops a frame instead of encoding it: the next one's changed regions are relative
+    /// to the dropped one, so it is converted whole.
+    public func skippedFrame() { scaler?.forgetPicture() }
 
     /// Decodes one captured JPEG; nil when it does not decode (dropped and counted, never an error:
     /// one bad frame must not end a broadcast). The first drop is a warning, later ones debug lines.

@@ -4,6 +4,15 @@ public import BroadcastMedia
 public import Logging
 
 /// What the built-in handler encodes and where it writes it.
+/// Whether video frames go out at every tick of the frame rate or only when the picture changed.
+public enum FrameRateMode: String, Sendable, Hashable, CaseIterable {
+    /// Constant: a frame every tick, repeats included (what live platforms expect).
+    case cfr
+    /// Variable, for files: a frame when the picture changed (``SampleBuffer/changedRegions`` not
+    /// empty), and at least one every keyframe interval, which is a keyframe, so seeking works.
+    case vfr
+}
+
 public struct EncodingConfiguration: Sendable {
     /// nil: no video stream.
     public var video: VideoEncoderSettings?
@@ -13,6 +22,8 @@ public struct EncodingConfiguration: Sendable {
     public var recordings: [String]
     /// More outputs (live streams, files with a name): each gets every packet of the one encode.
     public var outputs: [OutputConfiguration]
+    /// cfr unless set; vfr is refused with a live output.
+    public var frameRateMode: FrameRateMode = .cfr
 
     public init(
         video: VideoEncoderSettings?,
@@ -38,6 +49,11 @@ public struct EncodingConfiguration: Sendable {
             throw BroadcastError(.invalidArgument, "nothing to encode: neither video nor audio is configured")
         }
         if let problem = video?.problem() { throw BroadcastError(.invalidArgument, "video: \(problem)") }
+        if frameRateMode == .vfr, let live = allOutputs.first(where: { $0.destination.isLive }) {
+            throw BroadcastError(
+                .invalidArgument,
+                "frame rate mode vfr is for files only: the live output \(live.destination) needs a constant frame rate (cfr)")
+        }
         for output in allOutputs {
             if case .file(let path) = output.destination {
                 // A replay's path is a strftime template: check what it gives now.
@@ -127,6 +143,11 @@ public final class EncodingHandler: BroadcastSampleHandler {
     private var resumedSinceVideo = false
     /// Video frames dropped after a resume for being too close to the frame before the pause.
     public private(set) var framesDroppedAfterResume = 0
+    /// vfr: repeated pictures not sent, and the time of the last one not sent after the last sent frame.
+    public private(set) var repeatsNotSent = 0
+    private var unsentRepeatTime: Int64?
+    /// Media time (ns) of the last keyframe sent or forced.
+    private var lastKeyframeTime: Int64?
     /// Where media time stands, for replay saves asked from other threads; see `MediaClock`.
     public let mediaClock: MediaClock
     /// End of the last buffer delivered (media ns): where media time stands still when paused.
@@ -239,6 +260,12 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 next.append(kept)
                 continue
             }
+            if self.configuration.frameRateMode == .vfr, configuration.destination.isLive {
+                record(BroadcastError(
+                    .outputFailed,
+                    "output \(configuration.name) not added: the frame rate mode is vfr, for files only; a live output needs cfr"))
+                continue
+            }
             let output = Output(
                 configuration: configuration, keyframeRequest: keyframeRequest, failedOutputs: counters.failedOutputs,
                 logger: logger, mediaClock: mediaClock)
@@ -280,7 +307,24 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 // timestamp ("non monotonically increasing dts"): this frame goes; the next one is
                 // between one and two periods after the last.
                 framesDroppedAfterResume += 1
+                videoEncoder.skippedFrame()
                 return
+            }
+            if configuration.frameRateMode == .vfr, let settings = configuration.video {
+                let interval = Int64(settings.keyframeIntervalSeconds * 1_000_000_000)
+                let keyframeDue = lastKeyframeTime.map { time - $0 >= interval } ?? true
+                if buffer.isRepeat, !keyframeDue {
+                    // The picture did not change: no frame (its changes, none, are not lost to the
+                    // encoder's kept picture). The last one is sent at the end so the file is as long.
+                    repeatsNotSent += 1
+                    unsentRepeatTime = time
+                    return
+                }
+                unsentRepeatTime = nil
+                if keyframeDue {
+                    videoEncoder.forceKeyframe()
+                    lastKeyframeTime = time
+                }
             }
             resumedSinceVideo = false
             lastVideoTime = time
@@ -341,7 +385,12 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 if let chunk = mixer!.mix(final: true) { try route(audioEncoder.encode(chunk)) }
                 try route(audioEncoder.flush())
             }
-            if let videoEncoder { try route(videoEncoder.flush()) }
+            if let videoEncoder {
+                if let time = unsentRepeatTime {
+                    try route(videoEncoder.repeatLastPicture(at: MediaTime(nanoseconds: time)))
+                }
+                try route(videoEncoder.flush())
+            }
         } catch {
             record(BroadcastError(.outputFailed, "flushing the encoders: \(error)"))
         }
@@ -380,6 +429,8 @@ public final class EncodingHandler: BroadcastSampleHandler {
             }
             if packet.isKeyframe, packet.mediaType == .video {
                 counters.keyframes.wrappingIncrement(ordering: .relaxed)
+                let time = Int64((packet.presentationSeconds * 1e9).rounded())
+                if time > lastKeyframeTime ?? .min { lastKeyframeTime = time }
             }
             measureBitrate(packet)
             for output in outputs { output.offer(packet) }

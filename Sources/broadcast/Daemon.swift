@@ -250,12 +250,13 @@ final class BroadcastController: Sendable {
             let outputs = try Self.outputConfigurations(config.outputs)
             let hasVideo = captureSources.contains { $0.type == .video }
             let hasAudio = captureSources.contains { $0.type.isAudio }
-            let configuration = EncodingConfiguration(
+            var configuration = EncodingConfiguration(
                 video: hasVideo ? try encoder.videoSettings(width: size.width, height: size.height, frameRate: rate, live: true) : nil,
                 audio: hasAudio ? try encoder.audioSettings() : nil,
                 recordings: [],
                 outputs: outputs
             )
+            configuration.frameRateMode = try encoder.rateMode(live: outputs.contains { $0.destination.isLive })
             try configuration.validate()
             let handler = EncodingHandler(configuration: configuration, logger: logger)
             let counters = handler.counters

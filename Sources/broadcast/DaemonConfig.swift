@@ -71,6 +71,7 @@ struct DaemonConfig {
             "video_bitrate": "--video-bitrate", "audio_bitrate": "--audio-bitrate", "preset": "--preset",
             "tune": "--tune", "encoder": "--encoder", "keyframe_interval": "--keyframe-interval",
             "rate_control": "--rate-control", "crf": "--crf", "profile": "--profile", "threads": "--threads",
+            "frame_rate_mode": "--frame-rate-mode",
         ],
     ]
     static let controlKeys = ["socket", "socket_mode", "tcp", "token"]
@@ -385,6 +386,7 @@ struct DaemonConfig {
             if let encoder = options as? EncoderOptions {
                 _ = try encoder.videoSettings(width: 1280, height: 720, frameRate: (30, 1), live: true)
                 _ = try encoder.audioSettings()
+                _ = try encoder.rateMode(live: false)
             }
             return options
         } catch {

@@ -1,5 +1,6 @@
 import ArgumentParser
 import BroadcastMedia
+import BroadcastOutputs
 
 /// How to encode: shared by record and stream.
 struct EncoderOptions: ParsableArguments {
@@ -26,6 +27,13 @@ struct EncoderOptions: ParsableArguments {
 
     @Option(name: .customLong("keyframe-interval"), help: ArgumentHelp("Time between keyframes: 2s.", valueName: "duration"))
     var keyframeInterval: String = "2s"
+
+    @Option(
+        name: .customLong("frame-rate-mode"),
+        help: ArgumentHelp(
+            "cfr: a frame every tick (default). vfr (files only): a frame when the screen changed, a keyframe at least every --keyframe-interval.",
+            valueName: "mode"))
+    var frameRateMode: String = "cfr"
 
     @Option(help: ArgumentHelp("H.264 profile: baseline, main or high (default: the encoder's choice).", valueName: "name"))
     var profile: String?
@@ -82,6 +90,11 @@ struct EncoderOptions: ParsableArguments {
         )
         if encoder == "libx264", let problem = settings.problem() { throw ValueError(problem) }
         return settings
+    }
+
+    /// The frame rate mode; vfr is refused when `live` (a stream among the outputs).
+    func rateMode(live: Bool) throws -> FrameRateMode {
+        try Values.frameRateMode(frameRateMode, live: live)
     }
 
     func audioSettings() throws -> AudioEncoderSettings {

@@ -58,12 +58,13 @@ struct Record: ParsableCommand {
         let rate = try sources.frameRate()
         let hasVideo = captureSources.contains { $0.type == .video }
         let hasAudio = captureSources.contains { $0.type.isAudio }
-        let configuration = EncodingConfiguration(
+        var configuration = EncodingConfiguration(
             video: hasVideo ? try encoding.videoSettings(width: size.width, height: size.height, frameRate: rate, live: false) : nil,
             audio: hasAudio ? try encoding.audioSettings() : nil,
             recordings: [],
             outputs: [OutputConfiguration(destination: .file(file), overwrite: runOptions.overwrite)] + (replay.map { [$0] } ?? [])
         )
+        configuration.frameRateMode = try encoding.rateMode(live: false)
         try configuration.validate()
         let setupInfo = try sources.setupInfo()
 

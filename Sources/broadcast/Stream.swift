@@ -113,12 +113,13 @@ struct Stream: ParsableCommand {
         let rate = try sources.frameRate()
         let hasVideo = captureSources.contains { $0.type == .video }
         let hasAudio = captureSources.contains { $0.type.isAudio }
-        let configuration = EncodingConfiguration(
+        var configuration = EncodingConfiguration(
             video: hasVideo ? try encoding.videoSettings(width: size.width, height: size.height, frameRate: rate, live: true) : nil,
             audio: hasAudio ? try encoding.audioSettings() : nil,
             recordings: [],
             outputs: configured
         )
+        configuration.frameRateMode = try encoding.rateMode(live: configured.contains { $0.destination.isLive })
         try configuration.validate()
         let setupInfo = try sources.setupInfo()
 

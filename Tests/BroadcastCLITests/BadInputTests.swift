@@ -29,6 +29,9 @@ import Testing
         (["record", "out.mp4", "--no-realtime"], "--duration"),
         (["record", "out.mp4", "--video", "none", "--audio-mic", "none"], "nothing to capture"),
         (["record", "out.mp4", "--rate-control", "abr"], "abr"),
+        (["record", "out.mp4", "--frame-rate-mode", "sometimes"], "sometimes"),
+        // A live output needs a frame every tick: vfr is for files.
+        (["stream", "rtmp://127.0.0.1:1/live/x", "--frame-rate-mode", "vfr"], "--frame-rate-mode vfr"),
     ] as [([String], String)])
     func rejectedWithOneLineAndExitCode2(arguments: [String], mentions: String) throws {
         let dir = try TemporaryDirectory()

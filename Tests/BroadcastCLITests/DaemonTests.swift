@@ -33,6 +33,7 @@ import Testing
         ("[encoder]\nkeyframe_interval = \"2x\"", "2: encoder.keyframe_interval: invalid value '2x'"),
         ("[encoder]\nencoder = \"h265_magic\"", "2: encoder.encoder: unknown encoder.encoder 'h265_magic'"),
         ("[encoder]\nrate_control = \"abr\"", "2: encoder.rate_control: invalid value 'abr': accepted are cbr, vbr and crf"),
+        ("[encoder]\nframe_rate_mode = \"sometimes\"", "2: encoder.frame_rate_mode: invalid value 'sometimes': accepted are cfr and vfr"),
         ("[vidoe]\nsize = \"1280x720\"", "1: unknown table [vidoe]: known are [video]"),
         ("size = \"1280x720\"", "1: size: keys must be inside a table"),
         ("[video]\nsize = \"1280x720", "2: unterminated string"),

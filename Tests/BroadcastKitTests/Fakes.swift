@@ -22,7 +22,10 @@ final class ManualSource: CaptureSource, @unchecked Sendable {
 
     /// Hands one buffer over, waiting for room; `bytes` stays alive as the buffer's backing.
     @discardableResult
-    func push(format: MediaFormat, at captureTime: Int64, durationNanoseconds: Int64, frames: Int = 0) -> Bool {
+    func push(
+        format: MediaFormat, at captureTime: Int64, durationNanoseconds: Int64, frames: Int = 0,
+        changedRegions: [PixelRegion]? = nil
+    ) -> Bool {
         let backing = Bytes(count: max(1, frames * 4))
         return sink!.push(
             CapturedBuffer(
@@ -31,6 +34,7 @@ final class ManualSource: CaptureSource, @unchecked Sendable {
                 duration: MediaTime(nanoseconds: durationNanoseconds),
                 planes: [Plane(base: backing.pointer, count: backing.count, bytesPerRow: backing.count)],
                 frameCount: frames,
+                changedRegions: changedRegions,
                 backing: backing
             )
         )
