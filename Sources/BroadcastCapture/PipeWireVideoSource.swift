@@ -38,6 +38,8 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
     private var handoff: PipeWireVideoConnection?
     private let running = ManagedAtomic<Bool>(false)
     private let captured = ManagedAtomic<Int>(0)
+    /// New frames delivered with the compositor's damage as their changed regions.
+    private let damaged = ManagedAtomic<Int>(0)
     private let repeated = ManagedAtomic<Int>(0)
     private let corrupt = ManagedAtomic<Int>(0)
     private let skipped = ManagedAtomic<Int>(0)
@@ -106,6 +108,21 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
         elapsed * Int64(frameRate.numerator) / (1_000_000_000 * Int64(frameRate.denominator))
     }
 
+    /// The compositor's damage (the bounding box of this buffer's regions and of any older ones
+    /// taken with it) in the frame's own pixels: crop origin subtracted, clipped to the frame. Nil
+    /// (everything) when the compositor gave none, or when the source blends a cursor of its own
+    /// (its moves are in no damage).
+    static func changedRegion(_ frame: CBroadcastPWVideoFrame, width: Int, height: Int, cursorDrawn: Bool) -> [PixelRegion]? {
+        guard frame.damageRegions > 0, !cursorDrawn else { return nil }
+        let originX = frame.hasCrop != 0 ? Int(frame.cropX) : 0
+        let originY = frame.hasCrop != 0 ? Int(frame.cropY) : 0
+        let x0 = max(0, Int(frame.damageX) - originX), y0 = max(0, Int(frame.damageY) - originY)
+        let x1 = min(width, Int(frame.damageX) - originX + Int(frame.damageWidth))
+        let y1 = min(height, Int(frame.damageY) - originY + Int(frame.damageHeight))
+        guard x1 > x0, y1 > y0 else { return [] }
+        return [PixelRegion(x: x0, y: y0, width: x1 - x0, height: y1 - y0)]
+    }
+
     private func produce(_ first: PipeWireVideoConnection, into sink: SourceSink) {
         let duration = MediaTime(value: Int64(frameRate.denominator), timescale: Int32(frameRate.numerator))
         var connection: PipeWireVideoConnection? = first
@@ -114,6 +131,9 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
         var last: CapturedBuffer?
         var lastSize = (width: announcedSize?.width ?? 1280, height: announcedSize?.height ?? 720)
         var slate: SlateGenerator?
+        /// A buffer since the last new frame was skipped (corrupted, unusable, no frame free): the
+        /// next new frame's damage, relative to that one, does not say what changed since ours.
+        var frameLost = true
         var nextRetry: Int64 = 0
         var attempt: ReconnectAttempt?
         defer {
@@ -125,7 +145,7 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
                 attempt.result?.close()
             }
             logger.info(
-                "\(spec.description): \(capturedCount + repeatedCount) frames delivered, \(capturedCount) new from PipeWire, \(repeatedCount) repeated (screen unchanged; \(blanks.load(ordering: .relaxed)) of them black before the first), \(corruptedCount) corrupted buffers skipped, \(busy.load(ordering: .relaxed)) new frames held back (all frames with the session), \(droppedCount) slots skipped, \(slateFrames.load(ordering: .relaxed)) slate frames, \(losses.load(ordering: .relaxed)) losses, \(formats.load(ordering: .relaxed)) formats negotiated"
+                "\(spec.description): \(capturedCount + repeatedCount) frames delivered, \(capturedCount) new from PipeWire, \(damaged.load(ordering: .relaxed)) of them with the compositor's damage, \(repeatedCount) repeated (screen unchanged; \(blanks.load(ordering: .relaxed)) of them black before the first), \(corruptedCount) corrupted buffers skipped, \(busy.load(ordering: .relaxed)) new frames held back (all frames with the session), \(droppedCount) slots skipped, \(slateFrames.load(ordering: .relaxed)) slate frames, \(losses.load(ordering: .relaxed)) losses, \(formats.load(ordering: .relaxed)) formats negotiated"
             )
         }
         while running.load(ordering: .acquiring) && !sink.isStopping {
@@ -188,6 +208,7 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
                 nextRetry = sink.clock.now() + 2_000_000_000
                 last?.backing?.release()
                 last = nil
+                frameLost = true
                 continue
             }
 
@@ -198,9 +219,11 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
             }
             var frame = CBroadcastPWVideoFrame()
             var fresh = false
+            var changed: [PixelRegion]? = nil
             if CBroadcastPWVideo_acquire(current.stream, &frame) == 1 {
                 if frame.corrupted != 0 {
                     corrupt.wrappingIncrement(ordering: .relaxed)
+                    frameLost = true
                 } else {
                     converter.noteCursor(frame)
                     if frame.data != nil {
@@ -211,6 +234,10 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
                                 format: .video(format), captureTime: due, duration: duration,
                                 planes: [Plane(base: UnsafeRawPointer(image.memory), count: image.bytesPerRow * format.height, bytesPerRow: image.bytesPerRow)],
                                 backing: image)
+                            changed = frameLost || format.width != lastSize.width || format.height != lastSize.height
+                                ? nil : Self.changedRegion(frame, width: format.width, height: format.height, cursorDrawn: spec.cursor == .metadata)
+                            if changed != nil { damaged.wrappingIncrement(ordering: .relaxed) }
+                            frameLost = false
                             lastSize = (format.width, format.height)
                             fresh = true
                             if logger.logLevel <= .debug {
@@ -224,9 +251,11 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
                             }
                         case .busy:
                             busy.wrappingIncrement(ordering: .relaxed)
+                            frameLost = true
                         case .unusable(let why):
                             logger.warning("\(spec.description): buffer skipped: \(why)")
                             corrupt.wrappingIncrement(ordering: .relaxed)
+                            frameLost = true
                         }
                     }
                 }
@@ -247,6 +276,9 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
             if var buffer = last, let image = buffer.backing as? PipeWireFrame {
                 (fresh ? captured : repeated).wrappingIncrement(ordering: .relaxed)
                 buffer.captureTime = due
+                // What changed since the previous frame offered: the compositor's damage for a new
+                // frame (nil, everything, when it is not known), nothing for a repeat.
+                buffer.changedRegions = fresh ? changed : []
                 image.retain()
                 sink.offer(buffer)
             } else {

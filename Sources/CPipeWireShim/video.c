@@ -236,17 +236,47 @@ int CBroadcastPWVideo_state(const CBroadcastPWVideo *v) { return v->state; }
 const char *CBroadcastPWVideo_error(const CBroadcastPWVideo *v) { return v->error; }
 uint32_t CBroadcastPWVideo_formatChanges(const CBroadcastPWVideo *v) { return v->formatChanges; }
 
+/// Adds a buffer's SPA_META_VideoDamage regions to the running bounding box; 0 when it has none.
+static int add_damage(struct spa_buffer *buf, int32_t *x0, int32_t *y0, int32_t *x1, int32_t *y1) {
+    struct spa_meta *damage = spa_buffer_find_meta(buf, SPA_META_VideoDamage);
+    if (!damage) return 0;
+    int regions = 0;
+    struct spa_meta_region *r;
+    spa_meta_for_each(r, damage) {
+        if (!spa_meta_region_is_valid(r)) break;
+        regions++;
+        int32_t rx = r->region.position.x, ry = r->region.position.y;
+        if (rx < *x0) *x0 = rx;
+        if (ry < *y0) *y0 = ry;
+        if (rx + (int32_t)r->region.size.width > *x1) *x1 = rx + (int32_t)r->region.size.width;
+        if (ry + (int32_t)r->region.size.height > *y1) *y1 = ry + (int32_t)r->region.size.height;
+    }
+    return regions;
+}
+
 int CBroadcastPWVideo_acquire(CBroadcastPWVideo *v, CBroadcastPWVideoFrame *frame) {
     if (v->stream == NULL) return 0;
     CBroadcastPWVideo_release(v);
     struct pw_buffer *newest = NULL, *b;
+    // The damage of every buffer taken here, the superseded ones too: the newest one's damage is
+    // relative to the buffer before it, which we may never have looked at.
+    int32_t x0 = INT32_MAX, y0 = INT32_MAX, x1 = INT32_MIN, y1 = INT32_MIN;
+    uint32_t superseded = 0, regions = 0;
+    int damageComplete = 1;
     while ((b = pw_stream_dequeue_buffer(v->stream)) != NULL) {
-        if (newest) pw_stream_queue_buffer(v->stream, newest);
+        if (newest) {
+            pw_stream_queue_buffer(v->stream, newest);
+            superseded++;
+        }
         newest = b;
+        int n = add_damage(b->buffer, &x0, &y0, &x1, &y1);
+        if (n == 0) damageComplete = 0;
+        regions += (uint32_t)n;
     }
     if (newest == NULL) return 0;
     v->held = newest;
     memset(frame, 0, sizeof *frame);
+    frame->superseded = superseded;
     struct spa_buffer *buf = newest->buffer;
     frame->format = from_spa(v->info.format);
     frame->width = v->info.size.width;
@@ -298,25 +328,12 @@ int CBroadcastPWVideo_acquire(CBroadcastPWVideo *v, CBroadcastPWVideoFrame *fram
             }
         }
     }
-    struct spa_meta *damage = spa_buffer_find_meta(buf, SPA_META_VideoDamage);
-    if (damage) {
-        struct spa_meta_region *r;
-        int32_t x0 = INT32_MAX, y0 = INT32_MAX, x1 = INT32_MIN, y1 = INT32_MIN;
-        spa_meta_for_each(r, damage) {
-            if (!spa_meta_region_is_valid(r)) break;
-            frame->damageRegions++;
-            int32_t rx = r->region.position.x, ry = r->region.position.y;
-            if (rx < x0) x0 = rx;
-            if (ry < y0) y0 = ry;
-            if (rx + (int32_t)r->region.size.width > x1) x1 = rx + (int32_t)r->region.size.width;
-            if (ry + (int32_t)r->region.size.height > y1) y1 = ry + (int32_t)r->region.size.height;
-        }
-        if (frame->damageRegions > 0) {
-            frame->damageX = x0;
-            frame->damageY = y0;
-            frame->damageWidth = (uint32_t)(x1 - x0);
-            frame->damageHeight = (uint32_t)(y1 - y0);
-        }
+    if (damageComplete && regions > 0) {
+        frame->damageRegions = regions;
+        frame->damageX = x0;
+        frame->damageY = y0;
+        frame->damageWidth = (uint32_t)(x1 - x0);
+        frame->damageHeight = (uint32_t)(y1 - y0);
     }
     return 1;
 }

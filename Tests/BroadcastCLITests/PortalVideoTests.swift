@@ -140,6 +140,52 @@ struct PortalVideoTests {
         #expect(colours.suffix(100).allSatisfy { Self.near($0, 255, 0, 0) }, "centre: \(colours.suffix(5).map { "\($0)" })")
     }
 
+    /// The compositor's damage drives the conversion (only damaged rectangles are converted, repeats
+    /// not at all): with a terminal redrawing a corner 30 times a second and the background changed
+    /// once mid-recording, the recording's last frame still shows the whole screen as it is at the
+    /// end (compared with a screenshot, outside the terminal's corner, in 10x10 px blocks), and the
+    /// conversion really was partial (the source's log counts frames with known damage).
+    @Test func damageDrivenConversionShowsTheWholeScreen() throws {
+        let desktop = try DesktopSession(.init(size: "640x360", background: "#ff0000", activity: true))
+        defer { desktop.stop() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let file = dir.path("damage.mkv")
+        let recording = try desktop.start(broadcastBinary, ["record", file, "--video", "portal", "--audio-mic", "none", "--fps", "30", "-q"])
+        try desktop.waitForCastConsumers()
+        Thread.sleep(forTimeInterval: 1.0)
+        try desktop.setBackground("#0060c0")
+        Thread.sleep(forTimeInterval: 2.0)
+        let shot = dir.path("shot.ppm")
+        let grab = try desktop.run("/bin/sh", ["-c", "grim -t ppm - > '\(shot)'"])
+        #expect(grab.status == 0, "grim: \(grab.stderr)")
+        recording.signal(SIGINT)
+        let r = recording.wait(timeout: 60)
+        #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
+        func blocks(_ input: [String]) throws -> [UInt8] {
+            let out = dir.path("blocks-\(UUID().uuidString).rgb")
+            let f = try run("/usr/bin/ffmpeg", ["-nostdin", "-v", "error", "-y"] + input + [
+                "-frames:v", "1", "-vf", "scale=64:36:flags=area", "-f", "rawvideo", "-pix_fmt", "rgb24", out,
+            ])
+            guard f.status == 0 else { throw ProbeError(message: "ffmpeg: \(f.stderr)") }
+            return Array(try Data(contentsOf: URL(fileURLWithPath: out)))
+        }
+        let screen = try blocks(["-i", shot])
+        let last = try blocks(["-sseof", "-0.3", "-i", file])
+        #expect(screen.count == 64 * 36 * 3 && last.count == screen.count, "sizes \(screen.count) \(last.count)")
+        var worst = 0
+        for y in 0..<36 {
+            for x in 0..<64 where x >= 18 || y >= 6 {  // outside the terminal (160x40 at 0,0) and its edge
+                for c in 0..<3 { worst = max(worst, abs(Int(screen[(y * 64 + x) * 3 + c]) - Int(last[(y * 64 + x) * 3 + c]))) }
+            }
+        }
+        #expect(worst <= 24, "the last frame differs from the screen by up to \(worst) levels in a block")
+        let colours = try Self.centreColours(file)
+        #expect(colours.suffix(30).allSatisfy { Self.near($0, 0, 0x60, 0xc0) }, "centre: \(colours.suffix(3).map { "\($0)" })")
+        let partial = Self.count("of them with the compositor's damage", in: r.stderr) ?? -1
+        #expect(partial > 10, "new frames with known damage: \(partial)")
+    }
+
     /// The restore token: the first run stores one; the second casts with it (the portal restores the
     /// earlier choice: no new selection); a stale token is replaced after a normal selection.
     /// xdg-desktop-portal keeps tokens in xdg-permission-store, which the test runs on the session's bus.

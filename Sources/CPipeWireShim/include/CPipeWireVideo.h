@@ -62,8 +62,11 @@ typedef struct {
     uint32_t bitmapFormat, bitmapWidth, bitmapHeight;
     int32_t bitmapStride;
     const uint8_t *bitmapData;
-    /// SPA_META_VideoDamage: the number of regions and their bounding box (0 regions: not given).
+    /// SPA_META_VideoDamage: the number of regions and their bounding box, over this buffer and the
+    /// older ones `acquire` took and gave back unread (0 regions: not given by every one of them).
     uint32_t damageRegions;
+    /// Older buffers `acquire` found queued and gave back unread (the newest one is returned).
+    uint32_t superseded;
     int32_t damageX, damageY;
     uint32_t damageWidth, damageHeight;
 } CBroadcastPWVideoFrame;
