@@ -394,16 +394,7 @@ final class X11Capture: @unchecked Sendable {
         if drawsCursor { cursorCookie = xcb_xfixes_get_cursor_image(c) }
         if !hasDamage { needsCapture = true }
         while let event = xcb_poll_for_event(c) {
-            defer { free(event) }
-            let type = event.pointee.response_type & 0x7f
-            if hasDamage, type == damageNotifyCode {
-                noteDamage(event)
-            } else if type == XCB_DESTROY_NOTIFY {
-                let destroyed = UnsafeRawPointer(event).assumingMemoryBound(to: xcb_destroy_notify_event_t.self).pointee
-                if destroyed.window == window { windowGone = true }
-            } else if type == XCB_CONFIGURE_NOTIFY || type == XCB_UNMAP_NOTIFY {
-                needsCapture = true
-            }
+            handle(event)
         }
         if connection.hasError { return .connectionLost }
         if windowGone { return .windowGone }
@@ -420,6 +411,20 @@ final class X11Capture: @unchecked Sendable {
             cursor = reply
         }
         return .ok
+    }
+
+    /// One event from the server (freed here): damage, the window going, moving or unmapped.
+    private func handle(_ event: UnsafeMutablePointer<xcb_generic_event_t>) {
+        defer { free(event) }
+        let type = event.pointee.response_type & 0x7f
+        if hasDamage, type == damageNotifyCode {
+            noteDamage(event)
+        } else if type == XCB_DESTROY_NOTIFY {
+            let destroyed = UnsafeRawPointer(event).assumingMemoryBound(to: xcb_destroy_notify_event_t.self).pointee
+            if destroyed.window == window { windowGone = true }
+        } else if type == XCB_CONFIGURE_NOTIFY || type == XCB_UNMAP_NOTIFY {
+            needsCapture = true
+        }
     }
 
     /// Keeps a DAMAGE notification's rectangle when it touches the area.
@@ -449,16 +454,7 @@ final class X11Capture: @unchecked Sendable {
         damageOverflow = false
         let c = connection.connection
         while let event = xcb_poll_for_queued_event(c) {
-            defer { free(event) }
-            let type = event.pointee.response_type & 0x7f
-            if hasDamage, type == damageNotifyCode {
-                noteDamage(event)
-            } else if type == XCB_DESTROY_NOTIFY {
-                let destroyed = UnsafeRawPointer(event).assumingMemoryBound(to: xcb_destroy_notify_event_t.self).pointee
-                if destroyed.window == window { windowGone = true }
-            } else if type == XCB_CONFIGURE_NOTIFY || type == XCB_UNMAP_NOTIFY {
-                needsCapture = true
-            }
+            handle(event)
         }
         // Late rectangles (and a late overflow) stay for the next image as well.
         if damageOverflow { needsCapture = true }
