@@ -187,7 +187,7 @@ public final class ALSASource: CaptureSource, @unchecked Sendable {
         logger.info("\(pcmName): capturing \(format), \(periodFrames) frames a period")
         running.store(true, ordering: .releasing)
         let handle = PCMHandle(pcm)
-        thread = OSThread { [self] in capture(handle, into: sink) }
+        thread = OSThread(name: "bc-alsa") { [self] in capture(handle, into: sink) }
     }
 
     public func stop() {

@@ -121,7 +121,7 @@ public final class PipeWireAudioSource: CaptureSource, @unchecked Sendable {
         logger.info("\(name): capturing through PipeWire as \(format), quantum \(periodFrames) frames asked")
         running.store(true, ordering: .releasing)
         let handoff = Handoff(stream: stream, delivery: delivery)
-        thread = OSThread { [self] in run(handoff) }
+        thread = OSThread(name: "bc-pw-audio") { [self] in run(handoff) }
     }
 
     public func stop() {

@@ -89,7 +89,7 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
         handoff = nil
         running.store(true, ordering: .releasing)
         logger.info("capturing \(spec.description) at \(TestPatternSource.rateText(frameRate)) fps")
-        thread = OSThread { [self] in
+        thread = OSThread(name: "bc-pw-video") { [self] in
             produce(connection, into: sink)
         }
     }
@@ -175,7 +175,7 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
                     nextRetry = now + 2_000_000_000
                     let next = ReconnectAttempt()
                     let (spec, tokens, logger) = (self.spec, self.tokens, self.logger)
-                    next.thread = OSThread {
+                    next.thread = OSThread(name: "bc-pw-reopen") {
                         next.finish(try? PipeWireVideoConnection.open(spec: spec, tokens: tokens, logger: logger, startTimeout: 5))
                     }
                     attempt = next

@@ -79,7 +79,7 @@ public final class TestPatternSource: CaptureSource, @unchecked Sendable {
         )
         let painter = TestPatternPainter(width: width, height: height)
         running.store(true, ordering: .releasing)
-        thread = OSThread { [self] in
+        thread = OSThread(name: "bc-test-video") { [self] in
             produce(into: sink, pool: pool, painter: painter)
         }
     }

@@ -49,7 +49,7 @@ public final class ToneSource: CaptureSource, @unchecked Sendable {
         let bytes = periodFrames * channels * 2
         let pool = BufferPool(count: 16, byteCount: bytes, planeLayout: [(0, bytes, bytes)])
         running.store(true, ordering: .releasing)
-        thread = OSThread { [self] in produce(into: sink, pool: pool) }
+        thread = OSThread(name: "bc-test-audio") { [self] in produce(into: sink, pool: pool) }
     }
 
     private func produce(into sink: SourceSink, pool: BufferPool) {

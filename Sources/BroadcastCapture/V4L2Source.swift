@@ -156,7 +156,7 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
         // closure lives as long as the thread, and would keep the device open after a loss (so
         // the driver could not be unloaded, nor the device come back).
         handoff = stream
-        thread = OSThread { [self] in capture(into: sink) }
+        thread = OSThread(name: "bc-v4l2") { [self] in capture(into: sink) }
     }
 
     public func stop() {

@@ -68,7 +68,7 @@ public final class X11ScreenSource: CaptureSource, @unchecked Sendable {
             ]
         )
         running.store(true, ordering: .releasing)
-        thread = OSThread { [self] in
+        thread = OSThread(name: "bc-x11") { [self] in
             produce(capture, into: sink)
         }
     }

@@ -36,7 +36,7 @@ public final class FileFinishedHook: Sendable {
         wakeup.wake()
         // The thread runs while there is work and ends when the queue is empty.
         if !running.exchange(true, ordering: .acquiringAndReleasing) {
-            OSThread { [self] in drain() }.detach()
+            OSThread(name: "bc-file-hook") { [self] in drain() }.detach()
         }
     }
 

@@ -253,7 +253,9 @@ public final class Output: @unchecked Sendable {
     /// Starts the output's thread with `worker`.
     func start(_ worker: any OutputWorker) {
         self.worker = worker
-        thread = OSThread { worker.run() }
+        // "bc-out-live", or the file's name for a recording named by its path.
+        let name = configuration.name.split(separator: "/").last.map(String.init) ?? configuration.name
+        thread = OSThread(name: "bc-out-\(name)") { worker.run() }
     }
 
     /// Hands a packet to the output's thread. A live output never waits: when its queue is full the

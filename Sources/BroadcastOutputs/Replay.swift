@@ -224,7 +224,7 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
         let feed = output.feed
         status.set(.recording)
         status.everDelivered.store(true, ordering: .releasing)
-        let writer = OSThread { [self] in writeJobs() }
+        let writer = OSThread(name: "bc-replay-save") { [self] in writeJobs() }
         var buffer = ReplayBuffer<EncodedPacket>(settings: settings)
         var pending: [ReplaySave] = []
         var awaitingKeyframe = false

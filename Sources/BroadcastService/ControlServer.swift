@@ -106,7 +106,7 @@ public final class ControlServer: @unchecked Sendable {
         _ = pipe(&fds)
         wakeRead = fds[0]
         wakeWrite = fds[1]
-        thread = OSThread { [self] in serve() }
+        thread = OSThread(name: "bc-control") { [self] in serve() }
     }
 
     /// Stops accepting, waits for the server thread, removes the socket file.

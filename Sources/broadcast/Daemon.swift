@@ -263,7 +263,7 @@ final class BroadcastController: Sendable {
             let session = BroadcastSession(handler: handler, sources: captureSources, logger: logger)
             let setup = config.setup
             let logger = self.logger
-            let thread = OSThread { [weak self] in
+            let thread = OSThread(name: "bc-session") { [weak self] in
                 do {
                     let summary = try session.run(setupInfo: setup)
                     let encoded = counters.snapshot()

@@ -60,7 +60,7 @@ func finishOnceStarted(_ session: BroadcastSession) {
         _ = try? session.finish()
         return
     }
-    _ = OSThread {
+    _ = OSThread(name: "bc-finish") {
         let clock = MonotonicClock()
         let deadline = clock.now() + 3_000_000_000
         while clock.now() < deadline, session.state != .finished, !ready() { usleep(5_000) }

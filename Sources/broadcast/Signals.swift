@@ -54,7 +54,7 @@ enum Signals {
     @discardableResult
     static func startWatching(_ react: @escaping @Sendable (Int32) -> Void) -> OSThread {
         let fd = pipeRead
-        return OSThread {
+        return OSThread(name: "bc-signals") {
             var byte: UInt8 = 0
             while true {
                 let n = read(fd, &byte, 1)

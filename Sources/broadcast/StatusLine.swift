@@ -25,7 +25,7 @@ final class StatusLine: Sendable {
         let interactive = isatty(2) != 0
         self.interactive = interactive
         let running = self.running
-        thread = OSThread {
+        thread = OSThread(name: "bc-status") {
             let clock = MonotonicClock()
             let start = clock.now()
             let period: Int64 = interactive ? 500_000_000 : 5_000_000_000

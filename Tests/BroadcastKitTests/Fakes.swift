@@ -72,7 +72,7 @@ final class CountingSource: CaptureSource, @unchecked Sendable {
 
     func start(into sink: SourceSink) throws {
         let (count, step, format, backing) = (count, stepNanoseconds, format, backing)
-        thread = OSThread {
+        thread = OSThread(name: "test-fake") {
             for i in 0..<count {
                 let buffer = CapturedBuffer(
                     format: format,
@@ -165,7 +165,7 @@ final class SessionRunner: @unchecked Sendable {
 
     init(_ session: BroadcastSession, setupInfo: SetupInfo = [:]) {
         let outcome = self.outcome
-        thread = OSThread {
+        thread = OSThread(name: "test-fake") {
             let r = Result { try session.run(setupInfo: setupInfo) }
             outcome.value.withLock { $0 = r }
         }

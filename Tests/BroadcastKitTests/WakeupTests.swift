@@ -33,7 +33,7 @@ import Glibc
         }
         let spin = ManagedAtomic<Int>(0)
 
-        let consumer = OSThread {
+        let consumer = OSThread(name: "test-consumer") {
             var taken = 0
             var random: UInt64 = 0x9E37_79B9_7F4A_7C15
             while !stop.load(ordering: .acquiring) {
@@ -97,7 +97,7 @@ import Glibc
         let done = ManagedAtomic<Int>(0)
         let spin = ManagedAtomic<Int>(0)
         let rounds = 100_000
-        let producer = OSThread {
+        let producer = OSThread(name: "test-producer") {
             var random: UInt64 = 0x9E37_79B9_7F4A_7C15
             for round in 1...rounds {
                 while go.load(ordering: .acquiring) < round {}

@@ -77,7 +77,7 @@ final class SteadyVideoSource: CaptureSource, @unchecked Sendable {
         running.store(true, ordering: .releasing)
         let (width, height, period, running) = (width, height, period, running)
         let luma = width * height
-        thread = OSThread { [self] in
+        thread = OSThread(name: "test-flow") { [self] in
             let base = UnsafeRawPointer(frame)
             let format = MediaFormat.video(VideoFormat(pixelFormat: .yuv420p, width: width, height: height))
             var index: Int64 = 0
