@@ -161,3 +161,26 @@ public struct AudioTimeline: Sendable {
         fitSpan = y
     }
 }
+
+/// The output rate's frame slots on the session clock, for the sources that deliver at the output
+/// rate and repeat their last frame when nothing changed (X11, PipeWire video): slot n starts n frame
+/// intervals after the session's start.
+struct FrameSlots {
+    let numerator: Int64
+    let denominator: Int64
+
+    init(_ rate: (numerator: Int, denominator: Int)) {
+        numerator = Int64(rate.numerator)
+        denominator = Int64(rate.denominator)
+    }
+
+    /// Start of slot `index`, in nanoseconds after the session's start.
+    func start(_ index: Int64) -> Int64 {
+        index * 1_000_000_000 * denominator / numerator
+    }
+
+    /// The last slot that has begun `elapsed` nanoseconds after the start.
+    func index(at elapsed: Int64) -> Int64 {
+        elapsed * numerator / (1_000_000_000 * denominator)
+    }
+}

@@ -100,14 +100,6 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
         thread = nil
     }
 
-    private func slotTime(_ index: Int64) -> Int64 {
-        index * 1_000_000_000 * Int64(frameRate.denominator) / Int64(frameRate.numerator)
-    }
-
-    private func slot(at elapsed: Int64) -> Int64 {
-        elapsed * Int64(frameRate.numerator) / (1_000_000_000 * Int64(frameRate.denominator))
-    }
-
     /// The compositor's damage (the bounding box of this buffer's regions and of any older ones
     /// taken with it) in the frame's own pixels: crop origin subtracted, clipped to the frame. Nil
     /// (everything) when the compositor gave none, or when the source blends a cursor of its own
@@ -122,6 +114,9 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
         guard x1 > x0, y1 > y0 else { return [] }
         return [PixelRegion(x: x0, y: y0, width: x1 - x0, height: y1 - y0)]
     }
+
+    /// The output rate's frame slots on the session clock.
+    private var slots: FrameSlots { FrameSlots(frameRate) }
 
     private func produce(_ first: PipeWireVideoConnection, into sink: SourceSink) {
         let duration = MediaTime(value: Int64(frameRate.denominator), timescale: Int32(frameRate.numerator))
@@ -152,7 +147,7 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
             guard let current = connection else {
                 // Lost: slate at the frame rate, and a new attempt every two seconds.
                 if slate == nil {
-                    slate = SlateGenerator(width: lastSize.width, height: lastSize.height, frameDuration: slotTime(1), start: sink.clock.now())
+                    slate = SlateGenerator(width: lastSize.width, height: lastSize.height, frameDuration: slots.start(1), start: sink.clock.now())
                 }
                 let now = sink.clock.now()
                 // A new attempt runs on a thread of its own (portal round trips can take seconds),
@@ -167,7 +162,7 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
                         slate = nil
                         gone.store(false, ordering: .relaxed)
                         logger.notice("\(spec.description): back")
-                        index = slot(at: sink.clock.now() - sink.startTime) + 1
+                        index = slots.index(at: sink.clock.now() - sink.startTime) + 1
                         continue
                     }
                 }
@@ -185,7 +180,7 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
                 continue
             }
 
-            let due = sink.startTime + slotTime(index)
+            let due = sink.startTime + slots.start(index)
             // PipeWire's loop until the frame is due (events, format changes, buffers).
             var loopFailed = false
             while running.load(ordering: .relaxed) {
@@ -285,7 +280,7 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
                 skipped.wrappingIncrement(ordering: .relaxed)
             }
             index += 1
-            let now = slot(at: sink.clock.now() - sink.startTime)
+            let now = slots.index(at: sink.clock.now() - sink.startTime)
             if now > index + Int64(frameRate.numerator / frameRate.denominator) {
                 skipped.wrappingIncrement(by: Int(now - index), ordering: .relaxed)
                 index = now

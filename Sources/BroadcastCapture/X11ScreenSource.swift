@@ -79,19 +79,12 @@ public final class X11ScreenSource: CaptureSource, @unchecked Sendable {
         thread = nil
     }
 
-    /// Start of frame slot `index`, in nanoseconds after the session's start.
-    private func slotTime(_ index: Int64) -> Int64 {
-        index * 1_000_000_000 * Int64(frameRate.denominator) / Int64(frameRate.numerator)
-    }
-
-    /// The last slot that has begun `elapsed` nanoseconds after the start.
-    private func slot(at elapsed: Int64) -> Int64 {
-        elapsed * Int64(frameRate.numerator) / (1_000_000_000 * Int64(frameRate.denominator))
-    }
+    /// The output rate's frame slots on the session clock.
+    private var slots: FrameSlots { FrameSlots(frameRate) }
 
     private func produce(_ capture: X11Capture, into sink: SourceSink) {
         let duration = MediaTime(value: Int64(frameRate.denominator), timescale: Int32(frameRate.numerator))
-        let frameInterval = slotTime(1)
+        let frameInterval = slots.start(1)
         var index: Int64 = 0
         var last: CapturedBuffer?
         var windowGoneReported = false
@@ -104,7 +97,7 @@ public final class X11ScreenSource: CaptureSource, @unchecked Sendable {
             )
         }
         while running.load(ordering: .acquiring) && !sink.isStopping {
-            let due = sink.startTime + slotTime(index)
+            let due = sink.startTime + slots.start(index)
             MonotonicClock.sleep(until: due)
 
             var state = capture.poll()
@@ -163,7 +156,7 @@ public final class X11ScreenSource: CaptureSource, @unchecked Sendable {
             }
             index += 1
             // More than a second behind (the machine stalled): skip the slots that passed.
-            let current = slot(at: sink.clock.now() - sink.startTime)
+            let current = slots.index(at: sink.clock.now() - sink.startTime)
             if current > index + Int64(frameRate.numerator / frameRate.denominator) {
                 skipped.wrappingIncrement(by: Int(current - index), ordering: .relaxed)
                 index = current
