@@ -30,9 +30,11 @@ extension AudioSampleFormat {
 /// samples, the device stalled) is not stretched: the output moves to the new position, and the
 /// mixer fills the hole with silence or drops the overlap. So is a sudden step: drift moves the
 /// error by microseconds per buffer (5000 ppm: 0.1 ms per 21 ms period), so an error that changed by
-/// more than `stepLimit` since the previous buffer is a hole (periods dropped for want of a buffer
-/// on a starved machine) or an overlap, not drift. Stretching such a hole would pin the correction
-/// at its limit for seconds and leave the audio behind its timestamps (A/V apart) meanwhile.
+/// more than `stepLimit` (15 ms) since the previous buffer is a hole (periods dropped for want of a
+/// buffer on a starved machine: ALSA's default period is 21 ms) or an overlap, not drift. Stretching
+/// such a hole would pin the correction at its limit for seconds and leave the audio behind its
+/// timestamps (A/V apart) meanwhile. Smaller steps are stretched: `AudioTimeline` moving from the
+/// nominal rate to its fitted one after 4 s is one (about 10 ms with a clock 0.5 % off).
 ///
 /// Not thread-safe: one thread calls it.
 public final class Resampler {
@@ -66,7 +68,7 @@ public final class Resampler {
         maximumCorrectionPPM: Int = 10_000,
         deadbandSeconds: Double = 0.001,
         hardLimitSeconds: Double = 0.025,
-        stepLimitSeconds: Double = 0.002
+        stepLimitSeconds: Double = 0.015
     ) throws(FFmpegError) {
         let what = "converting audio \(input) to float \(outputRate) Hz \(outputChannels) ch"
         guard input.sampleRate > 0, input.channels > 0, outputRate > 0, outputChannels > 0 else {

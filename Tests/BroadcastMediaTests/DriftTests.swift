@@ -121,6 +121,32 @@ struct DriftCorrectionTests {
         #expect(abs(resampler.correctionPPM - 5000) < 1500, "correction \(resampler.correctionPPM) ppm")
     }
 
+    @Test("a 10 ms step in the timestamps (the timeline taking its fitted rate) is stretched, not jumped")
+    func smallStepIsStretched() throws {
+        var device = DriftingDevice(ppm: 0)
+        let resampler = try Resampler(input: Self.format, outputRate: 48_000, outputChannels: 2)
+        var last: (chunk: Int64, position: Int64) = (0, 0)
+        while Double(device.framesDelivered) < 6 * device.trueRate {
+            let (samples, stamp) = device.next()
+            let position = stamp >= 2 * 48_000 ? stamp + 480 : stamp  // from 2 s on, 10 ms later
+            let chunk = try samples.withUnsafeBytes { bytes in
+                try resampler.convert(
+                    SampleBuffer(
+                        format: .audio(Self.format),
+                        presentationTime: MediaTime(value: position, timescale: 48_000),
+                        duration: MediaTime(value: Int64(device.periodFrames), timescale: 48_000),
+                        planes: [Plane(base: bytes.baseAddress!, count: bytes.count, bytesPerRow: bytes.count)],
+                        frameCount: device.periodFrames
+                    ),
+                    at: position
+                )
+            }
+            last = (chunk.startSample, position)
+        }
+        #expect(resampler.jumps == 0)
+        #expect(abs(last.chunk - last.position) <= 96, "after 4 s the output is \(last.chunk - last.position) samples off its stamps")
+    }
+
     @Test("without correction the same device walks off its timestamps and has to jump")
     func uncorrectedDriftJumps() throws {
         var device = DriftingDevice(ppm: 1000)
