@@ -428,7 +428,9 @@ struct UserServiceTests {
         daemon.signal(SIGTERM)
         let r = daemon.wait(timeout: 30)
         #expect(up, "no control socket at \(socket): \(r.stderr.suffix(1500))")
-        #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(1500))")
+        // A crash report starts at "*** Program crashed"; show from there (the crashed thread's frames).
+        let report = r.stderr.range(of: "*** Program crashed").map { String(r.stderr[$0.lowerBound...].prefix(6000)) } ?? String(r.stderr.suffix(1500))
+        #expect(r.status == 0, "exit \(r.status): \(report)")
         let files = (try? FileManager.default.contentsOfDirectory(atPath: state)) ?? []
         #expect(files.contains("portal-monitor.token"), "files: \(files)")
         // The portal was asked once: loading the config does not start a cast of its own.
