@@ -28,13 +28,7 @@ extension AudioSampleFormat {
 /// `correctionPPM` off nominal, at most `maximumCorrectionPPM`), without clicks, gaps or an
 /// audible pitch change (1000 ppm is 1.7 cents). A jump beyond `hardLimit` (an overrun lost
 /// samples, the device stalled) is not stretched: the output moves to the new position, and the
-/// mixer fills the hole with silence or drops the overlap. So is a sudden step: drift moves the
-/// error by microseconds per buffer (5000 ppm: 0.1 ms per 21 ms period), so an error that changed by
-/// more than `stepLimit` (15 ms) since the previous buffer is a hole (periods dropped for want of a
-/// buffer on a starved machine: ALSA's default period is 21 ms) or an overlap, not drift. Stretching
-/// such a hole would pin the correction at its limit for seconds and leave the audio behind its
-/// timestamps (A/V apart) meanwhile. Smaller steps are stretched: `AudioTimeline` moving from the
-/// nominal rate to its fitted one after 4 s is one (about 10 ms with a clock 0.5 % off).
+/// mixer fills the hole with silence or drops the overlap.
 ///
 /// Not thread-safe: one thread calls it.
 public final class Resampler {
@@ -47,11 +41,6 @@ public final class Resampler {
     public let deadband: Int64
     /// Output samples of timestamp error beyond which the output jumps instead of stretching.
     public let hardLimit: Int64
-    /// Output samples by which the error may change from one buffer to the next before it counts as
-    /// a hole or an overlap (a jump) rather than drift.
-    public let stepLimit: Int64
-    /// The previous buffer's error (output samples), for `stepLimit`.
-    private var lastError: Int64 = 0
     private let context: ResampleContext
     /// Position (output samples on the media timeline) of the next sample `convert(_:at:)` returns.
     private var nextOutput: Int64?
@@ -67,8 +56,7 @@ public final class Resampler {
         outputChannels: Int,
         maximumCorrectionPPM: Int = 10_000,
         deadbandSeconds: Double = 0.001,
-        hardLimitSeconds: Double = 0.025,
-        stepLimitSeconds: Double = 0.015
+        hardLimitSeconds: Double = 0.025
     ) throws(FFmpegError) {
         let what = "converting audio \(input) to float \(outputRate) Hz \(outputChannels) ch"
         guard input.sampleRate > 0, input.channels > 0, outputRate > 0, outputChannels > 0 else {
@@ -100,7 +88,6 @@ public final class Resampler {
         self.maximumCorrectionPPM = maximumCorrectionPPM
         self.deadband = Int64(deadbandSeconds * Double(outputRate))
         self.hardLimit = Int64(hardLimitSeconds * Double(outputRate))
-        self.stepLimit = Int64(stepLimitSeconds * Double(outputRate))
     }
 
     /// Converts one buffer whose first sample belongs at `position` (in output samples on the
@@ -114,17 +101,8 @@ public final class Resampler {
             if abs(error) > hardLimit {
                 self.nextOutput = nextOutput + error
                 jumps += 1
-                lastError = 0
-            } else if abs(error - lastError) > stepLimit {
-                // Jump over the hole (or back over the overlap) only: the error drift had built up
-                // stays, and so does the correction that holds it.
-                self.nextOutput = nextOutput + (error - lastError)
-                jumps += 1
-            } else {
-                if compensating || abs(error) > deadband {
-                    try steer(by: error)
-                }
-                lastError = error
+            } else if compensating || abs(error) > deadband {
+                try steer(by: error)
             }
         } else {
             nextOutput = position
