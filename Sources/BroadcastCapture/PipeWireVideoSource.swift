@@ -108,11 +108,11 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
         guard frame.damageRegions > 0, !cursorDrawn else { return nil }
         let originX = frame.hasCrop != 0 ? Int(frame.cropX) : 0
         let originY = frame.hasCrop != 0 ? Int(frame.cropY) : 0
-        let x0 = max(0, Int(frame.damageX) - originX), y0 = max(0, Int(frame.damageY) - originY)
-        let x1 = min(width, Int(frame.damageX) - originX + Int(frame.damageWidth))
-        let y1 = min(height, Int(frame.damageY) - originY + Int(frame.damageHeight))
-        guard x1 > x0, y1 > y0 else { return [] }
-        return [PixelRegion(x: x0, y: y0, width: x1 - x0, height: y1 - y0)]
+        let damage = PixelRegion(
+            x: Int(frame.damageX) - originX, y: Int(frame.damageY) - originY,
+            width: Int(frame.damageWidth), height: Int(frame.damageHeight))
+        // Damage wholly outside the frame (the crop): nothing in it changed.
+        return damage.clipped(width: width, height: height).map { [$0] } ?? []
     }
 
     /// The output rate's frame slots on the session clock.

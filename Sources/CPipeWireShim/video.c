@@ -261,13 +261,10 @@ int CBroadcastPWVideo_acquire(CBroadcastPWVideo *v, CBroadcastPWVideoFrame *fram
     // The damage of every buffer taken here, the superseded ones too: the newest one's damage is
     // relative to the buffer before it, which we may never have looked at.
     int32_t x0 = INT32_MAX, y0 = INT32_MAX, x1 = INT32_MIN, y1 = INT32_MIN;
-    uint32_t superseded = 0, regions = 0;
+    uint32_t regions = 0;
     int damageComplete = 1;
     while ((b = pw_stream_dequeue_buffer(v->stream)) != NULL) {
-        if (newest) {
-            pw_stream_queue_buffer(v->stream, newest);
-            superseded++;
-        }
+        if (newest) pw_stream_queue_buffer(v->stream, newest);
         newest = b;
         int n = add_damage(b->buffer, &x0, &y0, &x1, &y1);
         if (n == 0) damageComplete = 0;
@@ -276,7 +273,6 @@ int CBroadcastPWVideo_acquire(CBroadcastPWVideo *v, CBroadcastPWVideoFrame *fram
     if (newest == NULL) return 0;
     v->held = newest;
     memset(frame, 0, sizeof *frame);
-    frame->superseded = superseded;
     struct spa_buffer *buf = newest->buffer;
     frame->format = from_spa(v->info.format);
     frame->width = v->info.size.width;

@@ -27,10 +27,13 @@ extension SourceOptions {
         )
     }
 
+    /// The audio periods a source may be asked for (--audio-period, the test tone's test:period=).
+    static let audioPeriodRange: ClosedRange<Int64> = 2_000_000...200_000_000
+
     /// --audio-period in nanoseconds, checked whether or not an ALSA source uses it.
     func alsaPeriod() throws -> Int64 {
         let period = try Values.duration(audioPeriod, option: "--audio-period").nanoseconds ?? 0
-        guard period >= 2_000_000, period <= 200_000_000 else {
+        guard Self.audioPeriodRange.contains(period) else {
             throw ValueError("invalid --audio-period '\(audioPeriod)': must be from 2ms to 200ms")
         }
         return period

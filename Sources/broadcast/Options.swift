@@ -71,6 +71,8 @@ struct SourceOptions: ParsableArguments {
         let rate = try frameRate()
         let period = try alsaPeriod()
         var sources: [(type: SampleBufferType, source: any CaptureSource)] = []
+        /// A portal/PipeWire video spec checked but not opened (`openingPortal` false).
+        var videoLeftOut = false
         switch video {
         case "test":
             sources.append((.video, TestPatternSource(width: width, height: height, frameRate: rate, realtime: !noRealtime)))
@@ -85,6 +87,7 @@ struct SourceOptions: ParsableArguments {
             sources.append((.video, X11ScreenSource(spec: x11, frameRate: rate, logger: logger ?? Logger(label: "broadcast.x11"))))
         case let spec where PipeWireVideoSpec.matches(spec) && !openingPortal:
             _ = try PipeWireVideoSpec(parsing: spec)
+            videoLeftOut = true
         case let spec where PipeWireVideoSpec.matches(spec):
             sources.append((.video, try pipeWireVideoSource(spec: spec, rate: rate)))
         case let path where Self.isV4L2Path(path):
@@ -103,7 +106,7 @@ struct SourceOptions: ParsableArguments {
                 // The tone in periods of a device's size (ALSA's default is 21 ms), to measure what an
                 // audio period costs video latency (a video frame waits for the period it falls in).
                 let period = try Values.duration(String(spec.dropFirst("test:period=".count)), option: "\(option) test:period").nanoseconds ?? 0
-                guard period >= 2_000_000, period <= 200_000_000 else {
+                guard Self.audioPeriodRange.contains(period) else {
                     throw ValueError("invalid \(option) '\(spec)': the period must be from 2ms to 200ms")
                 }
                 sources.append((type, ToneSource(periodFrames: Int(period * 48_000 / 1_000_000_000), realtime: !noRealtime)))
@@ -115,7 +118,7 @@ struct SourceOptions: ParsableArguments {
                 sources.append((type, try alsaSource(name: value, option: option, periodNanoseconds: period)))
             }
         }
-        if sources.isEmpty && (openingPortal || !PipeWireVideoSpec.matches(video)) {
+        if sources.isEmpty && !videoLeftOut {
             throw ValueError("nothing to capture: --video, --audio-mic and --audio-app are all 'none'")
         }
         return sources

@@ -65,8 +65,6 @@ typedef struct {
     /// SPA_META_VideoDamage: the number of regions and their bounding box, over this buffer and the
     /// older ones `acquire` took and gave back unread (0 regions: not given by every one of them).
     uint32_t damageRegions;
-    /// Older buffers `acquire` found queued and gave back unread (the newest one is returned).
-    uint32_t superseded;
     int32_t damageX, damageY;
     uint32_t damageWidth, damageHeight;
 } CBroadcastPWVideoFrame;
