@@ -26,12 +26,11 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
     private let manifest: RecordingManifest?
     private let logger: Logger
     private let joinsRunningBroadcast: Bool
-    /// Taken off every packet's timestamps: the start of the current segment plus skipped pauses.
-    private var shift: Int64 = 0
+    /// Taken off every packet's timestamps (the start of the current segment plus skipped pauses),
+    /// and what keeps each stream going forward across a resume.
+    private var join: PauseJoin
     /// Where the current segment starts, in the encoder's time (ns).
     private var segmentStart: Int64?
-    /// End (dts + duration, ns) of the last packet written, to close a pause without a gap.
-    private var lastWrittenEnd: Int64?
 
     init(
         output: Output,
@@ -51,6 +50,7 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
         self.streams = streams
         self.segments = segments
         self.logger = logger
+        self.join = PauseJoin(streamCount: streams.count)
     }
 
     /// True for the packet a file may start with: a video keyframe (any packet without video).
@@ -90,7 +90,7 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
                 joining = false
                 // Its file starts at zero, in every container, like a segment's (not at the
                 // broadcast's current time, which MKV, TS and FLV would keep as a leading gap).
-                shift = dts
+                join.restart(at: dts)
             }
             if awaitingKeyframe {
                 guard isStartPoint(packet) else {
@@ -99,7 +99,7 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
                 }
                 awaitingKeyframe = false
                 // Skip the paused time: this keyframe follows the last packet written directly.
-                if let end = lastWrittenEnd, dts - shift > end { shift = dts - end }
+                join.resume(at: dts)
                 status.set(.recording)
             }
             if segmentStart == nil { segmentStart = dts }
@@ -111,14 +111,18 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
                     return
                 }
             }
+            // A packet that would go back in its stream (audio begun just before the keyframe
+            // a resume joined at) belongs to the paused time.
+            guard join.admit(stream: packet.streamIndex, dts: dts, end: dts + max(0, packet.durationNanoseconds)) else {
+                status.drop(.paused)
+                continue
+            }
             do {
-                try recording.write(packet, shiftNanoseconds: shift)
+                try recording.write(packet, shiftNanoseconds: join.shift)
             } catch {
                 output.failed(error.message)
                 return
             }
-            let end = dts - shift + max(0, packet.durationNanoseconds)
-            if end > lastWrittenEnd ?? .min { lastWrittenEnd = end }
             status.sent(packet)
             status.bytes.store(recording.bytesWritten, ordering: .relaxed)
             status.setBacklog(max(0, feed.newestDTS.load(ordering: .relaxed) - dts))
@@ -148,8 +152,7 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
         recording = try Recording(path: path, streams: streams, logger: logger)
         manifest?.recordCreated(recording)
         segmentStart = dts
-        shift = dts
-        lastWrittenEnd = nil
+        join.restart(at: dts)
         logger.info("recording \(output.name): next segment \(path)")
         RecordingRetention.apply(segments, keeping: path, manifest: manifest, logger: logger)
     }

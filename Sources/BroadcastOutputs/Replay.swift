@@ -228,14 +228,13 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
         var buffer = ReplayBuffer<EncodedPacket>(settings: settings)
         var pending: [ReplaySave] = []
         var awaitingKeyframe = false
-        var shift: Int64 = 0
-        var lastEnd: Int64?
+        var join = PauseJoin(streamCount: streams.count)
         var newestVideo: Int64 = .min
         var newestAudio: Int64 = .min
         var lastOverflows = 0
         while true {
             pending += replay.requests.takeAll()
-            buffer.holdEnd = pending.first.flatMap { $0.cut }.map { $0 - shift }
+            buffer.holdEnd = pending.first.flatMap { $0.cut }.map { $0 - join.shift }
             var took = 0
             while took < 256, let packet = feed.pop() {
                 took += 1
@@ -258,14 +257,19 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
                     }
                     awaitingKeyframe = false
                     // Joins the packets before the pause without a gap.
-                    if let lastEnd, dts - shift > lastEnd { shift = dts - lastEnd }
+                    join.resume(at: dts)
                     status.set(.recording)
+                }
+                // A packet that would go back in its stream (audio begun just before the keyframe
+                // a resume joined at) belongs to the paused time: a save could not write it.
+                guard join.admit(stream: packet.streamIndex, dts: dts, end: end) else {
+                    status.drop(.paused)
+                    continue
                 }
                 buffer.append(
                     .init(
                         packet: packet, isVideo: packet.mediaType == .video, isStart: isStart, pts: pts, dts: dts,
-                        end: end, shift: shift, payloadBytes: packet.size))
-                if !buffer.isEmpty { lastEnd = max(lastEnd ?? .min, end - shift) }
+                        end: end, shift: join.shift, payloadBytes: packet.size))
                 status.sent(packet)
             }
             if buffer.overflows != lastOverflows {
