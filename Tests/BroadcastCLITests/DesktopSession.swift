@@ -92,6 +92,34 @@ final class DesktopSession: @unchecked Sendable {
         throw DesktopSessionError("no \(count) broadcast stream(s) linked to the cast after \(timeout) s: \(links)")
     }
 
+    /// Waits until a port of the PipeWire node `node` (its name, e.g. a sink's) is linked to one of
+    /// broadcast's streams: audio from that node reaches the recording from then on. A test plays
+    /// its sound after this, not after a fixed sleep (on a busy machine relinking can take seconds).
+    func waitForBroadcastLink(from node: String, timeout: Double = 30) throws {
+        let deadline = Date().addingTimeInterval(timeout)
+        var links = ""
+        while Date() < deadline {
+            links = (try? run("/usr/bin/pw-link", ["-l"]))?.stdout ?? ""
+            if Self.links(links, from: node, toPortsContaining: "broadcast") { return }
+            usleep(50_000)
+        }
+        throw DesktopSessionError("no link from \(node) to broadcast after \(timeout) s: \(links)")
+    }
+
+    /// Whether `pw-link -l` output has a link from a port of `node` to a port whose name contains
+    /// `target` (the output lists each port unindented, then its links as "  |-> PORT" or "  |<- PORT").
+    static func links(_ listing: String, from node: String, toPortsContaining target: String) -> Bool {
+        var owner = ""
+        for line in listing.split(separator: "\n") {
+            if !line.hasPrefix(" ") {
+                owner = String(line)
+            } else if owner.hasPrefix(node + ":"), line.contains("|->"), line.contains(target) {
+                return true
+            }
+        }
+        return false
+    }
+
     /// Paints the whole output one colour (sway's background; the portal sends the change as a frame).
     func setBackground(_ colour: String) throws {
         let r = try run("/usr/bin/swaymsg", ["output", "HEADLESS-1", "bg", colour, "solid_color"])

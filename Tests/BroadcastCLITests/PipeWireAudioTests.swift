@@ -60,7 +60,7 @@ struct PipeWireAudioTests {
         let recording = try desktop.start(broadcastBinary, [
             "record", file, "--video", "none", "--audio-mic", "none", "--audio-app", "desktop", "--duration", "5s", "-q",
         ])
-        Thread.sleep(forTimeInterval: 1.2)
+        try desktop.waitForBroadcastLink(from: "test_sink")
         let play = try desktop.run("/usr/bin/pw-play", [dir.path("tone.wav")])
         #expect(play.status == 0, "pw-play: \(play.stderr)")
         let r = recording.wait(timeout: 60)
@@ -89,13 +89,13 @@ struct PipeWireAudioTests {
         let recording = try desktop.start(broadcastBinary, [
             "record", file, "--video", "none", "--audio-mic", "none", "--audio-app", "desktop", "--duration", "60s", "-q",
         ])
-        Thread.sleep(forTimeInterval: 1.0)
+        try desktop.waitForBroadcastLink(from: "test_sink")
         let before = try desktop.run("/usr/bin/pw-play", [dir.path("before.wav")])
         let load = try desktop.run("/usr/bin/pactl", ["load-module", "module-null-sink", "sink_name=headphones"])
         #expect(load.status == 0, "pactl load-module: \(load.stderr)")
         let set = try desktop.run("/usr/bin/pactl", ["set-default-sink", "headphones"])
         #expect(set.status == 0, "pactl set-default-sink: \(set.stderr)")
-        Thread.sleep(forTimeInterval: 0.5)
+        try desktop.waitForBroadcastLink(from: "headphones")
         let after = try desktop.run("/usr/bin/pw-play", [dir.path("after.wav")])
         #expect(before.status == 0 && after.status == 0, "pw-play: \(before.stderr) \(after.stderr)")
         // Ended by the person (SIGINT) once both tones played: the machine may be slow, the recording waits.
@@ -127,7 +127,7 @@ struct PipeWireAudioTests {
         let recording = try desktop.start(broadcastBinary, [
             "record", file, "--video", "none", "--audio-mic", "default", "--audio-app", "none", "--duration", "5s", "-q",
         ])
-        Thread.sleep(forTimeInterval: 1.2)
+        try desktop.waitForBroadcastLink(from: "test_mic")
         let play = try desktop.run("/usr/bin/pw-play", ["--target", "test_mic_input", dir.path("voice.wav")])
         #expect(play.status == 0, "pw-play: \(play.stderr)")
         let r = recording.wait(timeout: 60)
@@ -186,22 +186,26 @@ struct PipeWireAudioTests {
         let recording = try desktop.start(broadcastBinary, [
             "record", file, "--video", "none", "--audio-mic", "none", "--audio-app", "pipewire:usb_headset", "--duration", "60s", "-q",
         ])
-        Thread.sleep(forTimeInterval: 1.5)
+        try desktop.waitForBroadcastLink(from: "usb_headset")
+        let linked = Date()
         _ = try desktop.run("/usr/bin/pactl", ["unload-module", load.stdout.trimmingCharacters(in: .whitespacesAndNewlines)])
         Thread.sleep(forTimeInterval: 1.0)
         load = try desktop.run("/usr/bin/pactl", ["load-module", "module-null-sink", "sink_name=usb_headset"])
-        Thread.sleep(forTimeInterval: 0.5)
+        // The tone is played once broadcast has linked itself to the returning node.
+        try desktop.waitForBroadcastLink(from: "usb_headset")
         let play = try desktop.run("/usr/bin/pw-play", ["--target", "usb_headset", dir.path("tone.wav")])
         #expect(play.status == 0, "pw-play: \(play.stderr)")
         Thread.sleep(forTimeInterval: 0.5)
+        let elapsed = Date().timeIntervalSince(linked)
         recording.signal(SIGINT)
         let r = recording.wait(timeout: 60)
         #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
         #expect(r.stderr.contains("the node is gone"), "loss reported: \(r.stderr.suffix(2000))")
         #expect(r.stderr.contains(": back"), "return reported: \(r.stderr.suffix(2000))")
         let p = try probe(file)
-        // The broadcast went on through the loss (ended by SIGINT after the tone, at least 3.5 s in).
-        #expect((p.audio?.duration ?? 0) > 3.5, "recorded through the loss: \(String(describing: p.audio?.duration))")
+        // The broadcast went on through the loss: ended by SIGINT after the tone, its audio covers at
+        // least the time from the first link to the signal (1 s gone + the return + 1 s tone + 0.5 s).
+        #expect((p.audio?.duration ?? 0) > elapsed - 0.3, "recorded through the loss: \(String(describing: p.audio?.duration)) s of \(elapsed) s")
         let audible = Self.audibleSeconds(Self.levels(try Self.samples(file), frequency: 1000))
         #expect(audible >= 0.5 && audible <= 2.0, "the tone played after the node came back: \(audible) s")
     }
