@@ -116,7 +116,8 @@ struct SendQueue<Packet: LivePacket> {
     /// Do not drop again until the front of the queue is past what the last drop saw.
     /// Kept per check (disposable, reference): a disposable drop must not hold off the reference
     /// check, or a stream with disposable frames (B-frames) is never thinned past 900 ms.
-    private var minimumDropDTS = (disposable: Int64.min, reference: Int64.min)
+    /// nil: no drop since the queue was last emptied.
+    private var minimumDropDTS: (disposable: Int64?, reference: Int64?) = (nil, nil)
 
     init(threshold: Double, referenceThreshold: Double) {
         self.threshold = Int64(threshold * 1e9)
@@ -153,7 +154,7 @@ struct SendQueue<Packet: LivePacket> {
         packets.removeAll(keepingCapacity: true)
         head = 0
         minimumPriority = nil
-        minimumDropDTS = (.min, .min)
+        minimumDropDTS = (nil, nil)
         return n
     }
 
@@ -189,7 +190,7 @@ struct SendQueue<Packet: LivePacket> {
         // came since the last drop: a connection that takes nothing (a stalled server) keeps
         // being thinned instead of queueing every reference frame from then on.
         let lastDrop = referenceFrames ? minimumDropDTS.reference : minimumDropDTS.disposable
-        if first.dtsNanoseconds < lastDrop, newestDTS - lastDrop <= referenceThreshold { return }
+        if let lastDrop, first.dtsNanoseconds < lastDrop, newestDTS - lastDrop <= referenceThreshold { return }
         let limit = referenceFrames ? referenceThreshold : threshold
         guard newestDTS - first.dtsNanoseconds > limit else { return }
         let keep: DropPriority = referenceFrames ? .keyframe : .reference
