@@ -32,6 +32,8 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
         // `swift package generate-documentation --target BroadcastKit` (run by make test, so the docs cannot rot).
         .package(url: "https://github.com/swiftlang/swift-docc-plugin.git", from: "1.5.0"),
+        // Tests only: counts allocations, so the capture path's steady state is held to none.
+        .package(url: "https://github.com/ordo-one/malloc-interposer.git", from: "1.6.1"),
         // Tests only: property-based checks of the value parsers.
         .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.1"),
     ],
@@ -134,7 +136,10 @@ let package = Package(
         ),
         .testTarget(
             name: "BroadcastCaptureTests",
-            dependencies: ["BroadcastKit", "BroadcastCapture", "CPipeWireShim"],
+            dependencies: [
+                "BroadcastKit", "BroadcastCapture", "CPipeWireShim",
+                .product(name: "MallocInterposerSwift", package: "malloc-interposer"),
+            ],
             swiftSettings: swiftSettings
         ),
         .testTarget(

@@ -312,13 +312,18 @@ public final class ALSASource: CaptureSource, @unchecked Sendable {
             }
             if let drift = timeline.driftPPM { driftMicroPPM.store(Int(drift * 1e6), ordering: .relaxed) }
             periodsCaptured.wrappingIncrement(ordering: .relaxed)
-            let plane = Plane(base: UnsafeRawPointer(buffer.memory), count: frames * format.bytesPerFrame, bytesPerRow: frames * format.bytesPerFrame)
+            // A whole period (every read but a short one): the pool buffer's own plane array, so
+            // the steady state allocates nothing; a short read needs a plane of its own length.
+            let planes =
+                frames == periodFrames
+                ? buffer.planes
+                : [Plane(base: UnsafeRawPointer(buffer.memory), count: frames * format.bytesPerFrame, bytesPerRow: frames * format.bytesPerFrame)]
             sink.offer(
                 CapturedBuffer(
                     format: mediaFormat,
                     captureTime: captureTime,
                     duration: MediaTime(value: Int64(frames), timescale: Int32(format.sampleRate)),
-                    planes: [plane],
+                    planes: planes,
                     frameCount: frames,
                     backing: buffer
                 )

@@ -223,22 +223,65 @@ struct TestPatternPainter: Sendable {
         fillRect(luma, x: x0, y: y0, w: side, h: side, value: 235, u: 128, v: 128)
         drawn.block = Rect(x: x0, y: y0, w: side, h: side)
 
-        // Running clock: "HH:MM:SS.mmm" plus the frame number, in the upper left.
+        // Running clock: "HH:MM:SS.mmm" plus the frame number, in the upper left, as ASCII in a
+        // value on the stack: a String this long would be a heap allocation every frame.
         let ms = mediaTimeNanoseconds / 1_000_000
-        let text =
-            "\(two(ms / 3_600_000)):\(two(ms / 60_000 % 60)):\(two(ms / 1000 % 60)).\(three(ms % 1000)) #\(frameIndex)"
+        var text = ClockText()
+        text.put(ms / 3_600_000, digits: 2)
+        text.put(UInt8(ascii: ":"))
+        text.put(ms / 60_000 % 60, digits: 2)
+        text.put(UInt8(ascii: ":"))
+        text.put(ms / 1000 % 60, digits: 2)
+        text.put(UInt8(ascii: "."))
+        text.put(ms % 1000, digits: 3)
+        text.put(UInt8(ascii: " "))
+        text.put(UInt8(ascii: "#"))
+        text.put(max(0, frameIndex), digits: 1)
         let scale = max(2, height / 120)
         let textHeight = 7 * scale + 2 * scale
         let box = Rect(x: 0, y: 0, w: min(width, (text.count * 6 + 2) * scale) & ~1, h: min(height, textHeight) & ~1)
         fillRect(luma, x: box.x, y: box.y, w: box.w, h: box.h, value: 16, u: 128, v: 128)
         drawn.clock = box
         var cursor = scale
-        for character in text {
+        var i = 0
+        while i < text.count {
             // Glyphs stay inside the box: they are not drawn past its bottom or right edge.
-            drawGlyph(luma, character, x: cursor, y: scale, scale: scale, within: box)
+            drawGlyph(luma, text[i], x: cursor, y: scale, scale: scale, within: box)
             cursor += 6 * scale
+            i += 1
         }
         return drawn
+    }
+
+    /// Up to 40 ASCII characters, held inline (no heap).
+    struct ClockText {
+        private var storage: (UInt64, UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0, 0)
+        private(set) var count = 0
+
+        subscript(index: Int) -> UInt8 {
+            withUnsafeBytes(of: storage) { $0[index] }
+        }
+
+        mutating func put(_ byte: UInt8) {
+            let at = count
+            guard at < 40 else { return }
+            withUnsafeMutableBytes(of: &storage) { $0[at] = byte }
+            count = at + 1
+        }
+
+        /// `value` in decimal, at least `digits` long (zero-padded).
+        mutating func put(_ value: Int64, digits: Int) {
+            var divisor: Int64 = 1
+            var width = 1
+            while width < digits || value / divisor >= 10 {
+                divisor *= 10
+                width += 1
+            }
+            while divisor > 0 {
+                put(UInt8(ascii: "0") + UInt8(value / divisor % 10))
+                divisor /= 10
+            }
+        }
     }
 
     /// Copies the bars back over `rect` (luma and both chroma planes).
@@ -263,9 +306,6 @@ struct TestPatternPainter: Sendable {
         }
     }
 
-    private func two(_ v: Int64) -> String { v < 10 ? "0\(v)" : "\(v)" }
-    private func three(_ v: Int64) -> String { v < 10 ? "00\(v)" : v < 100 ? "0\(v)" : "\(v)" }
-
     private func fillRect(_ luma: UnsafeMutablePointer<UInt8>, x: Int, y: Int, w: Int, h: Int, value: UInt8, u: UInt8, v: UInt8) {
         let x1 = min(width, x + w)
         let y1 = min(height, y + h)
@@ -280,9 +320,10 @@ struct TestPatternPainter: Sendable {
         }
     }
 
-    private func drawGlyph(_ luma: UnsafeMutablePointer<UInt8>, _ character: Character, x: Int, y: Int, scale: Int, within box: Rect) {
-        guard let rows = Self.font[character] else { return }
-        for (r, bits) in rows.enumerated() {
+    private func drawGlyph(_ luma: UnsafeMutablePointer<UInt8>, _ character: UInt8, x: Int, y: Int, scale: Int, within box: Rect) {
+        guard let glyph = Self.glyphIndex(character) else { return }
+        for r in 0..<7 {
+            let bits = Self.font[glyph * 7 + r]
             for c in 0..<5 where bits & (0x10 >> c) != 0 {
                 let px = x + c * scale
                 let py = y + r * scale
@@ -292,20 +333,31 @@ struct TestPatternPainter: Sendable {
         }
     }
 
-    /// 5x7 glyphs, one byte a row, high bit leftmost.
-    private static let font: [Character: [UInt8]] = [
-        "0": [0x0E, 0x11, 0x13, 0x15, 0x19, 0x11, 0x0E],
-        "1": [0x04, 0x0C, 0x04, 0x04, 0x04, 0x04, 0x0E],
-        "2": [0x0E, 0x11, 0x01, 0x02, 0x04, 0x08, 0x1F],
-        "3": [0x1F, 0x02, 0x04, 0x02, 0x01, 0x11, 0x0E],
-        "4": [0x02, 0x06, 0x0A, 0x12, 0x1F, 0x02, 0x02],
-        "5": [0x1F, 0x10, 0x1E, 0x01, 0x01, 0x11, 0x0E],
-        "6": [0x06, 0x08, 0x10, 0x1E, 0x11, 0x11, 0x0E],
-        "7": [0x1F, 0x01, 0x02, 0x04, 0x08, 0x08, 0x08],
-        "8": [0x0E, 0x11, 0x11, 0x0E, 0x11, 0x11, 0x0E],
-        "9": [0x0E, 0x11, 0x11, 0x0F, 0x01, 0x02, 0x0C],
-        ":": [0x00, 0x0C, 0x0C, 0x00, 0x0C, 0x0C, 0x00],
-        ".": [0x00, 0x00, 0x00, 0x00, 0x00, 0x0C, 0x0C],
-        "#": [0x0A, 0x0A, 0x1F, 0x0A, 0x1F, 0x0A, 0x0A],
+    /// Where `character`'s rows start in `font` (divided by 7); nil for a space or anything not drawn.
+    private static func glyphIndex(_ character: UInt8) -> Int? {
+        switch character {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): Int(character - UInt8(ascii: "0"))
+        case UInt8(ascii: ":"): 10
+        case UInt8(ascii: "."): 11
+        case UInt8(ascii: "#"): 12
+        default: nil
+        }
+    }
+
+    /// 5x7 glyphs, seven bytes each (one a row, high bit leftmost): 0-9, ':', '.', '#'.
+    private static let font: [UInt8] = [
+        0x0E, 0x11, 0x13, 0x15, 0x19, 0x11, 0x0E,  // 0
+        0x04, 0x0C, 0x04, 0x04, 0x04, 0x04, 0x0E,  // 1
+        0x0E, 0x11, 0x01, 0x02, 0x04, 0x08, 0x1F,  // 2
+        0x1F, 0x02, 0x04, 0x02, 0x01, 0x11, 0x0E,  // 3
+        0x02, 0x06, 0x0A, 0x12, 0x1F, 0x02, 0x02,  // 4
+        0x1F, 0x10, 0x1E, 0x01, 0x01, 0x11, 0x0E,  // 5
+        0x06, 0x08, 0x10, 0x1E, 0x11, 0x11, 0x0E,  // 6
+        0x1F, 0x01, 0x02, 0x04, 0x08, 0x08, 0x08,  // 7
+        0x0E, 0x11, 0x11, 0x0E, 0x11, 0x11, 0x0E,  // 8
+        0x0E, 0x11, 0x11, 0x0F, 0x01, 0x02, 0x0C,  // 9
+        0x00, 0x0C, 0x0C, 0x00, 0x0C, 0x0C, 0x00,  // :
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x0C, 0x0C,  // .
+        0x0A, 0x0A, 0x1F, 0x0A, 0x1F, 0x0A, 0x0A,  // #
     ]
 }

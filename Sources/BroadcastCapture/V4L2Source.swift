@@ -179,6 +179,8 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
         var slate: SlateGenerator?
         var nextRetry: Int64 = 0
 
+        // Made once: a new array every turn of the loop would be an allocation per frame.
+        var fds = [pollfd](repeating: pollfd(), count: 2)
         while shouldRun && !sink.isStopping {
             guard let current = stream else {
                 // The device is gone: a slate at the frame rate, and a reopen twice a second.
@@ -212,10 +214,8 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
                 continue
             }
 
-            var fds = [
-                pollfd(fd: current.hasQueuedBuffers ? current.device.fd : -1, events: Int16(POLLIN | POLLPRI), revents: 0),
-                pollfd(fd: wake.descriptor, events: Int16(POLLIN), revents: 0),
-            ]
+            fds[0] = pollfd(fd: current.hasQueuedBuffers ? current.device.fd : -1, events: Int16(POLLIN | POLLPRI), revents: 0)
+            fds[1] = pollfd(fd: wake.descriptor, events: Int16(POLLIN), revents: 0)
             let ready = poll(&fds, 2, 200)
             wake.drain()
             if ready < 0 { continue }

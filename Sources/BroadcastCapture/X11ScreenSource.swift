@@ -115,7 +115,7 @@ public final class X11ScreenSource: CaptureSource, @unchecked Sendable {
                         format: .video(format),
                         captureTime: due,
                         duration: duration,
-                        planes: [Plane(base: UnsafeRawPointer(frame.memory), count: format.height * format.width * 4, bytesPerRow: format.width * 4)],
+                        planes: frame.planes(for: format),
                         changedRegions: changed,
                         backing: frame
                     )
@@ -179,6 +179,18 @@ final class X11Frame: SampleBufferBacking, @unchecked Sendable {
     private let allocation: UnsafeMutableRawPointer
     private let references = ManagedAtomic<Int>(0)
     private let isShared: Bool
+
+    /// The one BGRA plane, made once per format: a shared-memory segment comes round again and
+    /// again, and a new array for every frame would be an allocation per frame. Source thread only
+    /// (buffers already handed on keep the array they were given).
+    private var cachedPlanes: (format: VideoFormat, planes: [Plane])?
+
+    func planes(for format: VideoFormat) -> [Plane] {
+        if let cachedPlanes, cachedPlanes.format == format { return cachedPlanes.planes }
+        let planes = [Plane(base: UnsafeRawPointer(memory), count: format.height * format.width * 4, bytesPerRow: format.width * 4)]
+        cachedPlanes = (format, planes)
+        return planes
+    }
 
     init(sharedMemory address: UnsafeMutableRawPointer, byteCount: Int, segment: UInt32) {
         self.memory = address

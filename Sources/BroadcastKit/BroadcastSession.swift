@@ -500,65 +500,86 @@ public final class BroadcastSession: @unchecked Sendable {
                 return
             }
 
-            // The buffer's capture interval less every pause, as pieces [from, to).
-            var pieces: [(from: Int64, to: Int64)] = [(start, start + max(durationNs, 0))]
-            if !pauses.isEmpty {
-                for p in pauses {
-                    pieces = pieces.flatMap { piece -> [(from: Int64, to: Int64)] in
-                        if case .video = buffer.format {
-                            // A frame is an instant: kept unless it was captured inside the pause.
-                            return (piece.from >= p.start && piece.from < p.end) ? [] : [piece]
-                        }
-                        var out: [(from: Int64, to: Int64)] = []
-                        if piece.from < p.start { out.append((piece.from, min(piece.to, p.start))) }
-                        if piece.to > p.end { out.append((max(piece.from, p.end), piece.to)) }
-                        return out
-                    }
+            let end = start + max(durationNs, 0)
+            guard !pauses.isEmpty else {
+                // No pause so far (the steady state): one piece, and no array for it.
+                var to = end
+                if let pause, case .audio = buffer.format {
+                    // A pause is beginning: audio stops at its exact sample.
+                    guard start < pause else { return }
+                    to = min(end, pause)
                 }
-                if pieces.isEmpty {
-                    counters.droppedPaused.wrappingIncrement(ordering: .relaxed)
-                    return
-                }
+                try deliverPiece(of: buffer, type, from: start, to: to, changedRegions: changedRegions)
+                return
             }
 
+            // The buffer's capture interval less every pause, as pieces [from, to).
+            var pieces: [(from: Int64, to: Int64)] = [(start, end)]
+            for p in pauses {
+                pieces = pieces.flatMap { piece -> [(from: Int64, to: Int64)] in
+                    if case .video = buffer.format {
+                        // A frame is an instant: kept unless it was captured inside the pause.
+                        return (piece.from >= p.start && piece.from < p.end) ? [] : [piece]
+                    }
+                    var out: [(from: Int64, to: Int64)] = []
+                    if piece.from < p.start { out.append((piece.from, min(piece.to, p.start))) }
+                    if piece.to > p.end { out.append((max(piece.from, p.end), piece.to)) }
+                    return out
+                }
+            }
+            if pieces.isEmpty {
+                counters.droppedPaused.wrappingIncrement(ordering: .relaxed)
+                return
+            }
             if let pause, case .audio = buffer.format {
                 // A pause is beginning: audio stops at its exact sample.
                 pieces = pieces.compactMap { $0.from < pause ? ($0.from, min($0.to, pause)) : nil }
             }
             for piece in pieces {
-                var pts = piece.from - startTime - pausedBefore(piece.from)
-                var sample = slice(buffer, from: piece.from, to: piece.to)
-                if let limit = durationNanoseconds {
-                    if pts >= limit {
-                        done.insert(type)
-                        return
-                    }
-                    if case .audio = buffer.format, pts + sample.durationNs > limit {
-                        sample = slice(buffer, from: piece.from, to: piece.from + (limit - pts))
-                    }
-                }
-                if let last = lastPTS[type], pts <= last {
-                    counters.droppedOutOfOrder.wrappingIncrement(ordering: .relaxed)
-                    continue
-                }
-                lastPTS[type] = pts
-                if case .video = buffer.format, let limit = durationNanoseconds, pts + sample.durationNs > limit {
-                    sample.durationNs = limit - pts
-                }
-                pts = max(pts, 0)
-                let sampleBuffer = SampleBuffer(
-                    format: buffer.format,
-                    presentationTime: MediaTime(nanoseconds: pts),
-                    duration: MediaTime(nanoseconds: sample.durationNs),
-                    planes: sample.planes,
-                    frameCount: sample.frameCount,
-                    changedRegions: changedRegions
-                )
-                changesLost.remove(type)
-                try session.handler.processSampleBuffer(sampleBuffer, of: type)
-                counters.delivered.wrappingIncrement(ordering: .relaxed)
-                counters.mediaTime.store(pts + sample.durationNs, ordering: .relaxed)
+                guard try deliverPiece(of: buffer, type, from: piece.from, to: piece.to, changedRegions: changedRegions) else { return }
             }
+        }
+
+        /// Hands the handler the part of `buffer` captured in [from, to) (outside every pause).
+        /// Returns false when the duration is reached: nothing more of this type goes out.
+        @discardableResult
+        private mutating func deliverPiece(
+            of buffer: CapturedBuffer, _ type: SampleBufferType, from: Int64, to: Int64, changedRegions: [PixelRegion]?
+        ) throws -> Bool {
+            let counters = session.counters[type]!
+            var pts = from - startTime - pausedBefore(from)
+            var sample = slice(buffer, from: from, to: to)
+            if let limit = durationNanoseconds {
+                if pts >= limit {
+                    done.insert(type)
+                    return false
+                }
+                if case .audio = buffer.format, pts + sample.durationNs > limit {
+                    sample = slice(buffer, from: from, to: from + (limit - pts))
+                }
+            }
+            if let last = lastPTS[type], pts <= last {
+                counters.droppedOutOfOrder.wrappingIncrement(ordering: .relaxed)
+                return true
+            }
+            lastPTS[type] = pts
+            if case .video = buffer.format, let limit = durationNanoseconds, pts + sample.durationNs > limit {
+                sample.durationNs = limit - pts
+            }
+            pts = max(pts, 0)
+            let sampleBuffer = SampleBuffer(
+                format: buffer.format,
+                presentationTime: MediaTime(nanoseconds: pts),
+                duration: MediaTime(nanoseconds: sample.durationNs),
+                planes: sample.planes,
+                frameCount: sample.frameCount,
+                changedRegions: changedRegions
+            )
+            changesLost.remove(type)
+            try session.handler.processSampleBuffer(sampleBuffer, of: type)
+            counters.delivered.wrappingIncrement(ordering: .relaxed)
+            counters.mediaTime.store(pts + sample.durationNs, ordering: .relaxed)
+            return true
         }
 
         /// The part of `buffer` captured in [from, to): whole for video, whole samples for audio.

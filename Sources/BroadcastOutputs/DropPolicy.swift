@@ -77,6 +77,21 @@ enum DropPriority: Int, Comparable {
     }
 }
 
+/// What the live output's queue and state machine need of a packet: `EncodedPacket` in the
+/// output, a plain value in tests.
+protocol LivePacket {
+    var mediaType: MediaType { get }
+    var isKeyframe: Bool { get }
+    /// Decoding time in nanoseconds.
+    var dtsNanoseconds: Int64 { get }
+    /// How much the frames after it need it (video).
+    var dropPriority: DropPriority { get }
+}
+
+extension EncodedPacket: LivePacket {
+    var dropPriority: DropPriority { DropPriority.of(self) }
+}
+
 /// A live output's queue of packets waiting to be sent, with OBS's drop policy
 /// (plugins/obs-outputs/rtmp-stream.c, check_to_drop_frames): when the media waiting in the queue
 /// spans more than `threshold`, disposable video frames in it are dropped; past
@@ -85,13 +100,13 @@ enum DropPriority: Int, Comparable {
 /// priority comes (so after dropping reference frames, the stream resumes on a keyframe).
 ///
 /// Pure state: the output's thread owns it; tests drive it with packets.
-struct SendQueue {
+struct SendQueue<Packet: LivePacket> {
     let threshold: Int64
     let referenceThreshold: Int64
     /// Fewer packets than this are never thinned (OBS: 5).
     let minimumPackets = 5
 
-    private(set) var packets: [EncodedPacket] = []
+    private(set) var packets: [Packet] = []
     private var head = 0
     /// dts (ns) of the newest packet added.
     private(set) var newestDTS: Int64 = 0
@@ -99,7 +114,10 @@ struct SendQueue {
     /// the priority arrives).
     private var minimumPriority: DropPriority?
     /// Do not drop again until the front of the queue is past what the last drop saw.
-    private var minimumDropDTS: Int64 = .min
+    /// Kept per check (disposable, reference): a disposable drop must not hold off the reference
+    /// check, or a stream with disposable frames (B-frames) is never thinned past 900 ms.
+    /// nil: no drop since the queue was last emptied.
+    private var minimumDropDTS: (disposable: Int64?, reference: Int64?) = (nil, nil)
 
     init(threshold: Double, referenceThreshold: Double) {
         self.threshold = Int64(threshold * 1e9)
@@ -107,8 +125,10 @@ struct SendQueue {
     }
 
     var count: Int { packets.count - head }
+    /// The packets waiting, oldest first.
+    var waiting: ArraySlice<Packet> { packets[head...] }
     var isEmpty: Bool { count == 0 }
-    var first: EncodedPacket? { isEmpty ? nil : packets[head] }
+    var first: Packet? { isEmpty ? nil : packets[head] }
 
     /// Media time waiting to be sent, in nanoseconds.
     var backlog: Int64 {
@@ -116,7 +136,7 @@ struct SendQueue {
         return max(0, newestDTS - first.dtsNanoseconds)
     }
 
-    mutating func popFirst() -> EncodedPacket? {
+    mutating func popFirst() -> Packet? {
         guard !isEmpty else { return nil }
         let packet = packets[head]
         head += 1
@@ -134,18 +154,18 @@ struct SendQueue {
         packets.removeAll(keepingCapacity: true)
         head = 0
         minimumPriority = nil
-        minimumDropDTS = .min
+        minimumDropDTS = (nil, nil)
         return n
     }
 
     /// Adds `packet` without applying the policy (while not connected: nothing is being sent).
-    mutating func append(_ packet: EncodedPacket) {
+    mutating func append(_ packet: Packet) {
         newestDTS = max(newestDTS, packet.dtsNanoseconds)
         packets.append(packet)
     }
 
     /// Adds `packet` or drops it (and maybe queued ones); calls `dropped` once per packet dropped.
-    mutating func add(_ packet: EncodedPacket, dropped: (DropReason) -> Void) {
+    mutating func add(_ packet: Packet, dropped: (DropReason) -> Void) {
         newestDTS = max(newestDTS, packet.dtsNanoseconds)
         guard packet.mediaType == .video else {
             packets.append(packet)
@@ -153,7 +173,7 @@ struct SendQueue {
         }
         checkToDrop(referenceFrames: false, dropped: dropped)
         checkToDrop(referenceFrames: true, dropped: dropped)
-        let priority = DropPriority.of(packet)
+        let priority = packet.dropPriority
         if let minimum = minimumPriority {
             if priority < minimum {
                 dropped(.awaitingKeyframe)
@@ -169,28 +189,34 @@ struct SendQueue {
         // Once per backlog the front has not moved past, unless another threshold's worth of media
         // came since the last drop: a connection that takes nothing (a stalled server) keeps
         // being thinned instead of queueing every reference frame from then on.
-        if first.dtsNanoseconds < minimumDropDTS, newestDTS - minimumDropDTS <= referenceThreshold { return }
+        let lastDrop = referenceFrames ? minimumDropDTS.reference : minimumDropDTS.disposable
+        if let lastDrop, first.dtsNanoseconds < lastDrop, newestDTS - lastDrop <= referenceThreshold { return }
         let limit = referenceFrames ? referenceThreshold : threshold
         guard newestDTS - first.dtsNanoseconds > limit else { return }
         let keep: DropPriority = referenceFrames ? .keyframe : .reference
-        var kept: [EncodedPacket] = []
-        kept.reserveCapacity(count)
+        // Compacted in place: what is kept moves forward over what is dropped.
+        var kept = head
         var count = 0
         for index in head..<packets.count {
             let p = packets[index]
-            if p.mediaType == .video, DropPriority.of(p) < keep {
+            if p.mediaType == .video, p.dropPriority < keep {
                 dropped(referenceFrames ? .backlogReference : .backlog)
                 count += 1
             } else {
-                kept.append(p)
+                packets[kept] = p
+                kept += 1
             }
         }
-        packets = kept
-        head = 0
+        packets.removeSubrange(kept...)
         if minimumPriority.map({ $0 < keep }) ?? true { minimumPriority = keep }
         // Only a drop that removed something holds off the next check: with no disposable frames
         // (x264's zerolatency has none), the reference check must still run.
-        if count > 0 { minimumDropDTS = newestDTS }
+        // A reference drop took the disposable frames too, so it holds off both checks; a disposable
+        // drop holds off only its own.
+        if count > 0 {
+            minimumDropDTS.disposable = newestDTS
+            if referenceFrames { minimumDropDTS.reference = newestDTS }
+        }
     }
 }
 
