@@ -257,7 +257,12 @@ final class BroadcastController: Sendable {
                 outputs: outputs
             )
             configuration.frameRateMode = try encoder.rateMode(live: outputs.contains { $0.destination.isLive })
+            configuration.video?.colour = SourceOptions.videoColour(captureSources)
             try configuration.validate()
+            let plan: MemoryPlan
+            (configuration, plan) = try MemoryBudgeting.plan(
+                configuration, budget: config.memoryBudgetBytes, sources: captureSources, replayLimitsSet: config.replayLimitsSet)
+            logger.info("memory plan: \(plan)")
             let handler = EncodingHandler(configuration: configuration, logger: logger)
             let counters = handler.counters
             let session = BroadcastSession(handler: handler, sources: captureSources, logger: logger)
@@ -521,7 +526,7 @@ final class BroadcastController: Sendable {
             ("audio_drift_ppm", running.audioDevices.lazy.compactMap { $0.statistics.driftPPM }.first.map(JSONValue.number) ?? .null),
             ("types", .object(types)),
             ("outputs", .array(outputs)),
-            ("memory", Self.memoryFields(running.outputs)),
+            ("memory", Self.memoryFields(running.outputs, budget: state.withLock { $0.config.memoryBudgetBytes })),
             ("error", failure.map(JSONValue.string) ?? .null),
         ]
         return .object(fields)
