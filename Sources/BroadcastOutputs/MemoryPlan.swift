@@ -307,14 +307,20 @@ public struct MemoryPlan: Sendable, Hashable, CustomStringConvertible {
             configuration.video!.lookahead = lookahead
         }
         // Recordings given as paths become outputs, so each gets its queue capacity.
-        configuration.outputs = configuration.allOutputs.map { output in
-            var output = output
-            output.live.queueCapacity = liveQueueCapacity
-            output.fileQueueCapacity = fileQueueCapacity
-            if output.replay != nil, !replayLimitsSet.contains(output.name) { output.replay!.maxBytes = replayMaxBytes }
-            return output
+        configuration.outputs = configuration.allOutputs.map {
+            sized($0, replayLimitSet: replayLimitsSet.contains($0.name))
         }
         configuration.recordings = []
         return configuration
+    }
+
+    /// `output` with the planned queue capacity and, unless its limit was given, replay limit
+    /// (also for an output added while running, which the plan did not count).
+    public func sized(_ output: OutputConfiguration, replayLimitSet: Bool) -> OutputConfiguration {
+        var output = output
+        output.live.queueCapacity = liveQueueCapacity
+        output.fileQueueCapacity = fileQueueCapacity
+        if output.replay != nil, !replayLimitSet { output.replay!.maxBytes = replayMaxBytes }
+        return output
     }
 }

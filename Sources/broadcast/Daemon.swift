@@ -217,6 +217,8 @@ final class BroadcastController: Sendable {
         var definitions: [String: DaemonConfig.Output]
         /// ALSA sources, whose clock drift against the monotonic clock the status reports.
         let audioDevices: [ALSASource]
+        /// The sizes the memory budget gave; outputs added by SIGHUP get them too.
+        let memoryPlan: MemoryPlan
     }
 
     private let state: Mutex<(config: DaemonConfig, running: Running?)>
@@ -298,7 +300,8 @@ final class BroadcastController: Sendable {
                 primaryType: hasVideo ? .video : captureSources[0].type,
                 outputControl: handler.outputControl,
                 definitions: Dictionary(config.outputs.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first }),
-                audioDevices: captureSources.compactMap { $0.source as? ALSASource }
+                audioDevices: captureSources.compactMap { $0.source as? ALSASource },
+                memoryPlan: plan
             )
             failure.withLock { $0 = nil }
             logger.notice("broadcast started: \(outputs.map(\.name).joined(separator: ", "))")
@@ -420,7 +423,8 @@ final class BroadcastController: Sendable {
             {
                 desired.append(current.configuration)
             } else if let made = try? Self.outputConfigurations([entry]) {
-                desired += made
+                // Sized like the others; not counted against the budget until the next start.
+                desired += made.map { running.memoryPlan.sized($0, replayLimitSet: entry.maxMemory != nil) }
             }
         }
         running.outputControl.reconfigure(desired)
@@ -467,6 +471,7 @@ final class BroadcastController: Sendable {
                 ("state", .string("idle")),
                 ("uptime_seconds", .number(uptime)),
                 ("outputs", .array([])),
+                ("memory", Self.memoryFields([], budget: state.withLock { $0.config.memoryBudgetBytes })),
                 ("error", failure.map(JSONValue.string) ?? .null),
             ]
             return .object(fields)
