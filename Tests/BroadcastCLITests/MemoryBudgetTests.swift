@@ -94,6 +94,10 @@ import Glibc
             "footprint over the budget: peak \(Int(peak) >> 20) MiB of \(Int(budget) >> 20) MiB; samples \(samples.map { Int($0.privateDirty) >> 20 })")
         // Library code is not counted: the resident size is larger than the footprint.
         #expect(samples.allSatisfy { $0.resident > $0.privateDirty })
+        // The same figures as Prometheus gauges.
+        let metrics = try run("/usr/bin/curl", ["-s", "--unix-socket", socket, "http://localhost/metrics"]).stdout
+        #expect(metrics.contains("broadcast_memory_budget_bytes 134217728"), "\(metrics)")
+        #expect(metrics.contains("broadcast_private_dirty_bytes "), "\(metrics)")
     }
 }
 
