@@ -89,11 +89,12 @@ public struct MemoryPlan: Sendable, Hashable, CustomStringConvertible {
     static let minimumPoolFrames = 4
     static let defaultPoolBytes = 16 << 20
 
-    /// The default: 1080p60 recorded with the default encoding (veryfast, zerolatency) peaks at
-    /// 77 MiB of private dirty memory (process 16, x264 45, capture pool 15); 128 MiB leaves the
-    /// queues of a stream + recording about 20 s of media each at 4.6 Mbit/s before a stalled
-    /// output makes the encoder wait or drop, and at 720p30 a replay buffer of about two minutes.
-    public static let defaultBudget: Int64 = 128 << 20
+    /// The default: the default encoding (veryfast, zerolatency) of a 1440p screen, the largest
+    /// common desktop, is estimated at 128.5 MiB at its smallest sizes, and 1080p60 measures 77 MiB
+    /// of private dirty memory (process 16, x264 45, capture pool 15); 160 MiB fits the first with
+    /// room for its queues, and gives the second's stream + recording about 40 s of media each at
+    /// 4.6 Mbit/s before a stalled output makes the encoder wait or drop.
+    public static let defaultBudget: Int64 = 160 << 20
 
     public var description: String {
         "budget \(Self.mebibytes(budget)): \(estimate) (total \(Self.mebibytes(estimate.total))); "

@@ -13,7 +13,7 @@ struct MemoryBudgetOptions: ParsableArguments {
     @Option(
         name: .customLong("memory-budget"),
         help: ArgumentHelp(
-            "The most broadcast's own (private dirty) memory may reach: 128M (default), 1G. Queue, pool and replay sizes and x264's threads and lookahead are derived from it; a broadcast that cannot fit is refused.",
+            "The most broadcast's own (private dirty) memory may reach: 160M (default), 1G. Queue, pool and replay sizes and x264's threads and lookahead are derived from it; a broadcast that cannot fit is refused.",
             valueName: "size"))
     var memoryBudget: String?
 
@@ -35,9 +35,12 @@ enum MemoryBudgeting {
                 poolFrameBytes: test.width * test.height * 3 / 2, converts: test.width != width || test.height != height)
         case let device as V4L2Source:
             return CaptureMemory(poolFrameBytes: device.frameBytes, converts: true)
+        case is X11ScreenSource:
+            // MIT-SHM segments are shared with the X server, not private memory; without MIT-SHM
+            // (a remote display) a GetImage reply is one BGRx frame of ours at a time.
+            return CaptureMemory(fixedBytes: width * height * 4, converts: true)
         default:
-            // X11 and PipeWire: up to 4 BGRx frames of their own (X11's are shared with the X
-            // server), converted to yuv420p.
+            // PipeWire: up to 4 BGRx frames of its own, converted to yuv420p.
             return CaptureMemory(fixedBytes: width * height * 4 * 4, converts: true)
         }
     }

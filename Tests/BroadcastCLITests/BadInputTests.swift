@@ -37,8 +37,11 @@ import Testing
          "memory budget 48 MiB is too small for 1920x1080 at 60 fps: it needs at least 8"),
         (["stream", "rtmp://127.0.0.1:1/live/x", "--size", "1920x1080", "--fps", "60", "--memory-budget", "48M"],
          "memory budget 48 MiB is too small for 1920x1080 at 60 fps: it needs at least 8"),
-        // x264 without zerolatency holds its B-frames and lookahead: 1080p60 does not fit the default.
-        (["record", "out.mp4", "--size", "1920x1080", "--fps", "60", "--tune", "none"],
+        // A 4K picture does not fit the default budget (x264 alone holds ~180 MiB).
+        (["record", "out.mp4", "--size", "3840x2160"],
+         "memory budget 160 MiB is too small for 3840x2160 at 30 fps: it needs at least 2"),
+        // x264 without zerolatency holds its B-frames and lookahead.
+        (["record", "out.mp4", "--size", "1920x1080", "--fps", "60", "--tune", "none", "--memory-budget", "128M"],
          "memory budget 128 MiB is too small for 1920x1080 at 60 fps: it needs at least 1"),
         // A live output needs a frame every tick: vfr is for files.
         (["stream", "rtmp://127.0.0.1:1/live/x", "--frame-rate-mode", "vfr"], "--frame-rate-mode vfr"),

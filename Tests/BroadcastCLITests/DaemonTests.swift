@@ -61,8 +61,8 @@ import Testing
         ("[limits]\nmemroy = \"1G\"", "2: limits.memroy: unknown key: [limits] accepts memory"),
         ("[limits]\nmemory = \"48M\"\n[video]\nsize = \"1920x1080\"\nfps = 60\n[[output]]\nname = \"a\"\npath = \"/tmp/a.mkv\"",
          "2: limits.memory: memory budget 48 MiB is too small for 1920x1080 at 60 fps: it needs at least 8"),
-        ("[video]\nsize = \"1920x1080\"\nfps = 60\n[encoder]\ntune = \"none\"\n[[output]]\nname = \"a\"\npath = \"/tmp/a.mkv\"",
-         "2: video.size: memory budget 128 MiB is too small for 1920x1080 at 60 fps: it needs at least 1"),
+        ("[video]\nsize = \"3840x2160\"\n[[output]]\nname = \"a\"\npath = \"/tmp/a.mkv\"",
+         "2: video.size: memory budget 160 MiB is too small for 3840x2160 at 30 fps: it needs at least 2"),
         ("[[output]]\nname = \"a\"\npath = \"/tmp/a.mpeg\"", "3: output.path: recording /tmp/a.mpeg: unsupported extension .mpeg"),
         ("[[output]]\nname = \"a\"\n\npath = \"/tmp/%Y/%m/a\"", "4: output.path: recording /tmp/%Y/%m/a: unsupported extension (none)"),
     ] as [(String, String)])

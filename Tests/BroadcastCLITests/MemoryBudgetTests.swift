@@ -88,7 +88,7 @@ import Glibc
         let peak = samples.map(\.privateDirty).max() ?? 0
         let budget = samples[0].budget
         print("memory at 1080p60 with slow outputs: peak \(Int(peak) >> 20) MiB private dirty (resident \(Int(samples.map(\.resident).max() ?? 0) >> 20) MiB) of a \(Int(budget) >> 20) MiB budget, \(samples.count) samples")
-        #expect(budget == Double(128 << 20), "the default budget: \(budget)")
+        #expect(budget == Double(160 << 20), "the default budget: \(budget)")
         #expect(peak > 20 * Double(1 << 20), "a 1080p encoder is in the footprint: \(peak)")
         #expect(samples.allSatisfy { $0.privateDirty < $0.budget },
             "footprint over the budget: peak \(Int(peak) >> 20) MiB of \(Int(budget) >> 20) MiB; samples \(samples.map { Int($0.privateDirty) >> 20 })")
@@ -96,7 +96,7 @@ import Glibc
         #expect(samples.allSatisfy { $0.resident > $0.privateDirty })
         // The same figures as Prometheus gauges.
         let metrics = try run("/usr/bin/curl", ["-s", "--unix-socket", socket, "http://localhost/metrics"]).stdout
-        #expect(metrics.contains("broadcast_memory_budget_bytes 134217728"), "\(metrics)")
+        #expect(metrics.contains("broadcast_memory_budget_bytes 167772160"), "\(metrics)")
         #expect(metrics.contains("broadcast_private_dirty_bytes "), "\(metrics)")
     }
 }
