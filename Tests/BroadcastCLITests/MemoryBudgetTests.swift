@@ -101,6 +101,22 @@ import Glibc
     }
 }
 
+extension MemoryBudgetTests {
+    /// record's status line (a log line every 5 s off a terminal) says the footprint and the budget.
+    @Test func statusLineShowsTheFootprintAgainstTheBudget() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let r = try broadcast([
+            "record", dir.path("a.mkv"), "--size", "320x180", "--duration", "7s", "--memory-budget", "64M",
+        ])
+        #expect(r.status == 0, "\(r.stderr)")
+        let line = r.stderr.split(separator: "\n").first { $0.contains("elapsed=") } ?? ""
+        let mem = line.split(separator: " ").first { $0.hasPrefix("mem=") } ?? ""
+        // "mem=23.4 MiB/64.0 MiB": the footprint, then the budget.
+        #expect(mem.hasPrefix("mem=") && line.contains(" MiB/64.0 MiB"), "\(line)")
+    }
+}
+
 /// A flag a test's helper thread polls.
 final class ManagedFlag: @unchecked Sendable {
     private let lock = NSLock()
