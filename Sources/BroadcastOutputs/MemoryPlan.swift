@@ -163,14 +163,15 @@ public struct MemoryPlan: Sendable, Hashable, CustomStringConvertible {
         // bitrate plus a keyframe interval, and get up to the default limit.
         var replayFixed: Int64 = 0
         var replayUnset = 0
-        var replayUnsetMinimum: Int64 = 0
+        // Every replay buffer without a limit gets the same one: the largest of their minimums.
+        var replayEachMinimum: Int64 = 0
         for output in outputs {
             guard let replay = output.replay else { continue }
             if replayLimitsSet.contains(output.name) {
                 replayFixed += replay.maxBytes
             } else {
                 replayUnset += 1
-                replayUnsetMinimum += Int64((replay.seconds + keyframeSeconds) * bytesPerSecond * 1.25)
+                replayEachMinimum = max(replayEachMinimum, Int64((replay.seconds + keyframeSeconds) * bytesPerSecond * 1.25))
             }
         }
 
@@ -228,13 +229,13 @@ public struct MemoryPlan: Sendable, Hashable, CustomStringConvertible {
 
         minimum = Parts(
             base: Self.baseBytes, encoder: encoderMinimum, capture: captureFixed + poolMinimum, queues: queueMinimum,
-            replay: replayFixed + replayUnsetMinimum)
+            replay: replayFixed + replayEachMinimum * Int64(replayUnset))
         capturePoolBytes = Int(poolMinimum)
         fileQueueCapacity = minimumQueuePackets
         liveQueueCapacity = minimumQueuePackets
         encoderThreads = video?.threads ?? 0
         lookahead = nil
-        replayMaxBytes = replayUnset > 0 ? replayUnsetMinimum / Int64(replayUnset) : 0
+        replayMaxBytes = replayEachMinimum
         estimate = minimum
         if minimum.total > budget {
             let what = video.map { "\($0.width)x\($0.height) at \($0.frameRate) fps" } ?? "this audio-only broadcast"
@@ -292,7 +293,8 @@ public struct MemoryPlan: Sendable, Hashable, CustomStringConvertible {
             spare -= spent
         }
         if replayUnset > 0 {
-            let each = min(ReplaySettings.defaultMaxBytes, replayMaxBytes + spare / Int64(replayUnset))
+            // Never below what the buffer's length needs (which the minimum counted), at most the default.
+            let each = max(replayMaxBytes, min(ReplaySettings.defaultMaxBytes, replayMaxBytes + spare / Int64(replayUnset)))
             estimate.replay += (each - replayMaxBytes) * Int64(replayUnset)
             replayMaxBytes = each
         }

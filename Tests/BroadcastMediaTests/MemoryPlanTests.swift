@@ -95,4 +95,21 @@ import Testing
             budget: 512 * Self.mib, configuration: limited, capture: Self.testPattern, cores: 2, replayLimitsSet: ["replay"])
         #expect(kept.applied(to: limited, replayLimitsSet: ["replay"]).outputs[1].replay?.maxBytes == 200 * Self.mib)
     }
+
+    /// Replay buffers of different lengths without limits: each gets at least what the longest
+    /// needs (its seconds plus a keyframe interval at peak bitrate), and the total stays in budget.
+    @Test func replayBuffersOfDifferentLengthsEachGetWhatTheLongestNeeds() throws {
+        let outputs = [
+            OutputConfiguration(name: "short", destination: .file("/tmp/s-%s.mkv"), replay: ReplaySettings(seconds: 10)),
+            OutputConfiguration(name: "long", destination: .file("/tmp/l-%s.mkv"), replay: ReplaySettings(seconds: 120)),
+        ]
+        let configuration = Self.configuration(width: 1280, height: 720, fps: 30, outputs: outputs)
+        let plan = try MemoryPlan(budget: 256 * Self.mib, configuration: configuration, capture: Self.testPattern, cores: 2)
+        // 122 s at 4.6 Mbit/s peak: about 67 MiB.
+        #expect(plan.replayMaxBytes >= 67 * Self.mib, "\(plan)")
+        #expect(plan.estimate.total <= plan.budget, "\(plan)")
+        #expect(throws: BroadcastError.self) {
+            _ = try MemoryPlan(budget: 128 * Self.mib, configuration: configuration, capture: Self.testPattern, cores: 2)
+        }
+    }
 }
