@@ -3,8 +3,10 @@
 
 Each case runs broadcast (A) and the equivalent ffmpeg command line (B) alternately, A B A B ...,
 for --pairs pairs, and reports the median of the per-pair ratios (A/B) with the absolute medians.
-Figures are whole-process: user+sys CPU and peak RSS of the child from os.wait4 (getrusage), wall
-time from a monotonic clock. Nothing here is a pass/fail threshold: this reports, it does not judge.
+Figures are whole-process: user+sys CPU and peak RSS of the child from os.wait4 (getrusage), peak
+private dirty memory (Private_Dirty of /proc/PID/smaps_rollup, sampled every 100 ms while it runs:
+the footprint broadcast's --memory-budget holds, without shared library pages), wall time from a
+monotonic clock. Nothing here is a pass/fail threshold: this reports, it does not judge.
 
 Usage: benchmarks/bench.py --broadcast PATH [--pairs 3] [--seconds 8] [--offline-seconds 60]
                            [--cases rec-720,rec-1080,...] [--out DIR] [--markdown FILE]
@@ -38,15 +40,34 @@ def run_measured(cmd, env=None, timeout=None):
     import threading
     reader = threading.Thread(target=lambda: err.append(proc.stderr.read()))
     reader.start()
+    dirty = [0]
+    done = threading.Event()
+
+    def sample():
+        # Private_Dirty in kB; the process may end between two reads.
+        while not done.is_set():
+            try:
+                with open(f"/proc/{proc.pid}/smaps_rollup") as f:
+                    for line in f:
+                        if line.startswith("Private_Dirty:"):
+                            dirty[0] = max(dirty[0], int(line.split()[1]))
+            except (OSError, ValueError):
+                pass
+            done.wait(0.1)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.monotonic() - start
+    done.set()
+    sampler.join()
     reader.join()
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         tail = (err[0] if err else b"").decode(errors="replace")[-2000:]
         raise RuntimeError(f"exit {proc.returncode}: {' '.join(cmd)}\n{tail}")
     return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "user": usage.ru_utime,
-            "sys": usage.ru_stime, "rss_mb": usage.ru_maxrss / 1024.0}
+            "sys": usage.ru_stime, "rss_mb": usage.ru_maxrss / 1024.0, "dirty_mb": dirty[0] / 1024.0}
 
 
 def x264_rc(bitrate):
@@ -301,7 +322,8 @@ def run_pairs(case, pairs, work):
         rows["b"].append(run_measured(case.b()))
         a, b = rows["a"][-1], rows["b"][-1]
         print(f"  {case.name} pair {i + 1}/{pairs}: broadcast cpu {a['cpu']:.2f}s rss {a['rss_mb']:.0f}MB "
-              f"wall {a['wall']:.1f}s | ffmpeg cpu {b['cpu']:.2f}s rss {b['rss_mb']:.0f}MB wall {b['wall']:.1f}s",
+              f"dirty {a['dirty_mb']:.0f}MB wall {a['wall']:.1f}s | ffmpeg cpu {b['cpu']:.2f}s rss {b['rss_mb']:.0f}MB "
+              f"dirty {b['dirty_mb']:.0f}MB wall {b['wall']:.1f}s",
               flush=True)
     return summarize(case, rows)
 
@@ -317,6 +339,8 @@ def summarize(case, rows):
         "cpu_ratio": median([x["cpu"] / y["cpu"] for x, y in zip(a, b)]),
         "a_rss_mb": median([r["rss_mb"] for r in a]), "b_rss_mb": median([r["rss_mb"] for r in b]),
         "rss_ratio": median([x["rss_mb"] / y["rss_mb"] for x, y in zip(a, b)]),
+        "a_dirty_mb": median([r["dirty_mb"] for r in a]), "b_dirty_mb": median([r["dirty_mb"] for r in b]),
+        "dirty_ratio": median([x["dirty_mb"] / y["dirty_mb"] for x, y in zip(a, b) if y["dirty_mb"] > 0] or [float("nan")]),
         "a_fps": median([fps(r) for r in a]), "b_fps": median([fps(r) for r in b]),
         "fps_ratio": median([fps(x) / fps(y) for x, y in zip(a, b)]),
         "a_raw": a, "b_raw": b,
@@ -511,9 +535,10 @@ def markdown(info, results, overhead, args):
              "wall-clock figures are noisy, CPU-time ratios much less so). "
              f"{args.pairs} pairs per case, run A B A B.", "",
              "| case | CPU-s per media-s: broadcast / ffmpeg | ratio (median of pairs) | peak RSS MB: broadcast / ffmpeg "
-             "| RSS ratio | media fps: broadcast / ffmpeg | fps ratio | latency p50 / p99 ms "
+             "| RSS ratio | peak private dirty MB: broadcast / ffmpeg | private dirty ratio "
+             "| media fps: broadcast / ffmpeg | fps ratio | latency p50 / p99 ms "
              "| of which before the encoder p50 / p99 ms | x264 options (screen cases) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lat = (f"{fmt(r.get('latency_p50_ms'), '.1f')} / {fmt(r.get('latency_p99_ms'), '.1f')}"
                if "latency_p50_ms" in r else "—")
@@ -528,7 +553,8 @@ def markdown(info, results, overhead, args):
             lat += " | —"
         lines.append(f"| {r['title']} | {fmt(r['a_cpu_per_media_s'], '.3f')} / {fmt(r['b_cpu_per_media_s'], '.3f')} "
                      f"| **{fmt(r['cpu_ratio'])}** | {fmt(r['a_rss_mb'], '.0f')} / {fmt(r['b_rss_mb'], '.0f')} "
-                     f"| {fmt(r['rss_ratio'])} | {fps_cells} | {lat} |")
+                     f"| {fmt(r['rss_ratio'])} | {fmt(r.get('a_dirty_mb'), '.0f')} / {fmt(r.get('b_dirty_mb'), '.0f')} "
+                     f"| {fmt(r.get('dirty_ratio'))} | {fps_cells} | {lat} |")
     if overhead:
         lines += ["", "Non-encoder overhead (perf cpu-clock samples of one realtime run each, same pictures; everything "
                   "outside libx264, libavcodec's encoders and x264's worker threads; in % of one core = share × CPU-s "

@@ -125,6 +125,11 @@ check "webcam: >= 95% of the $produced frames the driver produced ($n)" ge "${n:
 check "webcam: ffprobe-clean" clean webcam.mp4
 check "webcam: audio is not silent ($v dB)" sh -c "[ -n '$v' ] && echo '$v > -30' | bc | grep -q 1"
 check "webcam: negotiated YUYV 320x180 at $FPS fps" contains webcam.log "YUYV 320x180 @ $FPS fps"
+# The device's own colour description reaches the file (issue 15): vivid's webcam input says sRGB
+# (or SMPTE 170M), whose Y'CbCr encoding is BT.601 either way, video range for YUYV.
+tags=$(ffprobe -v error -select_streams v:0 -show_entries stream=color_space,color_primaries,color_transfer,color_range -of csv=p=0 webcam.mp4)
+echo "webcam colour tags (space, range, transfer, primaries as ffprobe orders them): $tags"
+check "webcam: tagged with the device's BT.601 matrix at video range ($tags)" sh -c "echo '$tags' | grep -q 'smpte170m' && echo '$tags' | grep -q 'tv'"
 
 # ---------------------------------------------------------------------------------------------
 ts "3. pixel formats: each gives a recording that looks like the YUYV one"
@@ -202,6 +207,7 @@ figures hdmi.log
 check "HDMI: ffprobe-clean" clean hdmi.mp4
 check "HDMI: output 320x180" sh -c "ffprobe -v error -select_streams v:0 -show_entries stream=width,height -of csv=p=0 hdmi.mp4 | grep -q '^320,180'"
 check "HDMI: frames before and after the change (>= 60 of 8 s)" ge "$n" 60
+echo "HDMI colour tags: $(ffprobe -v error -select_streams v:0 -show_entries stream=color_space,color_primaries,color_transfer,color_range -of csv=p=0 hdmi.mp4)"
 v4l2-ctl -d /dev/video0 -i 0 > /dev/null
 
 # ---------------------------------------------------------------------------------------------

@@ -24,13 +24,17 @@ public final class TestPatternSource: CaptureSource, @unchecked Sendable {
 
     /// Media time after which the source hangs without producing (a wedged device), for tests.
     public let stallAfterNanoseconds: Int64?
+    /// What the frame pool may take (the memory budget's share); set before `start`. The pool
+    /// holds up to a second of frames within this, and never fewer than 4.
+    public var poolBytes = 16 << 20
 
     public init(
         width: Int,
         height: Int,
         frameRate: (numerator: Int, denominator: Int),
         realtime: Bool = true,
-        stallAfter: MediaTime? = nil
+        stallAfter: MediaTime? = nil,
+        bt601: Bool? = nil
     ) {
         precondition(width >= 16 && height >= 16 && width % 2 == 0 && height % 2 == 0, "test pattern size must be even and at least 16x16")
         precondition(frameRate.numerator > 0 && frameRate.denominator > 0, "frame rate must be positive")
@@ -39,8 +43,15 @@ public final class TestPatternSource: CaptureSource, @unchecked Sendable {
         self.frameRate = frameRate
         self.isRealtime = realtime
         self.stallAfterNanoseconds = stallAfter?.nanoseconds
-        self.format = VideoFormat(pixelFormat: .yuv420p, width: width, height: height)
+        // Painted in BT.709 from 720 lines, BT.601 below (what the encoder would tag an RGB
+        // picture of that size), unless asked; the buffers say which.
+        self.format = VideoFormat(
+            pixelFormat: .yuv420p, width: width, height: height,
+            colour: bt601 ?? (height < 720) ? .bt601 : .bt709)
     }
+
+    /// What the pattern's YUV is: limited-range BT.601 or BT.709.
+    public var colour: VideoColour { format.colour ?? .bt709 }
 
     static func rateText(_ r: (numerator: Int, denominator: Int)) -> String {
         r.denominator == 1 ? "\(r.numerator)" : "\(r.numerator)/\(r.denominator)"
@@ -65,11 +76,11 @@ public final class TestPatternSource: CaptureSource, @unchecked Sendable {
         let lumaSize = width * height
         let chromaWidth = width / 2
         let chromaSize = chromaWidth * (height / 2)
-        // Room for up to a second of frames while the encoder catches up, within about 16 MB.
+        // Room for up to a second of frames while the encoder catches up, within `poolBytes`.
         let frameBytes = lumaSize + 2 * chromaSize
         let framesPerSecond = (frameRate.numerator + frameRate.denominator - 1) / frameRate.denominator
         let pool = BufferPool(
-            count: max(6, min(framesPerSecond, 16 << 20 / frameBytes)),
+            count: max(4, min(framesPerSecond, poolBytes / frameBytes)),
             byteCount: lumaSize + 2 * chromaSize,
             planeLayout: [
                 (0, lumaSize, width),
@@ -77,7 +88,7 @@ public final class TestPatternSource: CaptureSource, @unchecked Sendable {
                 (lumaSize + chromaSize, chromaSize, chromaWidth),
             ]
         )
-        let painter = TestPatternPainter(width: width, height: height)
+        let painter = TestPatternPainter(width: width, height: height, bt709: colour.matrix == .bt709)
         running.store(true, ordering: .releasing)
         thread = OSThread(name: "bc-test-video") { [self] in
             produce(into: sink, pool: pool, painter: painter)
@@ -168,13 +179,13 @@ struct TestPatternPainter: Sendable {
         (63, 193, 204), (51, 109, 212), (28, 212, 120), (16, 128, 128),
     ]
 
-    init(width: Int, height: Int) {
+    init(width: Int, height: Int, bt709: Bool? = nil) {
         self.width = width
         self.height = height
         let lumaSize = width * height
         let chromaSize = (width / 2) * (height / 2)
         var image = [UInt8](repeating: 0, count: lumaSize + 2 * chromaSize)
-        let bars = height >= 720 ? Self.bars709 : Self.bars601
+        let bars = bt709 ?? (height >= 720) ? Self.bars709 : Self.bars601
         let barCount = bars.count
         for y in 0..<height {
             for x in 0..<width {

@@ -205,6 +205,12 @@ final class V4L2Device: @unchecked Sendable {
         var height: Int
         var bytesPerLine: Int
         var sizeImage: Int
+        /// The colour fields, as the driver set them (enum v4l2_colorspace, v4l2_ycbcr_encoding,
+        /// v4l2_quantization, v4l2_xfer_func); see `V4L2Colour`.
+        var colorspace: UInt32 = 0
+        var ycbcrEncoding: UInt32 = 0
+        var quantization: UInt32 = 0
+        var transfer: UInt32 = 0
     }
 
     func format() throws(SystemCallError) -> PixFormat {
@@ -232,7 +238,12 @@ final class V4L2Device: @unchecked Sendable {
             width: Int(pix.width),
             height: Int(pix.height),
             bytesPerLine: Int(pix.bytesperline),
-            sizeImage: Int(pix.sizeimage)
+            sizeImage: Int(pix.sizeimage),
+            colorspace: pix.colorspace,
+            // A union in the header (ycbcr_enc / hsv_enc): one byte either way.
+            ycbcrEncoding: UInt32(pix.ycbcr_enc),
+            quantization: pix.quantization,
+            transfer: pix.xfer_func
         )
     }
 

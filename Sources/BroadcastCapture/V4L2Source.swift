@@ -121,6 +121,13 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
 
     /// What was negotiated at open time, e.g. "YUYV 320x180 @ 25 fps (input 0: Webcam 0)".
     public let negotiatedDescription: String
+    /// What the frames copied out of driver buffers may take (the memory budget's share; the
+    /// driver's own buffers are not this process's memory); set before `start`.
+    public var copyPoolBytes = 64 << 20
+    /// Bytes of one captured frame (the negotiated sizeimage).
+    public let frameBytes: Int
+    /// What the captured YUV is, as negotiated (nil: RGB, converted by the encoder).
+    public let colour: VideoColour?
 
     /// Opens and configures `path` at once, so a bad device, size or format is reported before
     /// anything else starts. Throws `.invalidArgument` with a message naming the device and what it supports.
@@ -137,6 +144,8 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
         let negotiated = try V4L2Negotiation.configure(device, options: options, logger: logger)
         configured = (device, negotiated)
         negotiatedDescription = negotiated.description
+        frameBytes = negotiated.pixFormat.sizeImage
+        colour = negotiated.colour
     }
 
     public func start(into sink: SourceSink) throws {
@@ -146,7 +155,7 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
         configured = nil
         let stream: V4L2Stream
         do {
-            stream = try V4L2Stream(device: device, negotiated: negotiated, wake: wake)
+            stream = try V4L2Stream(device: device, negotiated: negotiated, wake: wake, copyPoolBytes: copyPoolBytes)
         } catch {
             throw BroadcastError(.sourceFailed, "\(path): cannot start streaming: \(error)")
         }
@@ -341,7 +350,7 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
             }
             let negotiated = try V4L2Negotiation.configure(device, options: options, logger: logger)
             do {
-                return try V4L2Stream(device: device, negotiated: negotiated, wake: wake)
+                return try V4L2Stream(device: device, negotiated: negotiated, wake: wake, copyPoolBytes: copyPoolBytes)
             } catch {
                 throw BroadcastError(.sourceFailed, "\(error)")
             }
@@ -389,7 +398,7 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
         do {
             guard freed else { throw BroadcastError(.sourceFailed, "buffers still in use") }
             let negotiated = try V4L2Negotiation.configure(device, options: options, logger: logger)
-            stream = try V4L2Stream(device: device, negotiated: negotiated, wake: wake)
+            stream = try V4L2Stream(device: device, negotiated: negotiated, wake: wake, copyPoolBytes: copyPoolBytes)
             logger.notice("\(path): source changed, now capturing \(negotiated.description)")
         } catch {
             lose(&stream, because: "renegotiation after a source change failed: \(error)")
@@ -405,7 +414,16 @@ struct V4L2Negotiation: Sendable, CustomStringConvertible {
     var inputDescription: String
     var rateText: String
 
-    var videoFormat: VideoFormat { VideoFormat(pixelFormat: pixelFormat, width: pixFormat.width, height: pixFormat.height) }
+    var videoFormat: VideoFormat {
+        VideoFormat(pixelFormat: pixelFormat, width: pixFormat.width, height: pixFormat.height, colour: colour)
+    }
+
+    /// What the device's YUV is (nil for RGB formats), from the format's colour fields.
+    var colour: VideoColour? {
+        V4L2Colour.describe(
+            pixelFormat: pixelFormat, colorspace: pixFormat.colorspace, ycbcrEncoding: pixFormat.ycbcrEncoding,
+            quantization: pixFormat.quantization, transfer: pixFormat.transfer, width: pixFormat.width, height: pixFormat.height)
+    }
 
     var description: String {
         "\(pixFormat.fourcc) \(pixFormat.width)x\(pixFormat.height) @ \(rateText) fps (\(inputDescription))"
@@ -608,13 +626,14 @@ final class V4L2Stream: @unchecked Sendable {
     }
     /// Below this many buffers queued with the driver, frames are copied and their buffer re-queued.
     static let minimumQueued = 2
-    /// Copies to keep: up to a second of frames, within 64 MiB.
-    static func copyCount(frameBytes: Int, frameDuration: Int64) -> Int {
+    /// Copies to keep: up to a second of frames, within `limit` bytes (64 MiB unless the memory
+    /// budget says less), and never fewer than 4.
+    static func copyCount(frameBytes: Int, frameDuration: Int64, limit: Int = 64 << 20) -> Int {
         let perSecond = Int(1_000_000_000 / max(frameDuration, 1_000_000))
-        return max(4, min(perSecond, 64 << 20 / max(frameBytes, 1), 64))
+        return max(4, min(perSecond, limit / max(frameBytes, 1), 64))
     }
 
-    init(device: V4L2Device, negotiated: V4L2Negotiation, wake: Wakeup) throws(SystemCallError) {
+    init(device: V4L2Device, negotiated: V4L2Negotiation, wake: Wakeup, copyPoolBytes: Int) throws(SystemCallError) {
         self.device = device
         self.negotiated = negotiated
         let count = try device.requestBuffers(
@@ -639,7 +658,7 @@ final class V4L2Stream: @unchecked Sendable {
         }
         let frameBytes = min(max(pix.sizeImage, layout.map { $0.offset + $0.count }.max() ?? 0), buffers.map(\.length).min() ?? 0)
         copyPool = BufferPool(
-            count: Self.copyCount(frameBytes: frameBytes, frameDuration: negotiated.frameDurationNanoseconds),
+            count: Self.copyCount(frameBytes: frameBytes, frameDuration: negotiated.frameDurationNanoseconds, limit: copyPoolBytes),
             byteCount: frameBytes,
             planeLayout: layout.map { ($0.offset, min($0.count, frameBytes - $0.offset), $0.bytesPerRow) }
         )

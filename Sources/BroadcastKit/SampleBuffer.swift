@@ -86,11 +86,15 @@ public struct VideoFormat: Sendable, Hashable, CustomStringConvertible {
     public var pixelFormat: PixelFormat
     public var width: Int
     public var height: Int
+    /// What the values mean, when the source knows (a YUV device, the test pattern); nil for RGB
+    /// and for sources that cannot say. See ``VideoColour``.
+    public var colour: VideoColour?
 
-    public init(pixelFormat: PixelFormat, width: Int, height: Int) {
+    public init(pixelFormat: PixelFormat, width: Int, height: Int, colour: VideoColour? = nil) {
         self.pixelFormat = pixelFormat
         self.width = width
         self.height = height
+        self.colour = colour
     }
 
     public var description: String { "\(pixelFormat.rawValue) \(width)x\(height)" }

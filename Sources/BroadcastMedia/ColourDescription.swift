@@ -1,3 +1,4 @@
+internal import BroadcastKit
 internal import CAVCodec
 internal import CAVUtil
 internal import CSwScale
@@ -25,11 +26,35 @@ struct ColourDescription: Equatable, CustomStringConvertible {
     /// The description for an encoded picture `height` lines high.
     static func forOutput(height: Int) -> ColourDescription { height >= 720 ? .bt709 : .bt601 }
 
+    /// What the encoder is given: the source's own YUV when it says what it is (taken without a
+    /// matrix change, so tagged as it is), else the rule for an RGB picture `height` lines high.
+    static func forEncoder(source: VideoColour?, height: Int) -> ColourDescription {
+        source.map(ColourDescription.init) ?? .forOutput(height: height)
+    }
+
     /// The libswscale coefficient table (SWS_CS_*) of this matrix.
-    var swsColourspace: Int32 { matrix == AVCOL_SPC_BT709 ? SWS_CS_ITU709 : SWS_CS_ITU601 }
+    var swsColourspace: Int32 {
+        switch matrix {
+        case AVCOL_SPC_BT709: SWS_CS_ITU709
+        case AVCOL_SPC_SMPTE240M: SWS_CS_SMPTE240M
+        case AVCOL_SPC_BT2020_NCL, AVCOL_SPC_BT2020_CL: SWS_CS_BT2020
+        default: SWS_CS_ITU601
+        }
+    }
 
     var description: String {
-        let name = matrix == AVCOL_SPC_BT709 ? "bt709" : "bt601"
+        let name = av_color_space_name(matrix).map { String(cString: $0) } ?? "matrix \(matrix.rawValue)"
         return "\(name) \(fullRange ? "full" : "limited") range"
+    }
+}
+
+extension ColourDescription {
+    /// A source's description in FFmpeg's terms: the H.273 code points are FFmpeg's AVCOL_* values.
+    init(_ colour: VideoColour) {
+        self.init(
+            matrix: AVColorSpace(rawValue: UInt32(colour.matrix.rawValue)),
+            primaries: AVColorPrimaries(rawValue: UInt32(colour.primaries.rawValue)),
+            transfer: AVColorTransferCharacteristic(rawValue: UInt32(colour.transfer.rawValue)),
+            fullRange: colour.fullRange)
     }
 }

@@ -45,7 +45,10 @@ final class Scaler {
         /// A sample buffer's format (never compressed: decode first).
         init?(_ video: VideoFormat) {
             guard let format = video.pixelFormat.avPixelFormat else { return nil }
-            self.init(format: format, width: Int32(video.width), height: Int32(video.height), fullRange: false)
+            // RGB is full range by nature (libswscale ignores the flag for it); YUV says its own.
+            self.init(
+                format: format, width: Int32(video.width), height: Int32(video.height),
+                fullRange: video.colour?.fullRange ?? false)
         }
 
         /// What a decoder produced.
@@ -106,9 +109,10 @@ final class Scaler {
         try self.init(source: source, outputFormat: outputFormat, width: width, height: height, colour: colour)
     }
 
-    /// The output is video range (what H.264 encoders are given); a full-range source is
-    /// compressed into it. An RGB source becomes YUV with `colour`'s matrix (default: the rule for
-    /// the output height, BT.709 from 720 lines); a YUV source keeps its matrix.
+    /// The output has `colour`'s range (default: video range, what H.264 encoders are usually
+    /// given; a full-range source is compressed into it). An RGB source becomes YUV with `colour`'s
+    /// matrix (default: the rule for the output height, BT.709 from 720 lines); a YUV source keeps
+    /// its matrix, so the encoder is told the source's (`VideoEncoderSettings.colour`).
     init(
         source: Source, outputFormat: AVPixelFormat, width: Int32, height: Int32,
         colour: ColourDescription? = nil
@@ -140,7 +144,7 @@ final class Scaler {
             ("srcw", Int64(source.width)), ("srch", Int64(source.height)), ("src_format", Int64(source.format.rawValue)),
             ("dstw", Int64(width)), ("dsth", Int64(height)), ("dst_format", Int64(outputFormat.rawValue)),
             ("sws_flags", Int64(SWS_BILINEAR)),
-            ("src_range", source.fullRange ? 1 : 0), ("dst_range", 0),
+            ("src_range", source.fullRange ? 1 : 0), ("dst_range", colour.fullRange ? 1 : 0),
         ]
         for (name, value) in options {
             try check(av_opt_set_int(UnsafeMutableRawPointer(sws), name, value, 0), "\(what): setting \(name)")
@@ -151,7 +155,7 @@ final class Scaler {
         // libswscale's default matrix is BT.601; the RGB→YUV one is the destination table. The
         // source table only matters for a YUV source, which keeps its own matrix: give it the same.
         let table = sws_getCoefficients(colour.swsColourspace)
-        guard sws_setColorspaceDetails(sws, table, source.fullRange ? 1 : 0, table, 0, 0, 1 << 16, 1 << 16) >= 0 else {
+        guard sws_setColorspaceDetails(sws, table, source.fullRange ? 1 : 0, table, colour.fullRange ? 1 : 0, 0, 1 << 16, 1 << 16) >= 0 else {
             throw FFmpegError.invalidArgument("libswscale cannot convert with the \(colour) matrix", what)
         }
         return context

@@ -27,6 +27,8 @@ public final class VideoEncoder {
     private let inputFrame: Frame
     private let nominalFrameDuration: Int64
     private var scaler: Scaler?
+    /// What the stream is tagged as, and so what converted frames are made into.
+    private let colour: ColourDescription
     /// Made for the first MJPEG frame.
     private var decoder: MJPEGDecoder?
     private var lastPTS: Int64?
@@ -93,6 +95,7 @@ public final class VideoEncoder {
         self.logger = logger
         self.streamIndex = streamIndex
         self.inputFrame = try Frame()
+        self.colour = ColourDescription.forEncoder(source: effective.colour, height: effective.height)
         self.referencesInput = effective.encoder == "libx264"
         self.latencyProbe = LatencyProbe(origin: created, timeBase: Rational(timeBase))
         logger.debug(
@@ -125,7 +128,7 @@ public final class VideoEncoder {
         )
         c.pointee.sample_aspect_ratio = AVRational(num: 1, den: 1)
         // Said before avcodec_open2 so x264 writes the VUI; the muxers copy them into colr/Colour.
-        let colour = ColourDescription.forOutput(height: settings.height)
+        let colour = ColourDescription.forEncoder(source: settings.colour, height: settings.height)
         c.pointee.colorspace = colour.matrix
         c.pointee.color_primaries = colour.primaries
         c.pointee.color_trc = colour.transfer
@@ -159,6 +162,7 @@ public final class VideoEncoder {
             if let tune = settings.tune { options["tune"] = tune }
             // A forced keyframe is an IDR, where a new viewer can start decoding.
             options["forced-idr"] = "1"
+            if let lookahead = settings.lookahead { options["rc-lookahead"] = "\(lookahead)" }
         }
         if let profile = settings.profile { options["profile"] = profile }
 
@@ -213,7 +217,8 @@ public final class VideoEncoder {
             let source = Scaler.Source(decoded: decoded)
             if scaler?.source != source {
                 scaler = try Scaler(
-                    source: source, outputFormat: c.pointee.pix_fmt, width: c.pointee.width, height: c.pointee.height)
+                    source: source, outputFormat: c.pointee.pix_fmt, width: c.pointee.width, height: c.pointee.height,
+                    colour: colour)
             }
             frame = try scaler!.scale(decoded)
         } else if format.pixelFormat == .yuv420p, format.width == Int(c.pointee.width), format.height == Int(c.pointee.height),
@@ -237,7 +242,8 @@ public final class VideoEncoder {
         } else {
             if scaler == nil || scaler!.source != Scaler.Source(format) {
                 scaler = try Scaler(
-                    input: format, outputFormat: c.pointee.pix_fmt, width: c.pointee.width, height: c.pointee.height)
+                    input: format, outputFormat: c.pointee.pix_fmt, width: c.pointee.width, height: c.pointee.height,
+                    colour: colour)
             }
             if buffer.isRepeat, scaler!.convertsRegions, scaler!.holdsPicture { repeatsNotConverted += 1 }
             frame = try scaler!.scale(buffer, changed: buffer.changedRegions)

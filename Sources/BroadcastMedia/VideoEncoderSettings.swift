@@ -1,3 +1,4 @@
+public import BroadcastKit
 internal import CAVCodec
 internal import CAVFormat
 internal import CAVUtil
@@ -55,6 +56,13 @@ public struct VideoEncoderSettings: Sendable, Hashable {
     public var keyframeIntervalSeconds: Double
     /// Encoder threads; 0 lets the encoder choose.
     public var threads: Int
+    /// x264's rc-lookahead (frames it looks ahead for rate control and frame types, each a frame
+    /// held in memory); nil: the preset's. Set by the memory budget.
+    public var lookahead: Int? = nil
+    /// What the source's YUV is, when the encoder takes it without a matrix change (a YUV or
+    /// MJPEG camera, the test pattern): the stream is tagged with it. nil: the source is RGB and
+    /// the encoder converts it to BT.709 from 720 lines, BT.601 below, limited range, and says so.
+    public var colour: VideoColour? = nil
 
     public init(
         encoder: String = "libx264",

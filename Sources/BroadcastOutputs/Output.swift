@@ -197,7 +197,7 @@ public final class Output: @unchecked Sendable {
         self.failedOutputs = failedOutputs
         self.logger = logger
         switch configuration.destination {
-        case .file: feed = PacketFeed(capacity: 8192)
+        case .file: feed = PacketFeed(capacity: configuration.fileQueueCapacity)
         case .live: feed = PacketFeed(capacity: configuration.live.queueCapacity)
         }
     }

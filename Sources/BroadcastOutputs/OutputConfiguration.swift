@@ -111,6 +111,9 @@ public struct OutputConfiguration: Sendable, Hashable {
     public var destination: OutputDestination
     /// Used when `destination` is live.
     public var live: LiveStreamSettings
+    /// For a file destination: packets its queue holds (when full, the encoder waits: a recording
+    /// never drops). About a minute of media at 60 fps unless the memory budget says less.
+    public var fileQueueCapacity = 8192
     /// For a file destination: cut into segments (the destination is the first segment's path).
     public var segments: RecordingSegments?
     /// For a file destination: an existing file may be replaced (when the new recording is

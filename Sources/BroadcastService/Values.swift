@@ -129,6 +129,15 @@ public enum Values {
         return Int64(bytes)
     }
 
+    /// A memory budget: "160M", "1G", from 16M (less than the process itself needs) to 1T.
+    public static func memoryBudget(_ text: String, option: String) throws -> Int64 {
+        let bytes = try byteCount(text, option: option)
+        guard bytes >= 16 << 20, bytes <= 1 << 40 else {
+            throw ValueError("invalid \(option) '\(text)': expected a size from 16M to 1T, such as 160M or 1G")
+        }
+        return bytes
+    }
+
     /// "key=value" for --setup.
     public static func setupPair(_ text: String) throws -> (String, String) {
         guard let eq = text.firstIndex(of: "="), eq != text.startIndex else {

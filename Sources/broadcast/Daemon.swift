@@ -217,6 +217,8 @@ final class BroadcastController: Sendable {
         var definitions: [String: DaemonConfig.Output]
         /// ALSA sources, whose clock drift against the monotonic clock the status reports.
         let audioDevices: [ALSASource]
+        /// The sizes the memory budget gave; outputs added by SIGHUP get them too.
+        let memoryPlan: MemoryPlan
     }
 
     private let state: Mutex<(config: DaemonConfig, running: Running?)>
@@ -257,7 +259,12 @@ final class BroadcastController: Sendable {
                 outputs: outputs
             )
             configuration.frameRateMode = try encoder.rateMode(live: outputs.contains { $0.destination.isLive })
+            configuration.video?.colour = SourceOptions.videoColour(captureSources)
             try configuration.validate()
+            let plan: MemoryPlan
+            (configuration, plan) = try MemoryBudgeting.plan(
+                configuration, budget: config.memoryBudgetBytes, sources: captureSources, replayLimitsSet: config.replayLimitsSet)
+            logger.info("memory plan: \(plan)")
             let handler = EncodingHandler(configuration: configuration, logger: logger)
             let counters = handler.counters
             let session = BroadcastSession(handler: handler, sources: captureSources, logger: logger)
@@ -293,7 +300,8 @@ final class BroadcastController: Sendable {
                 primaryType: hasVideo ? .video : captureSources[0].type,
                 outputControl: handler.outputControl,
                 definitions: Dictionary(config.outputs.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first }),
-                audioDevices: captureSources.compactMap { $0.source as? ALSASource }
+                audioDevices: captureSources.compactMap { $0.source as? ALSASource },
+                memoryPlan: plan
             )
             failure.withLock { $0 = nil }
             logger.notice("broadcast started: \(outputs.map(\.name).joined(separator: ", "))")
@@ -415,7 +423,8 @@ final class BroadcastController: Sendable {
             {
                 desired.append(current.configuration)
             } else if let made = try? Self.outputConfigurations([entry]) {
-                desired += made
+                // Sized like the others; not counted against the budget until the next start.
+                desired += made.map { running.memoryPlan.sized($0, replayLimitSet: entry.maxMemory != nil) }
             }
         }
         running.outputControl.reconfigure(desired)
@@ -462,6 +471,7 @@ final class BroadcastController: Sendable {
                 ("state", .string("idle")),
                 ("uptime_seconds", .number(uptime)),
                 ("outputs", .array([])),
+                ("memory", Self.memoryFields([], budget: state.withLock { $0.config.memoryBudgetBytes })),
                 ("error", failure.map(JSONValue.string) ?? .null),
             ]
             return .object(fields)
@@ -521,7 +531,7 @@ final class BroadcastController: Sendable {
             ("audio_drift_ppm", running.audioDevices.lazy.compactMap { $0.statistics.driftPPM }.first.map(JSONValue.number) ?? .null),
             ("types", .object(types)),
             ("outputs", .array(outputs)),
-            ("memory", Self.memoryFields(running.outputs)),
+            ("memory", Self.memoryFields(running.outputs, budget: state.withLock { $0.config.memoryBudgetBytes })),
             ("error", failure.map(JSONValue.string) ?? .null),
         ]
         return .object(fields)

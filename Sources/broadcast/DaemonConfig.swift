@@ -62,6 +62,8 @@ struct DaemonConfig {
     var token: String?
     var autostart = true
     var outputs: [Output] = []
+    /// [limits] memory: the memory budget (see `MemoryPlan`), and its line.
+    var memoryBudget: (bytes: Int64, line: Int)?
 
     /// Config key → command-line flag, per table.
     static let flags: [String: [String: String]] = [
@@ -76,8 +78,9 @@ struct DaemonConfig {
     ]
     static let controlKeys = ["socket", "socket_mode", "tcp", "token"]
     static let daemonKeys = ["autostart"]
+    static let limitsKeys = ["memory"]
     static let outputKeys = ["name", "path", "url", "segment", "retain_for", "retain_bytes", "overwrite", "replay", "max_memory", "on_file_finished"]
-    static let tables = ["video", "audio", "encoder", "setup", "control", "daemon", "output"]
+    static let tables = ["video", "audio", "encoder", "setup", "control", "daemon", "limits", "output"]
 
     /// The manifests of the recordings' files, one per base directory (see `RecordingManifest`).
     var manifests: [RecordingManifest] {
@@ -223,6 +226,14 @@ struct DaemonConfig {
                     guard key == "autostart" else { throw unknownKey(dotted, entry.line, known: Self.daemonKeys, table: tableName) }
                     guard case .boolean(let b) = entry.value else { throw error(entry.line, dotted, "expected true or false, got \(entry.value.typeName)") }
                     autostart = b
+                case "limits":
+                    guard key == "memory" else { throw unknownKey(dotted, entry.line, known: Self.limitsKeys, table: tableName) }
+                    let text = try scalarText(entry, key: dotted, environment: environment)
+                    do {
+                        memoryBudget = (try Values.memoryBudget(text, option: dotted), entry.line)
+                    } catch let e as ValueError {
+                        throw error(entry.line, dotted, e.description.replacingFirst("invalid \(dotted) ", with: ""))
+                    }
                 default:  // output
                     switch key {
                     case "name":
@@ -359,8 +370,43 @@ struct DaemonConfig {
     /// on a desktop with a chooser, a restore token spent), so it is asked once, when the broadcast
     /// starts; a refusal there is exit 2 too.
     private func check() throws {
-        _ = try parse(SourceOptions.self, sourceArguments, openDevices: true)
-        _ = try encoderOptions()
+        let sources = try parse(SourceOptions.self, sourceArguments, openDevices: true)
+        let encoder = try encoderOptions()
+        try checkMemory(sources: sources, encoder: encoder)
+    }
+
+    /// The budget the broadcast runs within: [limits] memory, else the default.
+    var memoryBudgetBytes: Int64 { memoryBudget?.bytes ?? MemoryPlan.defaultBudget }
+
+    /// The outputs whose replay byte limit the config sets (kept as set by the memory plan).
+    var replayLimitsSet: Set<String> { Set(outputs.filter { $0.maxMemory != nil }.map(\.name)) }
+
+    /// Refuses a config whose broadcast cannot fit its memory budget, naming [limits] memory (or
+    /// the video size when the budget is the default) with what it needs.
+    private func checkMemory(sources: SourceOptions, encoder: EncoderOptions) throws {
+        let opened = (try? sources.makeSources(openingPortal: false)) ?? []
+        let size = try sources.videoSize()
+        let outputs = self.outputs.map { output -> OutputConfiguration in
+            switch output.kind {
+            case .recording(let template):
+                return OutputConfiguration(
+                    name: output.name, destination: .file(template),
+                    replay: output.replay.map { ReplaySettings(seconds: $0.seconds, maxBytes: output.maxMemory ?? ReplaySettings.defaultMaxBytes) })
+            case .live(let url):
+                return OutputConfiguration(name: output.name, destination: (try? OutputDestination.parse(url)) ?? .file("/dev/null"))
+            }
+        }
+        let hasVideo = sourceArguments.firstIndex(of: "--video").map { sourceArguments[$0 + 1] != "none" } ?? true
+        let configuration = EncodingConfiguration(
+            video: hasVideo ? try encoder.videoSettings(width: size.width, height: size.height, frameRate: try sources.frameRate(), live: true) : nil,
+            audio: try encoder.audioSettings(), recordings: [], outputs: outputs)
+        do {
+            _ = try MemoryBudgeting.plan(configuration, budget: memoryBudgetBytes, sources: opened, replayLimitsSet: replayLimitsSet)
+        } catch let e as ValueError {
+            if let budget = memoryBudget { throw error(budget.line, "limits.memory", e.description) }
+            let origin = flagOrigins["--size"] ?? flagOrigins["--video"]
+            throw error(origin?.line ?? 0, origin?.key ?? "limits.memory", e.description + " (the default budget; set [limits] memory)")
+        }
     }
 
     /// The source options as parsed and range-checked, without opening anything (the caller opens

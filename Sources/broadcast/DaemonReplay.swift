@@ -65,14 +65,19 @@ extension BroadcastController {
     }
 
     /// What the process holds: its resident memory and, of it, the replay buffers.
-    static func memoryFields(_ outputs: [Output]) -> JSONValue {
+    static func memoryFields(_ outputs: [Output], budget: Int64) -> JSONValue {
         let replay = outputs.compactMap { $0.replayStatistics()?.bufferedBytes }.reduce(0, +)
         var resident: Int64 = 0
         if let text = DaemonConfig.readText("/proc/self/statm") {
             let pages = text.split(separator: " ").dropFirst().first.flatMap { Int64($0) } ?? 0
             resident = pages * Int64(sysconf(Int32(_SC_PAGESIZE)))
         }
-        return .object([("resident_bytes", .number(Double(resident))), ("replay_buffers_bytes", .number(Double(replay)))])
+        // The footprint the budget holds (see `ProcessMemory`): private dirty, not library pages.
+        let footprint = ProcessMemory.current()?.privateDirtyBytes ?? 0
+        return .object([
+            ("resident_bytes", .number(Double(resident))), ("replay_buffers_bytes", .number(Double(replay))),
+            ("private_dirty_bytes", .number(Double(footprint))), ("budget_bytes", .number(Double(budget))),
+        ])
     }
 
     static func sameReplayKeys(_ a: DaemonConfig.Output, _ b: DaemonConfig.Output) -> Bool {
@@ -84,7 +89,10 @@ enum ReplayAPI {
     /// Per replay output, labelled output="NAME": buffered seconds and bytes, saves done and failed.
     static func recordMetrics(_ status: [(String, JSONValue)]) {
         if case .object(let memory)? = status.first(where: { $0.0 == "memory" })?.1 {
-            for (key, label) in [("resident_bytes", "broadcast_resident_bytes"), ("replay_buffers_bytes", "broadcast_replay_buffers_bytes")] {
+            for (key, label) in [
+                ("resident_bytes", "broadcast_resident_bytes"), ("replay_buffers_bytes", "broadcast_replay_buffers_bytes"),
+                ("private_dirty_bytes", "broadcast_private_dirty_bytes"), ("budget_bytes", "broadcast_memory_budget_bytes"),
+            ] {
                 if case .number(let x)? = memory.first(where: { $0.0 == key })?.1 { Gauge(label: label).record(x) }
             }
         }

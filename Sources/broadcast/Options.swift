@@ -5,7 +5,7 @@ import Logging
 
 /// Where media comes from: shared by every command that captures.
 struct SourceOptions: ParsableArguments {
-    @Option(name: .long, help: ArgumentHelp("Video source: 'test' (built-in pattern), 'x11:DISPLAY[+X,Y/WxH][?window=ID|title=TEXT,cursor=off,window-gone=keep]' (an X11 screen, region or window), 'portal[:window][?cursor=embedded|metadata|hidden]' (a Wayland desktop through the ScreenCast portal), 'pipewire:NODE' (a PipeWire video node by name or serial) or 'none'.", valueName: "source"))
+    @Option(name: .long, help: ArgumentHelp("Video source: 'test' (built-in pattern; 'test:colour=bt601' or 'bt709' paints it in that matrix whatever its size), 'x11:DISPLAY[+X,Y/WxH][?window=ID|title=TEXT,cursor=off,window-gone=keep]' (an X11 screen, region or window), 'portal[:window][?cursor=embedded|metadata|hidden]' (a Wayland desktop through the ScreenCast portal), 'pipewire:NODE' (a PipeWire video node by name or serial) or 'none'.", valueName: "source"))
     var video: String = "test"
 
     @Option(name: .customLong("audio-mic"), help: ArgumentHelp("Microphone audio (.audioMic): 'test' (built-in tone, in 10 ms periods; 'test:period=21ms' for another period), 'default' (PipeWire's default source when PipeWire runs, else ALSA's default), 'pipewire:NODE' (a PipeWire node by name or serial), an ALSA capture device (hw:1,0, plughw:CARD=Loopback,DEV=1) or 'none'.", valueName: "source"))
@@ -54,6 +54,16 @@ struct SourceOptions: ParsableArguments {
     }
     func frameRate() throws -> (numerator: Int, denominator: Int) { try Values.frameRate(fps) }
 
+    /// What the video source's YUV is, when the encoder takes it without a matrix change (the test
+    /// pattern, a YUV or MJPEG V4L2 device); nil for RGB sources, which the encoder converts.
+    static func videoColour(_ sources: [(type: SampleBufferType, source: any CaptureSource)]) -> VideoColour? {
+        switch sources.first(where: { $0.type == .video })?.source {
+        case let test as TestPatternSource: test.colour
+        case let device as V4L2Source: device.colour
+        default: nil
+        }
+    }
+
     func setupInfo() throws -> SetupInfo {
         var info = SetupInfo()
         for pair in setup {
@@ -80,6 +90,15 @@ struct SourceOptions: ParsableArguments {
             // A capture that hangs after a while, as a wedged device does (for watchdog tests).
             let after = try Values.duration(String(spec.dropFirst("test:stall-after=".count)), option: "--video test:stall-after")
             sources.append((.video, TestPatternSource(width: width, height: height, frameRate: rate, realtime: !noRealtime, stallAfter: after)))
+        case let spec where spec.hasPrefix("test:colour="):
+            // The pattern in a given matrix, whatever its size (BT.601 at 720p: an SD camera's YUV
+            // upscaled, which must keep its matrix and say so).
+            let matrix = spec.dropFirst("test:colour=".count)
+            guard matrix == "bt601" || matrix == "bt709" else {
+                throw ValueError("invalid --video '\(spec)': accepted are test:colour=bt601 and test:colour=bt709")
+            }
+            sources.append((.video, TestPatternSource(
+                width: width, height: height, frameRate: rate, realtime: !noRealtime, bt601: matrix == "bt601")))
         case "none":
             break
         case let spec where spec.hasPrefix("x11:"):

@@ -4,6 +4,7 @@ import BroadcastCapture
 import BroadcastKit
 import BroadcastMedia
 import BroadcastOutputs
+import BroadcastService
 import Logging
 
 #if canImport(Glibc)
@@ -43,6 +44,7 @@ struct Record: ParsableCommand {
     @OptionGroup(title: "Encoding") var encoding: EncoderOptions
     @OptionGroup(title: "Run") var runOptions: RunOptions
     @OptionGroup(title: "Replay buffer") var replayOptions: ReplayOptions
+    @OptionGroup(title: "Memory") var memory: MemoryBudgetOptions
 
     func run() throws {
         // Everything the user typed is checked before anything is created: exit 2 on bad input.
@@ -65,10 +67,21 @@ struct Record: ParsableCommand {
             outputs: [OutputConfiguration(destination: .file(file), overwrite: runOptions.overwrite)] + (replay.map { [$0] } ?? [])
         )
         configuration.frameRateMode = try encoding.rateMode(live: false)
+        configuration.video?.colour = SourceOptions.videoColour(captureSources)
         try configuration.validate()
+        let budget = try memory.budget()
+        let plan: MemoryPlan
+        (configuration, plan) = try MemoryBudgeting.plan(
+            configuration, budget: budget, sources: captureSources,
+            replayLimitsSet: replayOptions.replayMaxMemory != nil ? ["replay"] : [])
         let setupInfo = try sources.setupInfo()
 
         FFmpegLog.install(logger)
+        if plan.reducesEncoder {
+            logger.notice("x264 reduced to fit the memory budget: \(plan)")
+        } else {
+            logger.debug("memory plan: \(plan)")
+        }
         let handler = EncodingHandler(configuration: configuration, logger: logger, realtime: !sources.noRealtime)
         let session = BroadcastSession(
             handler: handler,
@@ -82,7 +95,9 @@ struct Record: ParsableCommand {
             session: session, logger: logger, setupInfo: setupInfo, quiet: runOptions.quiet,
             onSIGUSR2: { saveReplays(outputs, logger: logger) }
         ) {
-            StatusLine.Snapshot(session: session.statistics(), encoding: counters.snapshot(), state: session.state)
+            StatusLine.Snapshot(
+                session: session.statistics(), encoding: counters.snapshot(), state: session.state,
+                memory: ProcessMemory.current(), memoryBudget: budget)
         }
         switch outcome {
         case .success(let summary):

@@ -1,6 +1,7 @@
 import Atomics
 import BroadcastKit
 import BroadcastOutputs
+import BroadcastService
 
 #if canImport(Glibc)
 import Glibc
@@ -15,6 +16,9 @@ final class StatusLine: Sendable {
         var state: SessionLifecycle.State
         /// Per-output state; the line shows live outputs and any output that is not doing its job.
         var outputs: [OutputStatistics] = []
+        /// The process's footprint (private dirty bytes, see `ProcessMemory`) and its budget.
+        var memory: ProcessMemory? = nil
+        var memoryBudget: Int64? = nil
     }
 
     private let running = ManagedAtomic<Bool>(true)
@@ -64,6 +68,10 @@ final class StatusLine: Sendable {
         var line = "elapsed=\(clock(wallNanoseconds)) frame=\(s.encoding.videoFramesEncoded) fps=\(fixed(fps, 1)) time=\(clock(media))"
         line += " bitrate=\(fixed(Double(s.encoding.bitrate) / 1000, 1))kbit/s size=\(bytes(s.encoding.bytesWritten))"
         line += " dropped=\(dropped) speed=\(fixed(speed, 2))x"
+        if let memory = s.memory {
+            line += " mem=\(bytes(memory.privateDirtyBytes))"
+            if let budget = s.memoryBudget { line += "/\(bytes(budget))" }
+        }
         if s.encoding.undecodableFrames > 0 { line += " damaged=\(s.encoding.undecodableFrames)" }
         if s.state == .paused { line += " [paused]" }
         for (type, stats) in s.session.sorted(by: { $0.key.rawValue < $1.key.rawValue }) where stats.sourceHealth.state == .deviceLost {

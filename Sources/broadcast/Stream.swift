@@ -2,6 +2,7 @@ import ArgumentParser
 import BroadcastKit
 import BroadcastMedia
 import BroadcastOutputs
+import BroadcastService
 import Logging
 
 struct Stream: ParsableCommand {
@@ -68,6 +69,7 @@ struct Stream: ParsableCommand {
     @OptionGroup(title: "Encoding") var encoding: EncoderOptions
     @OptionGroup(title: "Run") var runOptions: RunOptions
     @OptionGroup(title: "Replay buffer") var replayOptions: ReplayOptions
+    @OptionGroup(title: "Memory") var memory: MemoryBudgetOptions
 
     func liveSettings() throws -> LiveStreamSettings {
         var live = LiveStreamSettings()
@@ -120,11 +122,22 @@ struct Stream: ParsableCommand {
             outputs: configured
         )
         configuration.frameRateMode = try encoding.rateMode(live: configured.contains { $0.destination.isLive })
+        configuration.video?.colour = SourceOptions.videoColour(captureSources)
         try configuration.validate()
+        let budget = try memory.budget()
+        let plan: MemoryPlan
+        (configuration, plan) = try MemoryBudgeting.plan(
+            configuration, budget: budget, sources: captureSources,
+            replayLimitsSet: replayOptions.replayMaxMemory != nil ? ["replay"] : [])
         let setupInfo = try sources.setupInfo()
 
         let logger = Logging.bootstrap(level: level)
         FFmpegLog.install(logger, redact: { StreamURL.scrub($0, secrets: secrets) })
+        if plan.reducesEncoder {
+            logger.notice("x264 reduced to fit the memory budget: \(plan)")
+        } else {
+            logger.debug("memory plan: \(plan)")
+        }
         let handler = EncodingHandler(configuration: configuration, logger: logger, realtime: !sources.noRealtime)
         let session = BroadcastSession(
             handler: handler,
@@ -140,7 +153,7 @@ struct Stream: ParsableCommand {
         ) {
             StatusLine.Snapshot(
                 session: session.statistics(), encoding: counters.snapshot(), state: session.state,
-                outputs: outputs.map { $0.statistics() })
+                outputs: outputs.map { $0.statistics() }, memory: ProcessMemory.current(), memoryBudget: budget)
         }
         // A summary per output, also with --quiet: it is the result.
         for output in outputs {

@@ -30,6 +30,19 @@ import Testing
         (["record", "out.mp4", "--video", "none", "--audio-mic", "none"], "nothing to capture"),
         (["record", "out.mp4", "--rate-control", "abr"], "abr"),
         (["record", "out.mp4", "--frame-rate-mode", "sometimes"], "sometimes"),
+        (["record", "out.mp4", "--memory-budget", "lots"], "--memory-budget 'lots'"),
+        (["record", "out.mp4", "--memory-budget", "8M"], "--memory-budget '8M': expected a size from 16M to 1T"),
+        // A budget 1080p60 cannot fit: the figures, what it needs vs the budget.
+        (["record", "out.mp4", "--size", "1920x1080", "--fps", "60", "--memory-budget", "48M"],
+         "memory budget 48 MiB is too small for 1920x1080 at 60 fps: it needs at least 8"),
+        (["stream", "rtmp://127.0.0.1:1/live/x", "--size", "1920x1080", "--fps", "60", "--memory-budget", "48M"],
+         "memory budget 48 MiB is too small for 1920x1080 at 60 fps: it needs at least 8"),
+        // A 4K picture does not fit the default budget (x264 alone holds ~180 MiB).
+        (["record", "out.mp4", "--size", "3840x2160"],
+         "memory budget 160 MiB is too small for 3840x2160 at 30 fps: it needs at least 2"),
+        // x264 without zerolatency holds its B-frames and lookahead.
+        (["record", "out.mp4", "--size", "1920x1080", "--fps", "60", "--tune", "none", "--memory-budget", "128M"],
+         "memory budget 128 MiB is too small for 1920x1080 at 60 fps: it needs at least 1"),
         // A live output needs a frame every tick: vfr is for files.
         (["stream", "rtmp://127.0.0.1:1/live/x", "--frame-rate-mode", "vfr"], "--frame-rate-mode vfr"),
     ] as [([String], String)])

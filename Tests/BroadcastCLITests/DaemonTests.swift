@@ -56,6 +56,13 @@ import Testing
         ("[control]\ntcp = \"127.0.0.1:9999\"", "2: control.tcp: a TCP control listener needs a token"),
         ("", "1: output: no [[output]]: add at least one"),
         ("[control]\nsocket_mode = \"0600\"\n", "2: output: no [[output]]: add at least one"),
+        ("[limits]\nmemory = \"12M\"", "2: limits.memory: '12M': expected a size from 16M to 1T"),
+        ("[limits]\nmemory = \"lots\"", "2: limits.memory: 'lots': expected a size such as"),
+        ("[limits]\nmemroy = \"1G\"", "2: limits.memroy: unknown key: [limits] accepts memory"),
+        ("[limits]\nmemory = \"48M\"\n[video]\nsize = \"1920x1080\"\nfps = 60\n[[output]]\nname = \"a\"\npath = \"/tmp/a.mkv\"",
+         "2: limits.memory: memory budget 48 MiB is too small for 1920x1080 at 60 fps: it needs at least 8"),
+        ("[video]\nsize = \"3840x2160\"\n[[output]]\nname = \"a\"\npath = \"/tmp/a.mkv\"",
+         "2: video.size: memory budget 160 MiB is too small for 3840x2160 at 30 fps: it needs at least 2"),
         ("[[output]]\nname = \"a\"\npath = \"/tmp/a.mpeg\"", "3: output.path: recording /tmp/a.mpeg: unsupported extension .mpeg"),
         ("[[output]]\nname = \"a\"\n\npath = \"/tmp/%Y/%m/a\"", "4: output.path: recording /tmp/%Y/%m/a: unsupported extension (none)"),
     ] as [(String, String)])

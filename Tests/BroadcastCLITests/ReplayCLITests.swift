@@ -341,7 +341,8 @@ func offsetInRecording(_ replay: [ProbedPacket], recording: [ProbedPacket]) -> D
     /// beside it the same daemon with 1G: the bounded buffer stays under 2 MB, the process's memory
     /// is lower than the unbounded one's by about what the buffers differ (the accounting is what
     /// the process really holds), and a save holds what fits, saying it is shorter. (Each daemon
-    /// in a directory of its own: one daemon per directory.)
+    /// in a directory of its own: one daemon per directory. Both with a 2G memory budget: a 1G
+    /// replay buffer counts against the budget, and equal budgets give equal queues and pools.)
     @Test func theByteBoundHoldsInTheProcess() throws {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
@@ -358,6 +359,8 @@ func offsetInRecording(_ replay: [ProbedPacket], recording: [ProbedPacket]) -> D
                 rate_control = "cbr"
                 [control]
                 socket = "\(socket)"
+                [limits]
+                memory = "2G"
                 [[output]]
                 name = "replay"
                 replay = "60s"

@@ -40,9 +40,11 @@ struct MJPEGTests {
     }
 
     /// Every yuv420p frame of a file, as ffmpeg decodes it (no conversion: the stream is yuv420p).
-    static func decodedFrames(_ path: String, width: Int, height: Int) throws -> [[UInt8]] {
+    /// `pixelFormat` yuvj420p for a full-range stream (libavcodec decodes it as yuvj420p, and
+    /// asking for yuv420p would squeeze it into video range).
+    static func decodedFrames(_ path: String, width: Int, height: Int, pixelFormat: String = "yuv420p") throws -> [[UInt8]] {
         let raw = path + ".yuv"
-        let result = try run(["ffmpeg", "-nostdin", "-v", "error", "-y", "-i", path, "-f", "rawvideo", "-pix_fmt", "yuv420p", raw])
+        let result = try run(["ffmpeg", "-nostdin", "-v", "error", "-y", "-i", path, "-f", "rawvideo", "-pix_fmt", pixelFormat, raw])
         guard result.status == 0 else { throw ProbeError(message: "ffmpeg could not decode \(path): \(result.standardError)") }
         let data = [UInt8](try Data(contentsOf: URL(fileURLWithPath: raw)))
         let frameSize = width * height * 3 / 2
@@ -157,5 +159,45 @@ struct MJPEGTests {
         handler.broadcastFinished()
         #expect(handler.statistics().videoFramesEncoded == 3)
         #expect(handler.statistics().undecodableFrames == 2)
+    }
+}
+
+/// An MJPEG camera's pictures pass through with their own colour: full-range BT.601, kept full
+/// range and tagged so, at an HD size that would otherwise be tagged BT.709.
+@Suite("MJPEG colour") struct MJPEGColourTests {
+    @Test func jpegColourIsKeptAndTagged() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let (width, height) = (1280, 720)
+        let jpeg = try MJPEGTests.jpeg(MJPEGTests.redBlue(width: width, height: height), pixelFormat: "yuvj422p", in: directory)
+        let file = directory.file("mjpeg.mkv")
+        var video = VideoEncoderSettings(width: width, height: height, bitrate: 2_000_000)
+        video.colour = .jpeg
+        let handler = EncodingHandler(
+            configuration: EncodingConfiguration(video: video, audio: nil, recordings: [file]), logger: quietLogger())
+        try handler.broadcastStarted(setupInfo: SetupInfo())
+        for frame in 0..<10 {
+            try MJPEGTests.withMJPEGBuffer(jpeg, width: width, height: height, frame: frame) { buffer in
+                try handler.processSampleBuffer(buffer, of: .video)
+            }
+        }
+        handler.broadcastFinished()
+
+        let probe = try run([
+            "ffprobe", "-v", "error", "-select_streams", "v:0", "-show_entries",
+            "stream=color_space,color_primaries,color_transfer,color_range", "-of", "default=nw=1", file,
+        ])
+        #expect(probe.standardOutput.contains("color_space=smpte170m"), "\(probe.standardOutput)")
+        #expect(probe.standardOutput.contains("color_range=pc"), "\(probe.standardOutput)")
+        #expect(probe.standardOutput.contains("color_primaries=bt709"), "\(probe.standardOutput)")
+        #expect(probe.standardOutput.contains("color_transfer=iec61966-2-1"), "\(probe.standardOutput)")
+        // Full range kept: red is Y 76 U 85 V 255, blue Y 29 U 255 V 107 (the JPEG's own values);
+        // compressed to video range they would be Y 81 U 90 V 240 and Y 41 U 240 V 110.
+        let frames = try MJPEGTests.decodedFrames(file, width: width, height: height, pixelFormat: "yuvj420p")
+        let last = try #require(frames.last)
+        let red = MJPEGTests.yuv(last, width: width, height: height, x: width / 4, y: height / 2)
+        let blue = MJPEGTests.yuv(last, width: width, height: height, x: width * 3 / 4, y: height / 2)
+        for (got, want) in zip(red, [76, 85, 255]) { #expect(abs(got - want) <= 3, "red: YUV \(red)") }
+        for (got, want) in zip(blue, [29, 255, 107]) { #expect(abs(got - want) <= 3, "blue: YUV \(blue)") }
     }
 }

@@ -51,6 +51,7 @@ import Testing
             return (1...Values.maximumDurationNanoseconds).contains(ns)
         }
         expectInRange(text, "byteCount") { (1...Values.maximumBytes).contains(try Values.byteCount(text, option: "retain_bytes")) }
+        expectInRange(text, "memoryBudget") { ((16 << 20)...(1 << 40)).contains(try Values.memoryBudget(text, option: "--memory-budget")) }
     }
 
     static func expectInRange(_ text: String, _ parser: String, _ parse: () throws -> Bool) {
