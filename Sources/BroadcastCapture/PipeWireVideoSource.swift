@@ -175,7 +175,7 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
                     }
                     attempt = next
                 }
-                slate!.deliverDue(into: sink, now: sink.clock.now(), counter: slateFrames)
+                slate!.deliverDue(into: sink, now: sink.clock.now(), counter: slateFrames, dropped: skipped)
                 MonotonicClock.sleep(until: min(nextRetry, slate!.nextDue))
                 continue
             }

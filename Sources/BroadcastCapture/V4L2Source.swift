@@ -211,7 +211,7 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
                         continue
                     }
                 }
-                slate!.deliverDue(into: sink, now: now, counter: slateFrames)
+                slate!.deliverDue(into: sink, now: now, counter: slateFrames, dropped: droppedFrames)
                 MonotonicClock.sleep(until: min(nextRetry, slate!.nextDue))
                 continue
             }
@@ -364,9 +364,10 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
         }
     }
 
-    /// Waits (up to 2 s) until the session has released every buffer of `stream`.
+    /// Waits (up to 5 s) until the session has released every buffer of `stream`. On a starved
+    /// machine the session's queue can be seconds long (the VM under load: 2 s were not enough).
     private func waitForSessionBuffers(_ stream: V4L2Stream) {
-        let deadline = MonotonicClock().now() + 2_000_000_000
+        let deadline = MonotonicClock().now() + 5_000_000_000
         while stream.buffersWithSession > 0 && MonotonicClock().now() < deadline && shouldRun {
             var fd = pollfd(fd: wake.descriptor, events: Int16(POLLIN), revents: 0)
             _ = poll(&fd, 1, 50)
@@ -396,10 +397,18 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
             usleep(10_000)
         }
         do {
-            guard freed else { throw BroadcastError(.sourceFailed, "buffers still in use") }
-            let negotiated = try V4L2Negotiation.configure(device, options: options, logger: logger)
-            stream = try V4L2Stream(device: device, negotiated: negotiated, wake: wake, copyPoolBytes: copyPoolBytes)
-            logger.notice("\(path): source changed, now capturing \(negotiated.description)")
+            if freed {
+                let negotiated = try V4L2Negotiation.configure(device, options: options, logger: logger)
+                stream = try V4L2Stream(device: device, negotiated: negotiated, wake: wake, copyPoolBytes: copyPoolBytes)
+                logger.notice("\(path): source changed, now capturing \(negotiated.description)")
+            } else if let reopened = reopen() {
+                // The session still holds buffers of the old format; they keep the old handle and
+                // its mapping until released, and a new handle gets buffers of its own.
+                stream = reopened
+                logger.notice("\(path): source changed, now capturing \(reopened.negotiated.description) (on a new handle: the session still held buffers of the old format)")
+            } else {
+                throw BroadcastError(.sourceFailed, "buffers still in use")
+            }
         } catch {
             lose(&stream, because: "renegotiation after a source change failed: \(error)")
         }
@@ -766,8 +775,14 @@ struct SlateGenerator {
         nextDue = start
     }
 
-    mutating func deliverDue(into sink: SourceSink, now: Int64, counter: ManagedAtomic<Int>) {
-        if now - nextDue > 1_000_000_000 { nextDue = now }
+    /// Delivers the slate frames due by `now`, counting them in `counter`; a frame with no free
+    /// buffer (the encoder behind on a starved machine holds them all) or more than a second late is
+    /// counted in `dropped`, as a capture frame given back for want of a buffer is.
+    mutating func deliverDue(into sink: SourceSink, now: Int64, counter: ManagedAtomic<Int>, dropped: ManagedAtomic<Int>) {
+        if now - nextDue > 1_000_000_000 {
+            dropped.wrappingIncrement(by: Int((now - nextDue) / frameDuration), ordering: .relaxed)
+            nextDue += (now - nextDue) / frameDuration * frameDuration
+        }
         while nextDue <= now {
             if let buffer = pool.acquire(wait: false, shouldStop: { false }) {
                 sink.offer(
@@ -780,6 +795,8 @@ struct SlateGenerator {
                     )
                 )
                 counter.wrappingIncrement(ordering: .relaxed)
+            } else {
+                dropped.wrappingIncrement(ordering: .relaxed)
             }
             nextDue += frameDuration
         }
