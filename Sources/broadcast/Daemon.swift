@@ -63,29 +63,21 @@ struct Daemon: AsyncParsableCommand {
             // Finalizing a long recording takes a while: ask systemd for more time to start.
             notifier.send("EXTEND_TIMEOUT_USEC=\(Self.recoveryTimeoutMicroseconds)\nSTATUS=recovering \(path)")
         }
-        let controller = BroadcastController(config: configuration, locks: locks, logger: logger)
+        let events = ControlEvents()
+        let controller = BroadcastController(config: configuration, locks: locks, events: events, logger: logger)
         let metrics = DaemonMetrics.bootstrap()
-        let server = try Self.controlServer(configuration, controller: controller, metrics: metrics, logger: logger)
-        logger.notice("control API on \(configuration.socketPath)")
-
-        if configuration.autostart {
-            do {
-                try controller.start()
-            } catch let error as ValueError {
-                // A source the config names that refuses at start (the ScreenCast portal refused or
-                // was cancelled, a device that went away since the check): bad input, exit 2, one line.
-                server.stop()
-                throw ValueError("\(config): the broadcast could not start: \(error)")
-            } catch {
-                logger.error("the broadcast could not start: \(error)")
-                server.stop()
-                throw ExitCode.failure
-            }
-        }
-        let service = DaemonService(controller: controller, notifier: notifier, logger: logger)
+        let server = try Self.controlServer(configuration, controller: controller, events: events, metrics: metrics, logger: logger)
+        let service = DaemonService(
+            controller: controller, notifier: notifier, server: server, autostart: configuration.autostart, configPath: config, logger: logger)
+        // Shut down in reverse: the broadcast finishes first (its last events published), then the
+        // watcher, then the control server (event streams drained, open requests answered).
         let group = ServiceGroup(
             configuration: ServiceGroupConfiguration(
-                services: [.init(service: service)],
+                services: [
+                    .init(service: server, successTerminationBehavior: .gracefullyShutdownGroup),
+                    .init(service: EventWatcher(controller: controller), successTerminationBehavior: .gracefullyShutdownGroup),
+                    .init(service: service, successTerminationBehavior: .gracefullyShutdownGroup),
+                ],
                 gracefulShutdownSignals: [],
                 cancellationSignals: [],
                 logger: logger
@@ -103,8 +95,13 @@ struct Daemon: AsyncParsableCommand {
                 logger.info("\(Signals.name(signal)) ignored")
             }
         }
-        try await group.run()
-        server.stop()
+        do {
+            try await group.run()
+        } catch let error as BroadcastError {
+            // The control socket could not be bound: exit 1 with one line.
+            FileStandardError.write("broadcast: error: \(error.message)\n")
+            throw ExitCode.failure
+        }
         if let failure = controller.lastFailure {
             logger.error("the broadcast ended with an error: \(failure)")
         }
@@ -134,10 +131,11 @@ extension Daemon {
         return locks
     }
 
-    /// The control API's server; a socket that cannot be bound ends the daemon with exit code 1.
+    /// The control API's server; a socket that cannot be used ends the daemon with exit code 1.
     static func controlServer(
         _ configuration: DaemonConfig,
         controller: BroadcastController,
+        events: ControlEvents,
         metrics: DaemonMetrics,
         logger: Logger
     ) throws -> ControlServer {
@@ -147,9 +145,14 @@ extension Daemon {
                 mode: UInt32(configuration.socketMode),
                 tcp: configuration.tcp,
                 token: configuration.token,
+                events: events,
+                snapshot: { controller.status() },
                 logger: logger
             ) { request in
-                ControlAPI.handle(request, controller: controller, metrics: metrics)
+                let response = ControlAPI.handle(request, controller: controller, metrics: metrics)
+                // What the request changed is published before it is answered.
+                if request.method == "POST" { controller.publishChanges() }
+                return response
             }
         } catch {
             FileStandardError.write("broadcast: error: \(error.message)\n")
@@ -176,9 +179,28 @@ enum ProcessEnvironment {
 struct DaemonService: Service {
     let controller: BroadcastController
     let notifier: SystemdNotifier
+    let server: ControlServer
+    let autostart: Bool
+    let configPath: String
     let logger: Logger
 
     func run() async throws {
+        // The API is up before the broadcast starts (a client can watch it start).
+        try await server.waitUntilListening()
+        logger.notice("control API on \(server.socketPath)")
+        if autostart {
+            do {
+                try controller.start()
+            } catch let error as ValueError {
+                // A source the config names that refuses at start (the ScreenCast portal refused or
+                // was cancelled, a device that went away since the check): bad input, exit 2, one line.
+                throw ValueError("\(configPath): the broadcast could not start: \(error)")
+            } catch {
+                logger.error("the broadcast could not start: \(error)")
+                throw ExitCode.failure
+            }
+            controller.publishChanges()
+        }
         notifier.ready(status: controller.statusLine())
         // Ping at half the watchdog interval; without a watchdog, refresh STATUS every few seconds.
         let period = notifier.watchdogNanoseconds.map { max($0 / 2, 100_000_000) } ?? 2_000_000_000
@@ -198,6 +220,22 @@ struct DaemonService: Service {
         }
         notifier.stopping(status: "finishing: flushing encoders, finalizing recordings")
         controller.stop()
+        controller.publishChanges()
+    }
+}
+
+/// Publishes the broadcast's changes of state as events: every 50 ms it reads the session's and
+/// outputs' atomics (nothing on the data path waits for it) and publishes what differs from the
+/// last look. Control actions publish at once as well (`publishChanges` after each POST).
+struct EventWatcher: Service {
+    let controller: BroadcastController
+
+    func run() async throws {
+        while !Task.isShuttingDownGracefully {
+            controller.publishChanges()
+            try? await cancelWhenGracefulShutdown { try await Task.sleep(for: .milliseconds(50)) }
+        }
+        controller.publishChanges()
     }
 }
 
@@ -226,10 +264,14 @@ final class BroadcastController: Sendable {
     private let failure = Mutex<String?>(nil)
     private let logger: Logger
     let startedAt = MonotonicClock().now()
+    let events: ControlEvents
+    /// What the last look published from (see `publishChanges`).
+    private let published = Mutex(PublishedState())
 
-    init(config: DaemonConfig, locks: DirectoryLocks, logger: Logger) {
+    init(config: DaemonConfig, locks: DirectoryLocks, events: ControlEvents = ControlEvents(), logger: Logger) {
         self.state = Mutex((config, nil))
         self.locks = locks
+        self.events = events
         self.logger = logger
     }
 
@@ -444,6 +486,33 @@ final class BroadcastController: Sendable {
     /// False when no frames are due: nothing runs, or the broadcast is paused or finished.
     func expectsFrames() -> Bool {
         state.withLock { $0.running?.session.state == .started }
+    }
+
+    /// The state events are made of, read from the session's and outputs' atomics.
+    func eventSnapshot() -> EventSnapshot {
+        guard let running = state.withLock({ $0.running }) else { return EventSnapshot(session: nil) }
+        let stats = running.session.statistics()
+        return EventSnapshot(
+            session: ObjectIdentifier(running.session),
+            broadcast: running.session.state.description,
+            outputs: running.outputs.map { output in
+                let files = output.finishedFiles
+                // Paused as soon as asked; once resumed, "resuming" until its worker takes packets again.
+                let state = output.isPaused ? "paused" : output.state == .paused ? "resuming" : "\(output.state)"
+                return .init(name: output.name, state: state, files: files.count, lastFile: files.last)
+            },
+            devices: stats.sorted { $0.key.rawValue < $1.key.rawValue }.map { ($0.key.rawValue, $0.value.sourceHealth.state == .deviceLost) }
+        )
+    }
+
+    /// Publishes what changed since the last look (one event per change, in a fixed order:
+    /// broadcast, outputs, devices, files). Serialized: the watcher and control actions call it.
+    func publishChanges() {
+        published.withLock { last in
+            let now = eventSnapshot()
+            for (type, fields) in now.changes(since: last.snapshot) { events.publish(type, fields) }
+            last.snapshot = now
+        }
     }
 
     func statusLine() -> String {
