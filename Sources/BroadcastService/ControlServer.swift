@@ -181,13 +181,18 @@ public final class ControlServer: Service, Sendable {
             eventLoopGroup: MultiThreadedEventLoopGroup.singleton,
             logger: logger
         )
+        // TCP first: once the socket file exists, both listeners are up (clients wait for the file).
+        let (tcpBound, tcpBoundSignal) = AsyncStream.makeStream(of: Void.self)
         let tcpServer = tcp.map { tcp in
             Server(
                 childChannelSetup: HTTP1Channel(
                     responder: { request, writer, channel in try await self.respond(request, writer, channel, needsToken: true) },
                     configuration: channel),
                 configuration: ServerConfiguration(address: .hostname(tcp.host, port: Int(tcp.port))),
-                onServerRunning: { _ in if bound.one() { self.listened() } },
+                onServerRunning: { _ in
+                    tcpBoundSignal.finish()
+                    if bound.one() { self.listened() }
+                },
                 eventLoopGroup: MultiThreadedEventLoopGroup.singleton,
                 logger: logger
             )
@@ -195,16 +200,18 @@ public final class ControlServer: Service, Sendable {
         do {
             try await withGracefulShutdownHandler {
                 try await withThrowingDiscardingTaskGroup { group in
-                    group.addTask {
-                        do { try await unix.run() } catch {
-                            throw BroadcastError(.invalidArgument, "control socket \(self.socketPath): \(error)")
-                        }
-                    }
                     if let tcpServer, let tcp {
                         group.addTask {
                             do { try await tcpServer.run() } catch {
                                 throw BroadcastError(.invalidArgument, "control tcp \(tcp.host):\(tcp.port): \(error)")
                             }
+                        }
+                        for await _ in tcpBound {}
+                        if Task.isCancelled { return }
+                    }
+                    group.addTask {
+                        do { try await unix.run() } catch {
+                            throw BroadcastError(.invalidArgument, "control socket \(self.socketPath): \(error)")
                         }
                     }
                 }

@@ -488,6 +488,38 @@ final class BroadcastController: Sendable {
         state.withLock { $0.running?.session.state == .started }
     }
 
+    /// The figures /metrics exports, typed, read from the same atomics as the status.
+    func metricsFigures() -> MetricsFigures {
+        let running = state.withLock { $0.running }
+        var figures = MetricsFigures(uptimeSeconds: Double(MonotonicClock().now() - startedAt) / 1e9)
+        guard let running else { return figures }
+        let stats = running.session.statistics()
+        let encoding = running.counters.snapshot()
+        figures.state = running.session.state.description
+        figures.mediaSeconds = Double(stats.values.map(\.mediaTimeNanoseconds).max() ?? 0) / 1e9
+        figures.videoFramesEncoded = encoding.videoFramesEncoded
+        figures.audioFramesEncoded = encoding.audioFramesEncoded
+        figures.bytesWritten = Int(encoding.bytesWritten)
+        figures.bitrate = encoding.bitrate
+        figures.failedOutputs = encoding.failedOutputs
+        figures.types = stats.sorted { $0.key.rawValue < $1.key.rawValue }.map { type, s in
+            .init(
+                type: type.rawValue, delivered: s.delivered, deviceLost: s.sourceHealth.state == .deviceLost,
+                deviceLosses: s.sourceHealth.deviceLosses,
+                dropped: [("queue_full", s.droppedQueueFull), ("source", s.droppedBySource), ("paused", s.droppedPaused), ("out_of_order", s.droppedOutOfOrder)])
+        }
+        figures.audioDrift = running.audioDevices.compactMap { device in device.statistics.driftPPM.map { (device.name, $0) } }
+        figures.outputs = running.outputs.map { output in
+            let o = output.statistics()
+            return .init(
+                name: o.name, kind: o.isLive ? "live" : output.isReplay ? "replay" : "recording", state: "\(o.state)",
+                paused: output.isPaused, bytes: Int(o.bytesSent), bitrate: o.bitrate, backlogMilliseconds: o.backlogMilliseconds,
+                reconnects: o.reconnects, drops: o.drops.sorted { $0.key.rawValue < $1.key.rawValue }.map { ("\($0.key)", $0.value) },
+                replay: output.replayStatistics())
+        }
+        return figures
+    }
+
     /// The state events are made of, read from the session's and outputs' atomics.
     func eventSnapshot() -> EventSnapshot {
         guard let running = state.withLock({ $0.running }) else { return EventSnapshot(session: nil) }

@@ -203,4 +203,54 @@ final class SocketConnection: @unchecked Sendable {
         #expect((gaps.max() ?? 1) < 2 * Self.frame, "a gap of \(gaps.max() ?? 0) s")
         try expectDecodesCleanly(dir.path("archive.mkv"))
     }
+
+    /// One sample's value in Prometheus text: `name{labels} value`.
+    static func sample(_ metrics: String, _ series: String) -> Double? {
+        metrics.split(separator: "\n").first { $0.hasPrefix(series + " ") }.flatMap { Double($0.split(separator: " ").last ?? "") }
+    }
+
+    /// /metrics: totals are counters that only grow (also across a stop and a new start), outputs
+    /// and sample types are labels, the backlog is a gauge; a paused output shows as paused.
+    @Test func metricsAreCountersAndGaugesWithLabels() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        let daemon = try startDaemon(dir)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        _ = try waitUntilRecording(socket)
+        func scrape() throws -> String {
+            let connection = try #require(SocketConnection(socket))
+            connection.send("GET /metrics HTTP/1.1\r\n\r\n")
+            _ = connection.readToEnd()
+            return connection.text
+        }
+        let first = try scrape()
+        for (name, type) in [
+            ("broadcast_video_frames_encoded_total", "counter"), ("broadcast_bytes_written_total", "counter"),
+            ("broadcast_output_bytes_total", "counter"), ("broadcast_buffers_delivered_total", "counter"),
+            ("broadcast_output_backlog_seconds", "gauge"), ("broadcast_running", "gauge"),
+        ] {
+            #expect(first.contains("# TYPE \(name) \(type)"), "\(name) as a \(type): \(first)")
+        }
+        #expect(Self.sample(first, "broadcast_output_bytes_total{output=\"rec\"}") != nil, "\(first)")
+        #expect(Self.sample(first, "broadcast_output_bytes_total{output=\"archive\"}") != nil)
+        #expect(Self.sample(first, "broadcast_buffers_delivered_total{type=\"video\"}") != nil)
+        #expect(SocketConnection.request(socket, "POST", "/v1/outputs/rec/pause") == 200)
+        usleep(500_000)
+        let second = try scrape()
+        #expect(Self.sample(second, "broadcast_output_paused{output=\"rec\"}") == 1)
+        #expect(Self.sample(second, "broadcast_output_paused{output=\"archive\"}") == 0)
+        let framesBefore = try #require(Self.sample(first, "broadcast_video_frames_encoded_total"))
+        let framesAfter = try #require(Self.sample(second, "broadcast_video_frames_encoded_total"))
+        #expect(framesAfter > framesBefore)
+        // A new broadcast starts its own figures at zero; the exported counters go on growing.
+        #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/stop") == 200)
+        let stopped = try scrape()
+        #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/start") == 200)
+        let restarted = try scrape()
+        let before = try #require(Self.sample(stopped, "broadcast_video_frames_encoded_total"))
+        let after = try #require(Self.sample(restarted, "broadcast_video_frames_encoded_total"))
+        #expect(after >= before, "a counter went down: \(before) then \(after)")
+        #expect(Self.sample(restarted, "broadcast_running") == 1)
+    }
 }
