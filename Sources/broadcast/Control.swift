@@ -45,21 +45,29 @@ struct Status: ParsableCommand {
         var view = WatchView()
         var lastID: UInt64?
         var reconnects = 0
+        func handle(_ event: ControlClient.Event) -> Bool {
+            if let id = event.id { lastID = id }
+            if event.type == "dropped" { return false }
+            let data = JSONValue.parse(event.data) ?? .object([])
+            if redraw {
+                view.apply(event.type, data)
+                print("\u{1B}[H\u{1B}[2J" + view.render(), terminator: "")
+            } else {
+                var fields: [(String, JSONValue)] = [("id", event.id.map { .number(Double($0)) } ?? .null), ("event", .string(event.type))]
+                if case .object(let members) = data { fields += members }
+                print(JSONValue.object(fields).serialized())
+            }
+            fflush(nil)
+            return true
+        }
         while true {
-            let status = try client.events(lastEventID: lastID) { event in
-                if let id = event.id { lastID = id }
-                if event.type == "dropped" { return false }
-                let data = JSONValue.parse(event.data) ?? .object([])
-                if redraw {
-                    view.apply(event.type, data)
-                    print("\u{1B}[H\u{1B}[2J" + view.render(), terminator: "")
-                } else {
-                    var fields: [(String, JSONValue)] = [("id", event.id.map { .number(Double($0)) } ?? .null), ("event", .string(event.type))]
-                    if case .object(let members) = data { fields += members }
-                    print(JSONValue.object(fields).serialized())
-                }
-                fflush(nil)
-                return true
+            let status: Int
+            do {
+                status = try client.events(lastEventID: lastID, handle)
+            } catch {
+                // Gone after we followed it: the daemon stopped. Before: it is not there.
+                if lastID != nil { return }
+                throw error
             }
             if status != 200 {
                 FileStandardError.write("broadcast: the daemon refused the event stream (HTTP \(status))\n")
@@ -68,12 +76,8 @@ struct Status: ParsableCommand {
             // The stream ended: the daemon stopped (no socket any more) or dropped us (resume).
             reconnects += 1
             usleep(reconnects < 3 ? 100_000 : 1_000_000)
-            do {
-                _ = try client.send(method: "GET", path: "/v1/status")
-            } catch {
-                return
-            }
         }
+
     }
 }
 

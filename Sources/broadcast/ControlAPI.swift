@@ -95,6 +95,8 @@ struct MetricsFigures {
     /// Per ALSA device: its clock's drift against the monotonic clock.
     var audioDrift: [(device: String, ppm: Double)] = []
     var outputs: [OutputFigures] = []
+    /// Clients following /v1/events.
+    var eventClients = 0
 }
 
 /// Prometheus metrics through swift-metrics: the process's MetricsSystem is bootstrapped with a
@@ -145,6 +147,7 @@ final class DaemonMetrics: Sendable {
             gauge("broadcast_media_seconds", figures.mediaSeconds)
             gauge("broadcast_bitrate_bits_per_second", Double(figures.bitrate))
             gauge("broadcast_failed_outputs", Double(figures.failedOutputs))
+            gauge("broadcast_event_clients", Double(figures.eventClients))
             counter("broadcast_video_frames_encoded_total", figures.videoFramesEncoded, seen: &seen)
             counter("broadcast_audio_frames_encoded_total", figures.audioFramesEncoded, seen: &seen)
             counter("broadcast_bytes_written_total", figures.bytesWritten, seen: &seen)

@@ -492,6 +492,7 @@ final class BroadcastController: Sendable {
     func metricsFigures() -> MetricsFigures {
         let running = state.withLock { $0.running }
         var figures = MetricsFigures(uptimeSeconds: Double(MonotonicClock().now() - startedAt) / 1e9)
+        figures.eventClients = events.clientCount
         guard let running else { return figures }
         let stats = running.session.statistics()
         let encoding = running.counters.snapshot()

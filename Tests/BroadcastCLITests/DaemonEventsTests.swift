@@ -253,4 +253,41 @@ final class SocketConnection: @unchecked Sendable {
         #expect(after >= before, "a counter went down: \(before) then \(after)")
         #expect(Self.sample(restarted, "broadcast_running") == 1)
     }
+
+    /// `status --watch --json`: one JSON line per event, the state first, then the changes in
+    /// order; it ends (exit 0) when the daemon stops.
+    @Test func statusWatchPrintsOneJSONLinePerEvent() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        let daemon = try startDaemon(dir)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        _ = try waitUntilRecording(socket)
+        let watch = try Child(broadcastBinary, ["status", "--watch", "--json", "--socket", socket])
+        defer { watch.signal(SIGKILL) }
+        // Until the watcher follows the events (the daemon counts its event clients).
+        var following = false
+        for _ in 0..<300 where !following {
+            let connection = try #require(SocketConnection(socket))
+            connection.send("GET /metrics HTTP/1.1\r\n\r\n")
+            _ = connection.readToEnd()
+            following = Self.sample(connection.text, "broadcast_event_clients") == 1
+            if !following { usleep(100_000) }
+        }
+        #expect(following)
+        #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/pause") == 200)
+        #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/resume") == 200)
+        daemon.signal(SIGTERM)
+        #expect(daemon.wait(timeout: 30).status == 0)
+        let result = watch.wait(timeout: 30)
+        #expect(result.status == 0, "watch: exit \(result.status): \(result.stderr)")
+        let lines = result.stdout.split(separator: "\n")
+        #expect(lines.allSatisfy { $0.hasPrefix("{\"id\":") && $0.hasSuffix("}") }, "\(result.stdout)")
+        #expect(lines.first?.contains("\"event\":\"state\"") == true, "\(result.stdout)")
+        let broadcast = lines.filter { $0.contains("\"event\":\"broadcast\"") }.map {
+            $0.contains("\"state\":\"paused\"") ? "paused" : $0.contains("\"state\":\"resumed\"") ? "resumed" : $0.contains("\"state\":\"finished\"") ? "finished" : "?"
+        }
+        #expect(broadcast == ["paused", "resumed", "finished"], "\(result.stdout)")
+        #expect(lines.contains { $0.contains("\"event\":\"file\"") && $0.contains("rec.mkv") }, "\(result.stdout)")
+    }
 }
