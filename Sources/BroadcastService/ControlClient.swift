@@ -92,6 +92,7 @@ public struct ControlClient: Sendable {
         var chunk = [UInt8](repeating: 0, count: 16384)
         var headDone = false
         var chunked = false
+        var ended = false
         var event = Event(id: nil, type: "message", data: "")
         var hasData = false
         while true {
@@ -114,7 +115,11 @@ public struct ControlClient: Sendable {
                     guard let size = Int(String(sizeText.filter { $0 != " " }), radix: 16) else {
                         throw BroadcastError(.outputFailed, "control socket \(socketPath): malformed event stream")
                     }
-                    if size == 0 { return 200 }
+                    if size == 0 {
+                        // The end: what came before it in this read is still to be handed on.
+                        ended = true
+                        break
+                    }
                     guard received.count >= lineEnd + 2 + size + 2 else { break }
                     buffer += received[(lineEnd + 2)..<(lineEnd + 2 + size)]
                     received.removeFirst(lineEnd + 2 + size + 2)
@@ -147,6 +152,7 @@ public struct ControlClient: Sendable {
                 default: break
                 }
             }
+            if ended { return 200 }
         }
     }
 

@@ -257,7 +257,7 @@ final class BroadcastController: Sendable {
         let audioDevices: [ALSASource]
     }
 
-    private let state: Mutex<(config: DaemonConfig, running: Running?)>
+    private let state: Mutex<(config: DaemonConfig, running: Running?, starting: Bool)>
     /// The directories this daemon holds (recordings' base directories, the socket).
     private let locks: DirectoryLocks
     /// Why the last broadcast ended with an error; set by the broadcast's thread.
@@ -269,7 +269,7 @@ final class BroadcastController: Sendable {
     private let published = Mutex(PublishedState())
 
     init(config: DaemonConfig, locks: DirectoryLocks, events: ControlEvents = ControlEvents(), logger: Logger) {
-        self.state = Mutex((config, nil))
+        self.state = Mutex((config, nil, false))
         self.locks = locks
         self.events = events
         self.logger = logger
@@ -279,67 +279,75 @@ final class BroadcastController: Sendable {
 
     /// Builds sources, the encoding handler and a new session from the config and runs it.
     func start() throws {
-        try state.withLock { state in
+        // The lock is held only to claim the start and to record its result: opening devices and
+        // waiting for the first buffer happen outside it, so status, events and metrics go on.
+        let config = try state.withLock { state -> DaemonConfig in
             if let running = state.running, running.session.state != .finished {
                 throw BroadcastError(.illegalTransition, "cannot start while \(running.session.state): the broadcast is already running")
             }
-            let config = state.config
-            let sources = try config.sourceOptions()
-            let encoder = try config.encoderOptions()
-            let captureSources = try sources.makeSources()
-            let size = try sources.videoSize()
-            let rate = try sources.frameRate()
-            let outputs = try Self.outputConfigurations(config.outputs)
-            let hasVideo = captureSources.contains { $0.type == .video }
-            let hasAudio = captureSources.contains { $0.type.isAudio }
-            var configuration = EncodingConfiguration(
-                video: hasVideo ? try encoder.videoSettings(width: size.width, height: size.height, frameRate: rate, live: true) : nil,
-                audio: hasAudio ? try encoder.audioSettings() : nil,
-                recordings: [],
-                outputs: outputs
-            )
-            configuration.frameRateMode = try encoder.rateMode(live: outputs.contains { $0.destination.isLive })
-            try configuration.validate()
-            let handler = EncodingHandler(configuration: configuration, logger: logger)
-            let counters = handler.counters
-            let session = BroadcastSession(handler: handler, sources: captureSources, logger: logger)
-            let setup = config.setup
-            let logger = self.logger
-            let thread = OSThread(name: "bc-session") { [weak self] in
-                do {
-                    let summary = try session.run(setupInfo: setup)
-                    let encoded = counters.snapshot()
-                    logger.notice(
-                        "broadcast finished (\(summary.reason.rawValue)): \(encoded.videoFramesEncoded) video frames, \(encoded.audioFramesEncoded) audio frames encoded")
-                } catch {
-                    logger.error("broadcast failed: \(error)")
-                    self?.failure.withLock { $0 = "\(error)" }
-                }
+            if state.starting {
+                throw BroadcastError(.illegalTransition, "cannot start: the broadcast is already starting")
             }
-            // Outputs are up once the first buffer went through the handler (or the start failed).
-            let deadline = MonotonicClock().now() + 10_000_000_000
-            while session.state != .finished && !session.statistics().values.contains(where: { $0.delivered > 0 })
-                && MonotonicClock().now() < deadline
-            {
-                usleep(2000)
-            }
-            if session.state == .finished {
-                thread.join()
-                throw BroadcastError(.outputFailed, failure.withLock { $0 } ?? "the broadcast ended as soon as it started")
-            }
-            state.running = Running(
-                session: session,
-                counters: counters,
-                thread: thread,
-                startedAt: MonotonicClock().now(),
-                primaryType: hasVideo ? .video : captureSources[0].type,
-                outputControl: handler.outputControl,
-                definitions: Dictionary(config.outputs.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first }),
-                audioDevices: captureSources.compactMap { $0.source as? ALSASource }
-            )
-            failure.withLock { $0 = nil }
-            logger.notice("broadcast started: \(outputs.map(\.name).joined(separator: ", "))")
+            state.starting = true
+            return state.config
         }
+        defer { state.withLock { $0.starting = false } }
+        let sources = try config.sourceOptions()
+        let encoder = try config.encoderOptions()
+        let captureSources = try sources.makeSources()
+        let size = try sources.videoSize()
+        let rate = try sources.frameRate()
+        let outputs = try Self.outputConfigurations(config.outputs)
+        let hasVideo = captureSources.contains { $0.type == .video }
+        let hasAudio = captureSources.contains { $0.type.isAudio }
+        var configuration = EncodingConfiguration(
+            video: hasVideo ? try encoder.videoSettings(width: size.width, height: size.height, frameRate: rate, live: true) : nil,
+            audio: hasAudio ? try encoder.audioSettings() : nil,
+            recordings: [],
+            outputs: outputs
+        )
+        configuration.frameRateMode = try encoder.rateMode(live: outputs.contains { $0.destination.isLive })
+        try configuration.validate()
+        let handler = EncodingHandler(configuration: configuration, logger: logger)
+        let counters = handler.counters
+        let session = BroadcastSession(handler: handler, sources: captureSources, logger: logger)
+        let setup = config.setup
+        let logger = self.logger
+        let thread = OSThread(name: "bc-session") { [weak self] in
+            do {
+                let summary = try session.run(setupInfo: setup)
+                let encoded = counters.snapshot()
+                logger.notice(
+                    "broadcast finished (\(summary.reason.rawValue)): \(encoded.videoFramesEncoded) video frames, \(encoded.audioFramesEncoded) audio frames encoded")
+            } catch {
+                logger.error("broadcast failed: \(error)")
+                self?.failure.withLock { $0 = "\(error)" }
+            }
+        }
+        // Outputs are up once the first buffer went through the handler (or the start failed).
+        let deadline = MonotonicClock().now() + 10_000_000_000
+        while session.state != .finished && !session.statistics().values.contains(where: { $0.delivered > 0 })
+            && MonotonicClock().now() < deadline
+        {
+            usleep(2000)
+        }
+        if session.state == .finished {
+            thread.join()
+            throw BroadcastError(.outputFailed, failure.withLock { $0 } ?? "the broadcast ended as soon as it started")
+        }
+        let running = Running(
+            session: session,
+            counters: counters,
+            thread: thread,
+            startedAt: MonotonicClock().now(),
+            primaryType: hasVideo ? .video : captureSources[0].type,
+            outputControl: handler.outputControl,
+            definitions: Dictionary(config.outputs.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first }),
+            audioDevices: captureSources.compactMap { $0.source as? ALSASource }
+        )
+        state.withLock { $0.running = running }
+        failure.withLock { $0 = nil }
+        logger.notice("broadcast started: \(outputs.map(\.name).joined(separator: ", "))")
     }
 
     /// Pauses or resumes one output while the broadcast and the other outputs go on.

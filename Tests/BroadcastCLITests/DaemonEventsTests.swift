@@ -290,4 +290,42 @@ final class SocketConnection: @unchecked Sendable {
         #expect(broadcast == ["paused", "resumed", "finished"], "\(result.stdout)")
         #expect(lines.contains { $0.contains("\"event\":\"file\"") && $0.contains("rec.mkv") }, "\(result.stdout)")
     }
+
+    /// The controller's lock is not held while a start opens the sources and waits for the first
+    /// buffer: a source that never delivers keeps the start waiting (up to 10 s), and meanwhile the
+    /// status is answered (still idle), where it used to wait for the start and say "started".
+    @Test func statusIsAnsweredWhileAStartWaitsForTheFirstFrame() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        let config = """
+            [video]
+            source = "test:stall-after=0s"
+            size = "320x180"
+            [audio]
+            mic = "none"
+            [control]
+            socket = "\(socket)"
+            [[output]]
+            name = "rec"
+            path = "\(dir.path("rec.mkv"))"
+            """
+        try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
+        let daemon = try Child(broadcastBinary, ["daemon", "--config", dir.path("d.toml")])
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        var answer = ""
+        for _ in 0..<300 where answer.isEmpty {
+            if let connection = SocketConnection(socket) {
+                connection.send("GET /v1/status HTTP/1.1\r\n\r\n")
+                _ = connection.readToEnd()
+                answer = connection.text
+            } else {
+                usleep(20_000)
+            }
+        }
+        #expect(answer.hasPrefix("HTTP/1.1 200"), "\(answer)")
+        #expect(answer.contains("\"state\":\"idle\""), "the status waited for the start: \(answer)")
+        let again = SocketConnection.request(socket, "POST", "/v1/broadcast/start")
+        #expect(again == 409, "a second start while one is starting: \(again)")
+    }
 }
