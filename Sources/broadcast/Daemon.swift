@@ -5,6 +5,7 @@ import BroadcastKit
 import BroadcastMedia
 import BroadcastOutputs
 import BroadcastService
+import Dispatch
 import Logging
 import ServiceLifecycle
 import Synchronization
@@ -190,7 +191,7 @@ struct DaemonService: Service {
         logger.notice("control API on \(server.socketPath)")
         if autostart {
             do {
-                try controller.start()
+                try await offThePool { try controller.start() }
             } catch let error as ValueError {
                 // A source the config names that refuses at start (the ScreenCast portal refused or
                 // was cancelled, a device that went away since the check): bad input, exit 2, one line.
@@ -219,8 +220,17 @@ struct DaemonService: Service {
             notifier.status(controller.statusLine())
         }
         notifier.stopping(status: "finishing: flushing encoders, finalizing recordings")
-        controller.stop()
+        try await offThePool { controller.stop() }
         controller.publishChanges()
+    }
+}
+
+/// Runs blocking work (a start waits for the first buffer, a stop joins threads and finalizes
+/// files) on a dispatch thread, not on Swift's cooperative pool (two threads on a 2-core machine),
+/// which the control server's requests need meanwhile.
+func offThePool<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        DispatchQueue.global().async { continuation.resume(with: Result { try work() }) }
     }
 }
 
@@ -232,7 +242,9 @@ struct EventWatcher: Service {
 
     func run() async throws {
         while !Task.isShuttingDownGracefully {
-            controller.publishChanges()
+            // The look takes the controller's lock for a moment: off the cooperative pool, where
+            // even that moment costs the control server's requests nothing.
+            try await offThePool { controller.publishChanges() }
             try? await cancelWhenGracefulShutdown { try await Task.sleep(for: .milliseconds(50)) }
         }
         controller.publishChanges()
