@@ -93,6 +93,8 @@ public final class ControlServer: Service, Sendable {
 
     static let maxHeaderBytes = 8 * 1024
     static let maxBodyBytes = 64 * 1024
+    /// Event streams at once (each may hold up to `ControlEvents.clientQueueLimit` events).
+    static let maxEventClients = 64
     /// How long an events client that was dropped may take to read its `dropped` notice.
     static let droppedGrace: TimeAmount = .seconds(1)
 
@@ -197,26 +199,32 @@ public final class ControlServer: Service, Sendable {
                 logger: logger
             )
         }
+        // Every task of the server (one per connection, made by Hummingbird's task group) runs on
+        // the server's own thread, whatever keeps the cooperative pool busy.
+        let executor = ControlExecutor()
+        defer { executor.stop() }
         do {
-            try await withGracefulShutdownHandler {
-                try await withThrowingDiscardingTaskGroup { group in
-                    if let tcpServer, let tcp {
+            try await withTaskExecutorPreference(executor) {
+                try await withGracefulShutdownHandler {
+                    try await withThrowingDiscardingTaskGroup { group in
+                        if let tcpServer, let tcp {
+                            group.addTask {
+                                do { try await tcpServer.run() } catch {
+                                    throw BroadcastError(.invalidArgument, "control tcp \(tcp.host):\(tcp.port): \(error)")
+                                }
+                            }
+                            for await _ in tcpBound {}
+                            if Task.isCancelled { return }
+                        }
                         group.addTask {
-                            do { try await tcpServer.run() } catch {
-                                throw BroadcastError(.invalidArgument, "control tcp \(tcp.host):\(tcp.port): \(error)")
+                            do { try await unix.run() } catch {
+                                throw BroadcastError(.invalidArgument, "control socket \(self.socketPath): \(error)")
                             }
                         }
-                        for await _ in tcpBound {}
-                        if Task.isCancelled { return }
                     }
-                    group.addTask {
-                        do { try await unix.run() } catch {
-                            throw BroadcastError(.invalidArgument, "control socket \(self.socketPath): \(error)")
-                        }
-                    }
+                } onGracefulShutdown: {
+                    self.events?.finish()
                 }
-            } onGracefulShutdown: {
-                self.events?.finish()
             }
         } catch {
             ended(error)
@@ -330,6 +338,10 @@ public final class ControlServer: Service, Sendable {
     /// events missed since), then each event as it is published, until the client goes, falls
     /// behind (told with a `dropped` event) or the daemon stops.
     private func streamEvents(_ events: ControlEvents, _ request: ControlRequest, _ writer: consuming ResponseWriter, _ channel: any Channel) async throws {
+        guard events.clientCount < Self.maxEventClients else {
+            try await Self.send(.error(503, "already \(Self.maxEventClients) event streams: try again later"), with: writer)
+            return
+        }
         // Small socket buffers: what a client has not read stays in its queue here, where it is counted.
         _ = try? await channel.setOption(ChannelOptions.writeBufferWaterMark, value: .init(low: 2048, high: 8192)).get()
         _ = try? await channel.setOption(ChannelOptions.socketOption(.so_sndbuf), value: 8192).get()

@@ -426,4 +426,46 @@ func serving<T: Sendable>(_ server: ControlServer, _ body: () async throws -> T)
             #expect(total < published * 500, "got \(total) bytes of \(published) events")
         }
     }
+
+    /// 64 event streams at once; the 65th is refused (503) and the others go on.
+    @Test func eventStreamsAreBounded() async throws {
+        let events = ControlEvents()
+        try await withServer(events: events) { path, _ in
+            var streams: [Int32] = []
+            defer { for fd in streams { close(fd) } }
+            for _ in 0..<64 {
+                let fd = Self.connectUnix(path)
+                streams.append(fd)
+                _ = Array("GET /v1/events HTTP/1.1\r\n\r\n".utf8).withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                _ = Self.read(fd, until: "event: state")
+            }
+            #expect(events.clientCount == 64)
+            #expect(Self.raw(path, Array("GET /v1/events HTTP/1.1\r\n\r\n".utf8)) == 503)
+            events.publish("output", [("name", .string("rec"))])
+            #expect(streams.allSatisfy { Self.read($0, until: "id: 1\n").contains("event: output") })
+        }
+    }
+
+    /// Requests are answered while every thread of Swift's cooperative pool is blocked (by other
+    /// work of the process: a host's services, a test runner's synchronous tests): the server's
+    /// tasks run on a thread of its own.
+    @Test func answersWhileTheCooperativePoolIsBlocked() async throws {
+        try await withServer { path, counter in
+            let blockers = 2 * ProcessInfo.processInfo.activeProcessorCount + 2
+            let release = DispatchSemaphore(value: 0)
+            let started = DispatchSemaphore(value: 0)
+            for _ in 0..<blockers {
+                Task.detached {
+                    started.signal()
+                    release.wait()
+                }
+            }
+            // At least as many blockers started as the pool has threads (it has one per core).
+            for _ in 0..<ProcessInfo.processInfo.activeProcessorCount { started.wait() }
+            let code = Self.raw(path, Array("POST /v1/count HTTP/1.1\r\nContent-Length: 0\r\n\r\n".utf8))
+            for _ in 0..<blockers { release.signal() }
+            #expect(code == 200)
+            #expect(counter.value.withLock { $0 } == 1)
+        }
+    }
 }
