@@ -6,14 +6,6 @@ import ServiceLifecycle
 import Synchronization
 import Testing
 
-/// Runs blocking socket work on a thread of its own, off Swift's cooperative pool (which the
-/// server's requests need).
-func offThread<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
-    try await withCheckedThrowingContinuation { continuation in
-        Thread { continuation.resume(with: Result { try work() }) }.start()
-    }
-}
-
 /// Runs `server` in a service group around `body`, then shuts it down gracefully.
 func serving<T: Sendable>(_ server: ControlServer, _ body: () async throws -> T) async throws -> T {
     let group = ServiceGroup(services: [server], logger: Logger(label: "test"))
@@ -46,7 +38,7 @@ func serving<T: Sendable>(_ server: ControlServer, _ body: () async throws -> T)
     func withServer(
         deadline: Duration = .seconds(2),
         events: ControlEvents? = nil,
-        _ body: @escaping @Sendable (String, Counter) throws -> Void
+        _ body: (String, Counter) throws -> Void
     ) async throws {
         let path = Self.socketPath()
         let counter = Counter()
@@ -61,7 +53,9 @@ func serving<T: Sendable>(_ server: ControlServer, _ body: () async throws -> T)
                 return .error(404, "no such endpoint")
             }
         }
-        try await serving(server) { try await offThread { try body(path, counter) } }
+        // The body's socket calls block the test's thread, one of Swift's cooperative pool: the
+        // server does not need it (its tasks run on its own thread; see answersWhileTheCooperativePoolIsBlocked).
+        try await serving(server) { try body(path, counter) }
         #expect(!FileManager.default.fileExists(atPath: path), "the socket file is removed at stop")
     }
 
@@ -232,7 +226,7 @@ func serving<T: Sendable>(_ server: ControlServer, _ body: () async throws -> T)
             .json(200, .object([("ok", .bool(true))]))
         }
         try await serving(server) {
-            try await offThread {
+            do {
                 func status(_ authorization: String?, body: String = "") -> Int {
                     Self.tcpStatus(port, "GET /v1/status HTTP/1.1\r\n" + (authorization.map { "Authorization: \($0)\r\n" } ?? "") + body + "\r\n")
                 }
@@ -460,8 +454,8 @@ func serving<T: Sendable>(_ server: ControlServer, _ body: () async throws -> T)
                     release.wait()
                 }
             }
-            // At least as many blockers started as the pool has threads (it has one per core).
-            for _ in 0..<ProcessInfo.processInfo.activeProcessorCount { started.wait() }
+            // The pool has a thread per core: this test's body holds one, blockers hold the others.
+            for _ in 0..<(ProcessInfo.processInfo.activeProcessorCount - 1) { started.wait() }
             let code = Self.raw(path, Array("POST /v1/count HTTP/1.1\r\nContent-Length: 0\r\n\r\n".utf8))
             for _ in 0..<blockers { release.signal() }
             #expect(code == 200)
