@@ -30,6 +30,12 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
+        // The control API's HTTP server (HummingbirdCore: the server, not the router), without the
+        // default traits (full Foundation, swift-configuration) the daemon does not need.
+        .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1", traits: []),
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.0"),
+        .package(url: "https://github.com/apple/swift-nio-extras.git", from: "1.34.1"),
+        .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
         // `swift package generate-documentation --target BroadcastKit` (run by make test, so the docs cannot rot).
         .package(url: "https://github.com/swiftlang/swift-docc-plugin.git", from: "1.5.0"),
         // Tests only: counts allocations, so the capture path's steady state is held to none.
@@ -103,6 +109,12 @@ let package = Package(
                 "BroadcastKit", "BroadcastOutputs",
                 .product(name: "Atomics", package: "swift-atomics"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "HummingbirdCore", package: "hummingbird"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTPTypes", package: "swift-nio-extras"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             swiftSettings: swiftSettings
         ),
@@ -152,6 +164,7 @@ let package = Package(
             dependencies: [
                 "BroadcastService", "BroadcastKit",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "PropertyBased", package: "swift-property-based"),
             ],
             swiftSettings: swiftSettings

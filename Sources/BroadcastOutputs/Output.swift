@@ -174,6 +174,10 @@ public final class Output: @unchecked Sendable {
     let mediaClock: MediaClock
     /// The command run for every file this output finishes, if configured.
     let fileFinishedHook: FileFinishedHook?
+    /// Files this output finished (segments, recordings, replay saves) and the last one's path,
+    /// for the control plane's events: two atomic stores per file, nothing the output waits on.
+    private let filesFinished = ManagedAtomic<Int>(0)
+    private let lastFinishedFile = ManagedAtomic<OutputStatus.Text?>(nil)
     /// Session thread only.
     private var thread: OSThread?
     private var worker: (any OutputWorker)?
@@ -244,6 +248,20 @@ public final class Output: @unchecked Sendable {
     }
 
     public var isPaused: Bool { paused.load(ordering: .acquiring) }
+
+    /// A file this output wrote is complete: counted for the control plane, then the user's command.
+    func fileFinished(_ path: String) {
+        lastFinishedFile.store(OutputStatus.Text(path), ordering: .releasing)
+        filesFinished.wrappingIncrement(ordering: .releasing)
+        fileFinishedHook?.fileFinished(path)
+    }
+
+    /// How many files this output has finished, and the last one's path. (Read between two files
+    /// finishing within one look, only the later path is seen; the count says one was missed.)
+    public var finishedFiles: (count: Int, last: String?) {
+        let count = filesFinished.load(ordering: .acquiring)
+        return (count, lastFinishedFile.load(ordering: .acquiring)?.value)
+    }
 
     /// How the output thread's waits for packets ended: woken by the encoder's hand-off, or by a timeout.
     public var wakeupStatistics: WakeupStatistics { feed.dataWakeup.statistics }

@@ -132,7 +132,7 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
             // What finishing wrote counts too (an audio-only recording may write nothing before).
             status.bytes.store(recording.bytesWritten, ordering: .relaxed)
             status.set(.finished)
-            output.fileFinishedHook?.fileFinished(recording.path)
+            output.fileFinished(recording.path)
         } catch {
             output.failed(error.message)
         }
@@ -143,7 +143,7 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
     /// Finishes the current file and opens the next, which starts at `dts` (time zero in it).
     private func startNextSegment(_ segments: RecordingSegments, at dts: Int64) throws(BroadcastError) {
         try recording.finish()
-        output.fileFinishedHook?.fileFinished(recording.path)
+        output.fileFinished(recording.path)
         let path = RecordingRetention.nextPath(segments.pathTemplate, after: recording.path)
         // A template with conversions in its directories (`%Y/%m/rec.mp4`) moves on to new ones.
         if let problem = RecordingTemplate.makeParentDirectories(of: path) {

@@ -395,7 +395,7 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
         if stat(path, &info) == 0 { output.status.bytes.wrappingIncrement(by: Int64(info.st_size), ordering: .relaxed) }
         replay.savesDone.wrappingIncrement(ordering: .relaxed)
         job.save.complete(.init(path: path, seconds: seconds, isShorter: selection.isShorter, error: nil))
-        hook?.fileFinished(path)
+        output.fileFinished(path)
     }
 }
 

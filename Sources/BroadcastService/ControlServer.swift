@@ -1,6 +1,13 @@
-import Atomics
 public import BroadcastKit
+import Dispatch
+import HTTPTypes
+import HummingbirdCore
 public import Logging
+import NIOCore
+import NIOHTTPTypes
+import NIOPosix
+public import ServiceLifecycle
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -46,90 +53,199 @@ public struct ControlResponse: Error, Sendable, Equatable {
     }
 }
 
-/// A small HTTP/1.1 server for the control API on a Unix socket (and, only when configured, on a
-/// TCP address with a bearer token), on a thread of its own.
+/// The control API's HTTP server: HummingbirdCore (SwiftNIO) on the Unix socket and, only when
+/// configured, on a TCP address where every request needs `Authorization: Bearer <token>`.
 ///
-/// One request per connection (`Connection: close`), handled in turn: the API serves a few requests
-/// a minute, so a strict, bounded parser matters more than concurrency. Limits: 8 KiB of headers,
-/// 64 KiB of body, 2 s to send a request. Anything else is answered 4xx and closed.
+/// Many clients at once (NIO serves each connection on its own; a client that is slow to send
+/// holds nothing but its own connection); one request per connection (`Connection: close`); each
+/// connection has `requestDeadline` from accept to the end of its request, or it is closed. Limits:
+/// 8 KiB of headers (NIO's parser), 64 KiB of body (refused from its Content-Length before any of
+/// it is read), and on TCP the token is checked before anything else of the request.
 ///
-/// Why not hummingbird/NIO: a control socket does not need an event loop, and the daemon's build
-/// stays minutes shorter; the parser is fuzzed by the tests instead.
-public final class ControlServer: @unchecked Sendable {
+/// The handler is synchronous (it takes the daemon's locks, may join a thread at stop): it runs on
+/// dispatch queues of its own, actions one at a time, never on Swift's cooperative threads or NIO's
+/// event loops. `GET /v1/events` is served here from `events` (server-sent events).
+///
+/// A `Service`: `run()` binds and serves until graceful shutdown, then ends the event streams,
+/// lets open requests finish and removes the socket file.
+public final class ControlServer: Service, Sendable {
     public typealias Handler = @Sendable (ControlRequest) -> ControlResponse
 
     public let socketPath: String
-    private let unixFD: Int32
-    private let tcpFD: Int32?
+    private let mode: UInt32
+    private let tcp: (host: String, port: UInt16)?
     private let token: String?
     private let handler: Handler
+    private let events: ControlEvents?
+    private let snapshot: @Sendable () -> JSONValue
     private let logger: Logger
-    private let running = ManagedAtomic<Bool>(true)
-    private var thread: OSThread?
-    private let wakeRead: Int32
-    private let wakeWrite: Int32
+    let requestDeadline: Duration
+    private let listening = Mutex<ListenState>(.waiting([]))
+    private let actions = DispatchQueue(label: "bc-control")
+    private let reads = DispatchQueue(label: "bc-control-read", attributes: .concurrent)
+
+    private enum ListenState {
+        case waiting([CheckedContinuation<Void, any Error>])
+        case listening(Int)
+        case failed(any Error)
+        case stopped
+    }
 
     static let maxHeaderBytes = 8 * 1024
     static let maxBodyBytes = 64 * 1024
-    static let requestTimeoutMilliseconds: Int32 = 2000
+    /// Event streams at once (each may hold up to `ControlEvents.clientQueueLimit` events).
+    static let maxEventClients = 64
+    /// How long an events client that was dropped may take to read its `dropped` notice.
+    static let droppedGrace: TimeAmount = .seconds(1)
 
-    /// Binds the Unix socket at `socketPath` (replacing a stale one) with `mode`, and a TCP listener
-    /// on `tcp` ("127.0.0.1:9090") when given, which then requires `Authorization: Bearer <token>`.
+    /// Checks the addresses (a live daemon on the socket, a file that is not a socket, a TCP
+    /// listener without a token): nothing is bound until `run`.
     public init(
         socketPath: String,
         mode: UInt32 = 0o660,
         tcp: (host: String, port: UInt16)? = nil,
         token: String? = nil,
+        events: ControlEvents? = nil,
+        snapshot: @escaping @Sendable () -> JSONValue = { .object([]) },
+        requestDeadline: Duration = .seconds(2),
         logger: Logger,
         handler: @escaping Handler
     ) throws(BroadcastError) {
         if tcp != nil && (token ?? "").isEmpty {
             throw BroadcastError(.invalidArgument, "control tcp: a TCP control listener needs a token")
         }
+        try Self.checkSocketPath(socketPath)
         self.socketPath = socketPath
+        self.mode = mode
+        self.tcp = tcp
+        self.token = token
+        self.events = events
+        self.snapshot = snapshot
+        self.requestDeadline = requestDeadline
         self.handler = handler
         self.logger = logger
-        self.token = token
-        self.unixFD = try Self.listenUnix(path: socketPath, mode: mode)
-        if let tcp {
-            do {
-                self.tcpFD = try Self.listenTCP(host: tcp.host, port: tcp.port)
-            } catch {
-                close(unixFD)
-                unlink(socketPath)
-                throw error
-            }
-        } else {
-            self.tcpFD = nil
-        }
-        var fds: [Int32] = [-1, -1]
-        _ = pipe(&fds)
-        wakeRead = fds[0]
-        wakeWrite = fds[1]
-        thread = OSThread(name: "bc-control") { [self] in serve() }
     }
 
-    /// Stops accepting, waits for the server thread, removes the socket file.
-    public func stop() {
-        guard running.exchange(false, ordering: .acquiringAndReleasing) else { return }
-        var one: UInt8 = 1
-        _ = write(wakeWrite, &one, 1)
-        thread?.join()
-        thread = nil
-        close(unixFD)
-        if let tcpFD { close(tcpFD) }
-        close(wakeRead)
-        close(wakeWrite)
+    /// Returns once every listener is bound (the socket has its mode); throws why one could not be.
+    public func waitUntilListening() async throws {
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            let result: Result<Void, any Error>? = listening.withLock { state in
+                switch state {
+                case .waiting(var waiters):
+                    waiters.append(continuation)
+                    state = .waiting(waiters)
+                    return nil
+                case .listening: return .success(())
+                case .failed(let error): return .failure(error)
+                case .stopped: return .failure(BroadcastError(.invalidArgument, "control socket \(socketPath): the server has stopped"))
+                }
+            }
+            if let result { continuation.resume(with: result) }
+        }
+    }
+
+    private func listened() {
+        let waiters = listening.withLock { state -> [CheckedContinuation<Void, any Error>] in
+            guard case .waiting(let waiters) = state else { return [] }
+            state = .listening(tcp == nil ? 1 : 2)
+            return waiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    private func ended(_ error: (any Error)?) {
+        let waiters = listening.withLock { state -> [CheckedContinuation<Void, any Error>] in
+            defer { state = error.map { .failed($0) } ?? .stopped }
+            if case .waiting(let waiters) = state { return waiters }
+            return []
+        }
+        let failure = error ?? BroadcastError(.invalidArgument, "control socket \(socketPath): the server has stopped")
+        for waiter in waiters { waiter.resume(throwing: failure) }
+    }
+
+    public func run() async throws {
+        let channel = HTTP1Channel.Configuration(
+            additionalChannelHandlers: [ConnectionDeadline(TimeAmount(self.requestDeadline))],
+            idleTimeout: nil,
+            httpDecoderConfiguration: .init(
+                maxHeaderFieldSize: Self.maxHeaderBytes, maxHeaderListSize: Self.maxHeaderBytes, maxHeaderFieldCount: 100)
+        )
+        let bound = ListenerCount(expected: tcp == nil ? 1 : 2)
+        let unix = Server(
+            childChannelSetup: HTTP1Channel(
+                responder: { request, writer, channel in try await self.respond(request, writer, channel, needsToken: false) },
+                configuration: channel),
+            configuration: ServerConfiguration(address: .unixDomainSocket(path: socketPath)),
+            onServerRunning: { _ in
+                chmod(self.socketPath, mode_t(self.mode))
+                if bound.one() { self.listened() }
+            },
+            eventLoopGroup: MultiThreadedEventLoopGroup.singleton,
+            logger: logger
+        )
+        // TCP first: once the socket file exists, both listeners are up (clients wait for the file).
+        let (tcpBound, tcpBoundSignal) = AsyncStream.makeStream(of: Void.self)
+        let tcpServer = tcp.map { tcp in
+            Server(
+                childChannelSetup: HTTP1Channel(
+                    responder: { request, writer, channel in try await self.respond(request, writer, channel, needsToken: true) },
+                    configuration: channel),
+                configuration: ServerConfiguration(address: .hostname(tcp.host, port: Int(tcp.port))),
+                onServerRunning: { _ in
+                    tcpBoundSignal.finish()
+                    if bound.one() { self.listened() }
+                },
+                eventLoopGroup: MultiThreadedEventLoopGroup.singleton,
+                logger: logger
+            )
+        }
+        // Every task of the server (one per connection, made by Hummingbird's task group) runs on
+        // the server's own thread, whatever keeps the cooperative pool busy.
+        let executor = ControlExecutor()
+        defer { executor.stop() }
+        do {
+            try await withTaskExecutorPreference(executor) {
+                try await withGracefulShutdownHandler {
+                    try await withThrowingDiscardingTaskGroup { group in
+                        if let tcpServer, let tcp {
+                            group.addTask {
+                                do { try await tcpServer.run() } catch {
+                                    throw BroadcastError(.invalidArgument, "control tcp \(tcp.host):\(tcp.port): \(error)")
+                                }
+                            }
+                            for await _ in tcpBound {}
+                            if Task.isCancelled { return }
+                        }
+                        group.addTask {
+                            do { try await unix.run() } catch {
+                                throw BroadcastError(.invalidArgument, "control socket \(self.socketPath): \(error)")
+                            }
+                        }
+                    }
+                } onGracefulShutdown: {
+                    self.events?.finish()
+                }
+            }
+        } catch {
+            ended(error)
+            unlink(socketPath)
+            throw error
+        }
+        ended(nil)
         unlink(socketPath)
     }
 
-    deinit { stop() }
-
-    private static func failure(_ what: String) -> BroadcastError {
-        BroadcastError(.invalidArgument, "control socket: \(what): \(String(cString: strerror(errno)))")
+    /// Counts listeners up; true once all are bound.
+    private final class ListenerCount: Sendable {
+        let expected: Int
+        let count = Mutex(0)
+        init(expected: Int) { self.expected = expected }
+        func one() -> Bool { count.withLock { $0 += 1; return $0 == expected } }
     }
 
-    private static func listenUnix(path: String, mode: UInt32) throws(BroadcastError) -> Int32 {
+    /// A socket file left by a crashed daemon is stale if nobody accepts on it; a live one, or a
+    /// file that is not a socket, is refused.
+    private static func checkSocketPath(_ path: String) throws(BroadcastError) {
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
         let capacity = MemoryLayout.size(ofValue: address.sun_path)
@@ -140,97 +256,179 @@ public final class ControlServer: @unchecked Sendable {
             raw.copyBytes(from: path.utf8)
             raw[path.utf8.count] = 0
         }
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw failure("socket") }
-        // A socket file left by a crashed daemon is stale if nobody accepts on it.
         var info = stat()
-        if lstat(path, &info) == 0 {
-            guard info.st_mode & S_IFMT == S_IFSOCK else {
-                close(fd)
-                throw BroadcastError(.invalidArgument, "control socket \(path): exists and is not a socket")
+        guard lstat(path, &info) == 0 else { return }
+        guard info.st_mode & S_IFMT == S_IFSOCK else {
+            throw BroadcastError(.invalidArgument, "control socket \(path): exists and is not a socket")
+        }
+        let probe = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        let live = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(probe, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) == 0
             }
-            let probe = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-            let live = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                    connect(probe, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) == 0
-                }
-            }
-            close(probe)
-            if live {
-                close(fd)
-                throw BroadcastError(.invalidArgument, "control socket \(path): another daemon is listening there")
-            }
-            unlink(path)
         }
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        close(probe)
+        if live {
+            throw BroadcastError(.invalidArgument, "control socket \(path): another daemon is listening there")
         }
-        guard bound == 0 else {
-            let error = failure("bind \(path)")
-            close(fd)
-            throw error
-        }
-        chmod(path, mode_t(mode))
-        guard listen(fd, 16) == 0 else {
-            let error = failure("listen \(path)")
-            close(fd)
-            throw error
-        }
-        return fd
+        unlink(path)
     }
 
-    private static func listenTCP(host: String, port: UInt16) throws(BroadcastError) -> Int32 {
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = port.bigEndian
-        guard inet_pton(AF_INET, host, &address.sin_addr) == 1 else {
-            throw BroadcastError(.invalidArgument, "control tcp \(host):\(port): not an IPv4 address")
-        }
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw failure("socket") }
-        var yes: Int32 = 1
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, socklen_t(MemoryLayout<Int32>.size))
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard bound == 0, listen(fd, 16) == 0 else {
-            let error = failure("bind \(host):\(port)")
-            close(fd)
-            throw error
-        }
-        return fd
-    }
+    // MARK: Requests
 
-    private func serve() {
-        var fds = [pollfd(fd: unixFD, events: Int16(POLLIN), revents: 0), pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0)]
-        if let tcpFD { fds.append(pollfd(fd: tcpFD, events: Int16(POLLIN), revents: 0)) }
-        while running.load(ordering: .acquiring) {
-            let n = poll(&fds, nfds_t(fds.count), 1000)
-            if n <= 0 { continue }
-            for i in fds.indices where fds[i].revents & Int16(POLLIN) != 0 && fds[i].fd != wakeRead {
-                let client = accept(fds[i].fd, nil, nil)
-                guard client >= 0 else { continue }
-                _ = fcntl(client, F_SETFD, FD_CLOEXEC)
-                let needsToken = fds[i].fd == tcpFD
-                let response = respond(to: client, needsToken: needsToken)
-                send(response, to: client)
-                close(client)
-            }
-        }
-    }
-
-    private func respond(to client: Int32, needsToken: Bool) -> ControlResponse {
-        let request: ControlRequest
-        switch Self.readRequest(from: client) {
-        case .failure(let response): return response
-        case .success(let r): request = r
-        }
+    private func respond(_ request: Request, _ writer: consuming ResponseWriter, _ channel: any Channel, needsToken: Bool) async throws {
         if needsToken {
-            guard let token, Self.bearerToken(request.headers["authorization"]).map({ Self.sameBytes($0, token) }) == true else {
-                return .error(401, "a bearer token is required on the TCP control listener")
+            let given = request.head.headerFields[values: .authorization]
+            guard let token, given.count == 1, let bearer = Self.bearerToken(given[0]), Self.sameBytes(bearer, token) else {
+                try await Self.send(.error(401, "a bearer token is required on the TCP control listener"), with: writer)
+                return
             }
         }
-        return handler(request)
+        let controlRequest: ControlRequest
+        switch Self.controlRequest(request.head) {
+        case .failure(let response):
+            try await Self.send(response, with: writer)
+            return
+        case .success(let r): controlRequest = r
+        }
+        if controlRequest.path == "/v1/events" {
+            guard controlRequest.method == "GET", let events else {
+                let response: ControlResponse =
+                    events == nil ? .error(404, "no events here") : .error(405, "\(controlRequest.method) is not allowed on /v1/events: use GET")
+                try await Self.send(response, with: writer)
+                return
+            }
+            try await streamEvents(events, controlRequest, writer, channel)
+            return
+        }
+        var body: [UInt8] = []
+        let length = Int(controlRequest.headers["content-length"] ?? "0") ?? 0
+        if length > 0 {
+            do {
+                for try await buffer in request.body {
+                    body += buffer.readableBytesView
+                    if body.count > Self.maxBodyBytes { break }
+                }
+            } catch {
+                // The connection ended or passed its deadline: nobody to answer.
+                channel.close(promise: nil)
+                return
+            }
+            if body.count > Self.maxBodyBytes {
+                try await Self.send(.error(413, "request body exceeds \(Self.maxBodyBytes) bytes"), with: writer)
+                return
+            }
+            if body.count < length {
+                channel.close(promise: nil)
+                return
+            }
+        }
+        var filled = controlRequest
+        filled.body = body
+        let complete = filled
+        let isRead = complete.method == "GET" || complete.method == "HEAD"
+        let handler = self.handler
+        let response = await withCheckedContinuation { (continuation: CheckedContinuation<ControlResponse, Never>) in
+            (isRead ? reads : actions).async { continuation.resume(returning: handler(complete)) }
+        }
+        try await Self.send(response, with: writer)
+    }
+
+    /// `GET /v1/events`: the current state (or, with a `Last-Event-ID` still in the history, the
+    /// events missed since), then each event as it is published, until the client goes, falls
+    /// behind (told with a `dropped` event) or the daemon stops.
+    private func streamEvents(_ events: ControlEvents, _ request: ControlRequest, _ writer: consuming ResponseWriter, _ channel: any Channel) async throws {
+        guard events.clientCount < Self.maxEventClients else {
+            try await Self.send(.error(503, "already \(Self.maxEventClients) event streams: try again later"), with: writer)
+            return
+        }
+        // Small socket buffers: what a client has not read stays in its queue here, where it is counted.
+        _ = try? await channel.setOption(ChannelOptions.writeBufferWaterMark, value: .init(low: 2048, high: 8192)).get()
+        _ = try? await channel.setOption(ChannelOptions.socketOption(.so_sndbuf), value: 8192).get()
+        // A client that reads nothing keeps this task waiting in a write: its connection is closed
+        // by the publisher's drop, after a moment to read the `dropped` notice if it can.
+        let subscription = events.subscribe(lastEventID: request.headers["last-event-id"].flatMap { UInt64($0) }) {
+            channel.eventLoop.scheduleTask(in: Self.droppedGrace) { channel.close(promise: nil) }
+        }
+        channel.closeFuture.whenComplete { _ in events.unsubscribe(subscription) }
+        defer { events.unsubscribe(subscription) }
+        var fields = HTTPFields()
+        fields[.contentType] = "text/event-stream"
+        fields[.cacheControl] = "no-cache"
+        fields[.connection] = "close"
+        var body = try await writer.writeHead(HTTPResponse(status: .ok, headerFields: fields))
+        if !subscription.resumed {
+            let snapshot = self.snapshot
+            let state = await withCheckedContinuation { (continuation: CheckedContinuation<JSONValue, Never>) in
+                reads.async { continuation.resume(returning: snapshot()) }
+            }
+            let event = ControlEvent(id: subscription.after, type: "state", time: ControlEvents.now(), fields: [("status", state)])
+            try await body.write(ByteBuffer(bytes: event.encoded))
+        }
+        while true {
+            switch await events.next(subscription) {
+            case .event(let event):
+                try await body.write(ByteBuffer(bytes: event.encoded))
+            case .dropped:
+                logger.warning("an events client fell behind by \(events.clientQueueLimit) events: dropped")
+                let notice = JSONValue.object([
+                    ("time", .string(ControlEvents.now())),
+                    ("reason", .string("more than \(events.clientQueueLimit) events behind; reconnect with Last-Event-ID")),
+                ])
+                try await body.write(ByteBuffer(string: "event: dropped\ndata: \(notice.serialized())\n\n"))
+                try await body.finish(nil)
+                return
+            case .finished:
+                try await body.finish(nil)
+                return
+            }
+        }
+    }
+
+    private static func send(_ response: ControlResponse, with writer: consuming ResponseWriter) async throws {
+        var fields = HTTPFields()
+        fields[.contentType] = response.contentType
+        fields[.contentLength] = "\(response.body.count)"
+        fields[.connection] = "close"
+        let head = HTTPResponse(status: .init(code: response.status, reasonPhrase: reason(response.status)), headerFields: fields)
+        try await writer.write(response: head, body: ResponseBody(byteBuffer: ByteBuffer(bytes: response.body)))
+    }
+
+    /// The request as the handler sees it; refusals for what NIO's parser lets through.
+    static func controlRequest(_ head: HTTPRequest) -> Result<ControlRequest, ControlResponse> {
+        var headers: [String: String] = [:]
+        if let authority = head.authority { headers["host"] = authority }
+        for field in head.headerFields {
+            let name = field.name.canonicalName
+            if name == "content-length" {
+                // Two lengths that disagree would let a proxy and this server see different requests
+                // (RFC 9112 6.3); NIO's parser refuses them too.
+                let lengths = (headers[name].map { [$0] } ?? []) + field.value.split(separator: ",").map { String($0).trimmingSpaces() }
+                if Set(lengths).count > 1 { return .failure(.error(400, "conflicting Content-Length headers")) }
+                headers[name] = lengths.first ?? field.value
+                continue
+            }
+            if headers[name] != nil && (name == "authorization" || name == "transfer-encoding" || name == "host") {
+                return .failure(.error(400, "the \(name) header is given twice"))
+            }
+            headers[name] = field.value
+        }
+        if headers["transfer-encoding"] != nil {
+            return .failure(.error(501, "Transfer-Encoding is not supported: send Content-Length"))
+        }
+        if let text = headers["content-length"] {
+            guard let n = Int(text), n >= 0 else { return .failure(.error(400, "invalid Content-Length '\(text)'")) }
+            if n > maxBodyBytes { return .failure(.error(413, "request body exceeds \(maxBodyBytes) bytes")) }
+        }
+        let method = head.method.rawValue
+        guard !method.isEmpty, method.allSatisfy({ $0.isASCII && $0.isUppercase }) else {
+            return .failure(.error(400, "malformed method"))
+        }
+        switch parseTarget(head.path ?? "") {
+        case .failure(let response): return .failure(response)
+        case .success(let (path, query)):
+            return .success(ControlRequest(method: method, path: path, query: query, headers: headers))
+        }
     }
 
     /// The credentials of an `Authorization: Bearer ...` header; the scheme's name is
@@ -248,20 +446,6 @@ public final class ControlServer: @unchecked Sendable {
         var difference = UInt8(x.count == y.count ? 0 : 1)
         for i in 0..<min(x.count, y.count) { difference |= x[i] ^ y[i] }
         return difference == 0
-    }
-
-    private func send(_ response: ControlResponse, to client: Int32) {
-        let head =
-            "HTTP/1.1 \(response.status) \(Self.reason(response.status))\r\n"
-            + "Content-Type: \(response.contentType)\r\nContent-Length: \(response.body.count)\r\nConnection: close\r\n\r\n"
-        var bytes = Array(head.utf8)
-        bytes.append(contentsOf: response.body)
-        var offset = 0
-        while offset < bytes.count {
-            let n = bytes.withUnsafeBytes { Glibc.send(client, $0.baseAddress! + offset, bytes.count - offset, Int32(MSG_NOSIGNAL)) }
-            if n <= 0 { return }
-            offset += n
-        }
     }
 
     static func reason(_ status: Int) -> String {
@@ -282,104 +466,11 @@ public final class ControlServer: @unchecked Sendable {
         }
     }
 
-    /// Reads one request: bounded in size and time.
-    static func readRequest(from fd: Int32) -> Result<ControlRequest, ControlResponse> {
-        var buffer: [UInt8] = []
-        var headerEnd: Int?
-        var chunk = [UInt8](repeating: 0, count: 4096)
-        while headerEnd == nil {
-            guard let n = readSome(fd, into: &chunk) else { return .failure(.error(408, "request not received in time")) }
-            if n == 0 { return .failure(.error(400, "connection closed before the request was complete")) }
-            buffer.append(contentsOf: chunk[0..<n])
-            headerEnd = findHeaderEnd(buffer)
-            if headerEnd == nil && buffer.count > maxHeaderBytes {
-                return .failure(.error(431, "request headers exceed \(maxHeaderBytes) bytes"))
-            }
-        }
-        let end = headerEnd!
-        if end > maxHeaderBytes { return .failure(.error(431, "request headers exceed \(maxHeaderBytes) bytes")) }
-        switch parseHead(Array(buffer[0..<end])) {
-        case .failure(let response):
-            return .failure(response)
-        case .success(var request):
-            var body = Array(buffer[(end + 4)...])
-            if request.headers["transfer-encoding"] != nil {
-                return .failure(.error(501, "Transfer-Encoding is not supported: send Content-Length"))
-            }
-            let length: Int
-            if let text = request.headers["content-length"] {
-                guard let n = Int(text), n >= 0 else { return .failure(.error(400, "invalid Content-Length '\(text)'")) }
-                length = n
-            } else {
-                length = 0
-            }
-            if length > maxBodyBytes { return .failure(.error(413, "request body exceeds \(maxBodyBytes) bytes")) }
-            while body.count < length {
-                guard let n = readSome(fd, into: &chunk) else { return .failure(.error(408, "request body not received in time")) }
-                if n == 0 { return .failure(.error(400, "connection closed before the body was complete")) }
-                body.append(contentsOf: chunk[0..<n])
-            }
-            request.body = Array(body.prefix(length))
-            return .success(request)
-        }
-    }
-
-    private static func readSome(_ fd: Int32, into chunk: inout [UInt8]) -> Int? {
-        var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-        guard poll(&pfd, 1, requestTimeoutMilliseconds) > 0 else { return nil }
-        let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-        return n < 0 ? 0 : n
-    }
-
-    private static func findHeaderEnd(_ bytes: [UInt8]) -> Int? {
-        guard bytes.count >= 4 else { return nil }
-        for i in 0...(bytes.count - 4) where bytes[i] == 13 && bytes[i + 1] == 10 && bytes[i + 2] == 13 && bytes[i + 3] == 10 {
-            return i
-        }
-        return nil
-    }
-
-    /// Parses the request line and headers (without the blank line).
-    static func parseHead(_ head: [UInt8]) -> Result<ControlRequest, ControlResponse> {
-        guard let text = String(validating: head, as: UTF8.self) else {
-            return .failure(.error(400, "request head is not UTF-8"))
-        }
-        var lines = text.split(separator: "\r\n", omittingEmptySubsequences: false)
-        let requestLine = lines.removeFirst().split(separator: " ", omittingEmptySubsequences: false)
-        guard requestLine.count == 3 else { return .failure(.error(400, "malformed request line")) }
-        let method = String(requestLine[0])
-        guard !method.isEmpty, method.allSatisfy({ $0.isASCII && $0.isUppercase }) else {
-            return .failure(.error(400, "malformed method"))
-        }
-        guard requestLine[2] == "HTTP/1.1" || requestLine[2] == "HTTP/1.0" else {
-            return .failure(.error(505, "only HTTP/1.0 and HTTP/1.1 are spoken here"))
-        }
-        let target = requestLine[1]
+    /// The request target as a path and a query, %-escapes decoded; a target that is not an
+    /// absolute path, or whose escapes are broken, is refused whole.
+    static func parseTarget(_ target: String) -> Result<(String, [String: String]), ControlResponse> {
         guard target.hasPrefix("/"), target.allSatisfy({ $0.isASCII && !$0.isWhitespace }) else {
             return .failure(.error(400, "malformed request target"))
-        }
-        var headers: [String: String] = [:]
-        for line in lines {
-            guard let colon = line.firstIndex(of: ":"), colon != line.startIndex else {
-                return .failure(.error(400, "malformed header line"))
-            }
-            let name = line[..<colon].lowercased()
-            guard name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-") }) else {
-                return .failure(.error(400, "malformed header name"))
-            }
-            let value = line[line.index(after: colon)...].trimmingSpaces()
-            // Two lengths that disagree ("Content-Length: 5" and "Content-Length: 50", or "5, 50")
-            // would let a proxy and this parser see different requests: refused (RFC 9112 6.3).
-            if name == "content-length" {
-                let lengths = (headers[name].map { [$0] } ?? []) + value.split(separator: ",").map { String($0).trimmingSpaces() }
-                if Set(lengths).count > 1 { return .failure(.error(400, "conflicting Content-Length headers")) }
-                headers[name] = lengths.first ?? value
-                continue
-            }
-            if headers[name] != nil && (name == "authorization" || name == "transfer-encoding" || name == "host") {
-                return .failure(.error(400, "the \(name) header is given twice"))
-            }
-            headers[name] = value
         }
         let pathAndQuery = target.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false)
         guard let path = percentDecoded(pathAndQuery[0], plusIsSpace: false) else {
@@ -395,7 +486,7 @@ public final class ControlServer: @unchecked Sendable {
                 query[key] = value
             }
         }
-        return .success(ControlRequest(method: method, path: path, query: query, headers: headers))
+        return .success((path, query))
     }
 
     /// `text` with its %XX escapes (and in a query, `+` for space) decoded; nil when a `%` is not
@@ -427,5 +518,64 @@ public final class ControlServer: @unchecked Sendable {
 extension StringProtocol {
     fileprivate func trimmingSpaces() -> String {
         String(self.drop { $0 == " " || $0 == "\t" }.reversed().drop { $0 == " " || $0 == "\t" }.reversed())
+    }
+}
+
+/// Per connection: the whole request must arrive within `limit` of the accept (a client sending a
+/// byte a second does not get to keep the connection), one response is sent, then the output is
+/// closed (the client reads to its end) and the connection is closed at most `limit` later.
+final class ConnectionDeadline: ChannelDuplexHandler, RemovableChannelHandler {
+    typealias InboundIn = HTTPRequestPart
+    typealias InboundOut = HTTPRequestPart
+    typealias OutboundIn = HTTPResponsePart
+    typealias OutboundOut = HTTPResponsePart
+
+    private let limit: TimeAmount
+    private var timer: Scheduled<Void>?
+    private var received = false
+
+    init(_ limit: TimeAmount) { self.limit = limit }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        if context.channel.isActive { arm(context) }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        timer?.cancel()
+        timer = nil
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        arm(context)
+        context.fireChannelActive()
+    }
+
+    private func arm(_ context: ChannelHandlerContext) {
+        guard timer == nil else { return }
+        let channel = context.channel
+        timer = context.eventLoop.scheduleTask(in: limit) { channel.close(promise: nil) }
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        if case .end = unwrapInboundIn(data), !received {
+            received = true
+            timer?.cancel()
+            timer = nil
+        }
+        context.fireChannelRead(data)
+    }
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        guard case .end = unwrapOutboundIn(data) else {
+            context.write(data, promise: promise)
+            return
+        }
+        let written = context.eventLoop.makePromise(of: Void.self)
+        if let promise { written.futureResult.cascade(to: promise) }
+        context.writeAndFlush(data, promise: written)
+        let channel = context.channel
+        written.futureResult.whenComplete { _ in channel.close(mode: .output, promise: nil) }
+        timer?.cancel()
+        timer = context.eventLoop.scheduleTask(in: limit) { channel.close(promise: nil) }
     }
 }

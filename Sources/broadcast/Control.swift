@@ -1,6 +1,10 @@
 import ArgumentParser
 import BroadcastService
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Options shared by the verbs that talk to a running daemon.
 struct ControlOptions: ParsableArguments {
     @Option(help: ArgumentHelp("The daemon's control socket.", valueName: "path"))
@@ -19,9 +23,126 @@ struct ControlOptions: ParsableArguments {
 }
 
 struct Status: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Show a running daemon's status (JSON).")
+    static let configuration = CommandConfiguration(
+        abstract: "Show a running daemon's status (JSON), or follow it live with --watch.",
+        discussion: """
+            --watch follows the daemon's events (GET /v1/events): on a terminal a compact view \
+            redrawn at each change; otherwise, or with --json, one JSON line per event \
+            ({"id":..,"event":..,"time":.., ...}). A dropped or broken stream is resumed from \
+            the last event seen (Last-Event-ID); it ends when the daemon stops.
+            """
+    )
     @OptionGroup var control: ControlOptions
-    func run() throws { try control.call("GET", "/v1/status") }
+    @Flag(help: "Follow the daemon's state as it changes.")
+    var watch = false
+    @Flag(help: "With --watch: one JSON line per event, even on a terminal.")
+    var json = false
+
+    func run() throws {
+        guard watch else { return try control.call("GET", "/v1/status") }
+        let client = ControlClient(socketPath: control.socket)
+        let redraw = !json && isatty(1) != 0
+        var view = WatchView()
+        var lastID: UInt64?
+        var reconnects = 0
+        func handle(_ event: ControlClient.Event) -> Bool {
+            if let id = event.id { lastID = id }
+            if event.type == "dropped" { return false }
+            let data = JSONValue.parse(event.data) ?? .object([])
+            if redraw {
+                view.apply(event.type, data)
+                print("\u{1B}[H\u{1B}[2J" + view.render(), terminator: "")
+            } else {
+                var fields: [(String, JSONValue)] = [("id", event.id.map { .number(Double($0)) } ?? .null), ("event", .string(event.type))]
+                if case .object(let members) = data { fields += members }
+                print(JSONValue.object(fields).serialized())
+            }
+            fflush(nil)
+            return true
+        }
+        while true {
+            let status: Int
+            do {
+                status = try client.events(lastEventID: lastID, handle)
+            } catch {
+                // Gone after we followed it: the daemon stopped. Before: it is not there.
+                if lastID != nil { return }
+                throw error
+            }
+            if status != 200 {
+                FileStandardError.write("broadcast: the daemon refused the event stream (HTTP \(status))\n")
+                throw ExitCode.failure
+            }
+            // The stream ended: the daemon stopped (no socket any more) or dropped us (resume).
+            reconnects += 1
+            usleep(reconnects < 3 ? 100_000 : 1_000_000)
+        }
+
+    }
+}
+
+/// `status --watch`'s compact view: the broadcast's state, each output's, the devices and the
+/// last file finished, from the first `state` event and the changes after it.
+struct WatchView {
+    var broadcast = "idle"
+    var outputs: [(name: String, state: String)] = []
+    var devices: [String: String] = [:]
+    var lastFile: String?
+    var lastEvent = ""
+    var time = ""
+
+    mutating func apply(_ type: String, _ data: JSONValue) {
+        time = data["time"]?.stringValue ?? time
+        switch type {
+        case "state":
+            let status = data["status"] ?? .object([])
+            broadcast = status["state"]?.stringValue ?? broadcast
+            if case .array(let items)? = status["outputs"] {
+                outputs = items.compactMap { item in
+                    guard let name = item["name"]?.stringValue else { return nil }
+                    let paused = item["paused"] == .bool(true)
+                    return (name, paused ? "paused" : item["state"]?.stringValue ?? "?")
+                }
+            }
+            if case .object(let types)? = status["types"] {
+                for (type, fields) in types { devices[type] = fields["source_state"]?.stringValue ?? "capturing" }
+            }
+            lastEvent = "connected"
+        case "broadcast":
+            let state = data["state"]?.stringValue ?? "?"
+            broadcast = state == "resumed" ? "started" : state
+            lastEvent = "broadcast \(state)"
+        case "output":
+            let name = data["name"]?.stringValue ?? "?"
+            let state = data["state"]?.stringValue ?? "?"
+            if let i = outputs.firstIndex(where: { $0.name == name }) { outputs[i].state = state } else { outputs.append((name, state)) }
+            lastEvent = "\(name) \(state)"
+        case "device":
+            let type = data["type"]?.stringValue ?? "?"
+            let state = data["state"]?.stringValue ?? "?"
+            devices[type] = state == "lost" ? "device-lost" : "capturing"
+            lastEvent = "\(type) device \(state)"
+        case "file":
+            lastFile = data["path"]?.stringValue
+            lastEvent = "\(data["output"]?.stringValue ?? "?") finished a file"
+        default:
+            lastEvent = type
+        }
+    }
+
+    func render() -> String {
+        var lines = ["broadcast  \(broadcast)"]
+        let width = outputs.map(\.name.count).max() ?? 0
+        for output in outputs {
+            lines.append("  \(output.name)\(String(repeating: " ", count: width - output.name.count))  \(output.state)")
+        }
+        if !devices.isEmpty {
+            lines.append("devices    " + devices.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))
+        }
+        if let lastFile { lines.append("last file  \(lastFile)") }
+        lines.append("\(time)  \(lastEvent)")
+        return lines.joined(separator: "\n") + "\n"
+    }
 }
 
 struct Pause: ParsableCommand {

@@ -5,6 +5,7 @@ import BroadcastKit
 import BroadcastMedia
 import BroadcastOutputs
 import BroadcastService
+import Dispatch
 import Logging
 import ServiceLifecycle
 import Synchronization
@@ -63,29 +64,21 @@ struct Daemon: AsyncParsableCommand {
             // Finalizing a long recording takes a while: ask systemd for more time to start.
             notifier.send("EXTEND_TIMEOUT_USEC=\(Self.recoveryTimeoutMicroseconds)\nSTATUS=recovering \(path)")
         }
-        let controller = BroadcastController(config: configuration, locks: locks, logger: logger)
+        let events = ControlEvents()
+        let controller = BroadcastController(config: configuration, locks: locks, events: events, logger: logger)
         let metrics = DaemonMetrics.bootstrap()
-        let server = try Self.controlServer(configuration, controller: controller, metrics: metrics, logger: logger)
-        logger.notice("control API on \(configuration.socketPath)")
-
-        if configuration.autostart {
-            do {
-                try controller.start()
-            } catch let error as ValueError {
-                // A source the config names that refuses at start (the ScreenCast portal refused or
-                // was cancelled, a device that went away since the check): bad input, exit 2, one line.
-                server.stop()
-                throw ValueError("\(config): the broadcast could not start: \(error)")
-            } catch {
-                logger.error("the broadcast could not start: \(error)")
-                server.stop()
-                throw ExitCode.failure
-            }
-        }
-        let service = DaemonService(controller: controller, notifier: notifier, logger: logger)
+        let server = try Self.controlServer(configuration, controller: controller, events: events, metrics: metrics, logger: logger)
+        let service = DaemonService(
+            controller: controller, notifier: notifier, server: server, autostart: configuration.autostart, configPath: config, logger: logger)
+        // Shut down in reverse: the broadcast finishes first (its last events published), then the
+        // watcher, then the control server (event streams drained, open requests answered).
         let group = ServiceGroup(
             configuration: ServiceGroupConfiguration(
-                services: [.init(service: service)],
+                services: [
+                    .init(service: server, successTerminationBehavior: .gracefullyShutdownGroup),
+                    .init(service: EventWatcher(controller: controller), successTerminationBehavior: .gracefullyShutdownGroup),
+                    .init(service: service, successTerminationBehavior: .gracefullyShutdownGroup),
+                ],
                 gracefulShutdownSignals: [],
                 cancellationSignals: [],
                 logger: logger
@@ -103,8 +96,13 @@ struct Daemon: AsyncParsableCommand {
                 logger.info("\(Signals.name(signal)) ignored")
             }
         }
-        try await group.run()
-        server.stop()
+        do {
+            try await group.run()
+        } catch let error as BroadcastError {
+            // The control socket could not be bound: exit 1 with one line.
+            FileStandardError.write("broadcast: error: \(error.message)\n")
+            throw ExitCode.failure
+        }
         if let failure = controller.lastFailure {
             logger.error("the broadcast ended with an error: \(failure)")
         }
@@ -134,10 +132,11 @@ extension Daemon {
         return locks
     }
 
-    /// The control API's server; a socket that cannot be bound ends the daemon with exit code 1.
+    /// The control API's server; a socket that cannot be used ends the daemon with exit code 1.
     static func controlServer(
         _ configuration: DaemonConfig,
         controller: BroadcastController,
+        events: ControlEvents,
         metrics: DaemonMetrics,
         logger: Logger
     ) throws -> ControlServer {
@@ -147,9 +146,14 @@ extension Daemon {
                 mode: UInt32(configuration.socketMode),
                 tcp: configuration.tcp,
                 token: configuration.token,
+                events: events,
+                snapshot: { controller.status() },
                 logger: logger
             ) { request in
-                ControlAPI.handle(request, controller: controller, metrics: metrics)
+                let response = ControlAPI.handle(request, controller: controller, metrics: metrics)
+                // What the request changed is published before it is answered.
+                if request.method == "POST" { controller.publishChanges() }
+                return response
             }
         } catch {
             FileStandardError.write("broadcast: error: \(error.message)\n")
@@ -176,9 +180,28 @@ enum ProcessEnvironment {
 struct DaemonService: Service {
     let controller: BroadcastController
     let notifier: SystemdNotifier
+    let server: ControlServer
+    let autostart: Bool
+    let configPath: String
     let logger: Logger
 
     func run() async throws {
+        // The API is up before the broadcast starts (a client can watch it start).
+        try await server.waitUntilListening()
+        logger.notice("control API on \(server.socketPath)")
+        if autostart {
+            do {
+                try await offThePool { try controller.start() }
+            } catch let error as ValueError {
+                // A source the config names that refuses at start (the ScreenCast portal refused or
+                // was cancelled, a device that went away since the check): bad input, exit 2, one line.
+                throw ValueError("\(configPath): the broadcast could not start: \(error)")
+            } catch {
+                logger.error("the broadcast could not start: \(error)")
+                throw ExitCode.failure
+            }
+            controller.publishChanges()
+        }
         notifier.ready(status: controller.statusLine())
         // Ping at half the watchdog interval; without a watchdog, refresh STATUS every few seconds.
         let period = notifier.watchdogNanoseconds.map { max($0 / 2, 100_000_000) } ?? 2_000_000_000
@@ -197,7 +220,34 @@ struct DaemonService: Service {
             notifier.status(controller.statusLine())
         }
         notifier.stopping(status: "finishing: flushing encoders, finalizing recordings")
-        controller.stop()
+        try await offThePool { controller.stop() }
+        controller.publishChanges()
+    }
+}
+
+/// Runs blocking work (a start waits for the first buffer, a stop joins threads and finalizes
+/// files) on a dispatch thread, not on Swift's cooperative pool (two threads on a 2-core machine),
+/// which the control server's requests need meanwhile.
+func offThePool<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        DispatchQueue.global().async { continuation.resume(with: Result { try work() }) }
+    }
+}
+
+/// Publishes the broadcast's changes of state as events: every 50 ms it reads the session's and
+/// outputs' atomics (nothing on the data path waits for it) and publishes what differs from the
+/// last look. Control actions publish at once as well (`publishChanges` after each POST).
+struct EventWatcher: Service {
+    let controller: BroadcastController
+
+    func run() async throws {
+        while !Task.isShuttingDownGracefully {
+            // The look takes the controller's lock for a moment: off the cooperative pool, where
+            // even that moment costs the control server's requests nothing.
+            try await offThePool { controller.publishChanges() }
+            try? await cancelWhenGracefulShutdown { try await Task.sleep(for: .milliseconds(50)) }
+        }
+        controller.publishChanges()
     }
 }
 
@@ -221,17 +271,21 @@ final class BroadcastController: Sendable {
         let memoryPlan: MemoryPlan
     }
 
-    private let state: Mutex<(config: DaemonConfig, running: Running?)>
+    private let state: Mutex<(config: DaemonConfig, running: Running?, starting: Bool)>
     /// The directories this daemon holds (recordings' base directories, the socket).
     private let locks: DirectoryLocks
     /// Why the last broadcast ended with an error; set by the broadcast's thread.
     private let failure = Mutex<String?>(nil)
     private let logger: Logger
     let startedAt = MonotonicClock().now()
+    let events: ControlEvents
+    /// What the last look published from (see `publishChanges`).
+    private let published = Mutex(PublishedState())
 
-    init(config: DaemonConfig, locks: DirectoryLocks, logger: Logger) {
-        self.state = Mutex((config, nil))
+    init(config: DaemonConfig, locks: DirectoryLocks, events: ControlEvents = ControlEvents(), logger: Logger) {
+        self.state = Mutex((config, nil, false))
         self.locks = locks
+        self.events = events
         self.logger = logger
     }
 
@@ -239,73 +293,81 @@ final class BroadcastController: Sendable {
 
     /// Builds sources, the encoding handler and a new session from the config and runs it.
     func start() throws {
-        try state.withLock { state in
+        // The lock is held only to claim the start and to record its result: opening devices and
+        // waiting for the first buffer happen outside it, so status, events and metrics go on.
+        let config = try state.withLock { state -> DaemonConfig in
             if let running = state.running, running.session.state != .finished {
                 throw BroadcastError(.illegalTransition, "cannot start while \(running.session.state): the broadcast is already running")
             }
-            let config = state.config
-            let sources = try config.sourceOptions()
-            let encoder = try config.encoderOptions()
-            let captureSources = try sources.makeSources()
-            let size = try sources.videoSize()
-            let rate = try sources.frameRate()
-            let outputs = try Self.outputConfigurations(config.outputs)
-            let hasVideo = captureSources.contains { $0.type == .video }
-            let hasAudio = captureSources.contains { $0.type.isAudio }
-            var configuration = EncodingConfiguration(
-                video: hasVideo ? try encoder.videoSettings(width: size.width, height: size.height, frameRate: rate, live: true) : nil,
-                audio: hasAudio ? try encoder.audioSettings() : nil,
-                recordings: [],
-                outputs: outputs
-            )
-            configuration.frameRateMode = try encoder.rateMode(live: outputs.contains { $0.destination.isLive })
-            configuration.video?.colour = SourceOptions.videoColour(captureSources)
-            try configuration.validate()
-            let plan: MemoryPlan
-            (configuration, plan) = try MemoryBudgeting.plan(
-                configuration, budget: config.memoryBudgetBytes, sources: captureSources, replayLimitsSet: config.replayLimitsSet)
-            logger.info("memory plan: \(plan)")
-            let handler = EncodingHandler(configuration: configuration, logger: logger)
-            let counters = handler.counters
-            let session = BroadcastSession(handler: handler, sources: captureSources, logger: logger)
-            let setup = config.setup
-            let logger = self.logger
-            let thread = OSThread(name: "bc-session") { [weak self] in
-                do {
-                    let summary = try session.run(setupInfo: setup)
-                    let encoded = counters.snapshot()
-                    logger.notice(
-                        "broadcast finished (\(summary.reason.rawValue)): \(encoded.videoFramesEncoded) video frames, \(encoded.audioFramesEncoded) audio frames encoded")
-                } catch {
-                    logger.error("broadcast failed: \(error)")
-                    self?.failure.withLock { $0 = "\(error)" }
-                }
+            if state.starting {
+                throw BroadcastError(.illegalTransition, "cannot start: the broadcast is already starting")
             }
-            // Outputs are up once the first buffer went through the handler (or the start failed).
-            let deadline = MonotonicClock().now() + 10_000_000_000
-            while session.state != .finished && !session.statistics().values.contains(where: { $0.delivered > 0 })
-                && MonotonicClock().now() < deadline
-            {
-                usleep(2000)
-            }
-            if session.state == .finished {
-                thread.join()
-                throw BroadcastError(.outputFailed, failure.withLock { $0 } ?? "the broadcast ended as soon as it started")
-            }
-            state.running = Running(
-                session: session,
-                counters: counters,
-                thread: thread,
-                startedAt: MonotonicClock().now(),
-                primaryType: hasVideo ? .video : captureSources[0].type,
-                outputControl: handler.outputControl,
-                definitions: Dictionary(config.outputs.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first }),
-                audioDevices: captureSources.compactMap { $0.source as? ALSASource },
-                memoryPlan: plan
-            )
-            failure.withLock { $0 = nil }
-            logger.notice("broadcast started: \(outputs.map(\.name).joined(separator: ", "))")
+            state.starting = true
+            return state.config
         }
+        defer { state.withLock { $0.starting = false } }
+        let sources = try config.sourceOptions()
+        let encoder = try config.encoderOptions()
+        let captureSources = try sources.makeSources()
+        let size = try sources.videoSize()
+        let rate = try sources.frameRate()
+        let outputs = try Self.outputConfigurations(config.outputs)
+        let hasVideo = captureSources.contains { $0.type == .video }
+        let hasAudio = captureSources.contains { $0.type.isAudio }
+        var configuration = EncodingConfiguration(
+            video: hasVideo ? try encoder.videoSettings(width: size.width, height: size.height, frameRate: rate, live: true) : nil,
+            audio: hasAudio ? try encoder.audioSettings() : nil,
+            recordings: [],
+            outputs: outputs
+        )
+        configuration.frameRateMode = try encoder.rateMode(live: outputs.contains { $0.destination.isLive })
+        configuration.video?.colour = SourceOptions.videoColour(captureSources)
+        try configuration.validate()
+        let plan: MemoryPlan
+        (configuration, plan) = try MemoryBudgeting.plan(
+            configuration, budget: config.memoryBudgetBytes, sources: captureSources, replayLimitsSet: config.replayLimitsSet)
+        logger.info("memory plan: \(plan)")
+        let handler = EncodingHandler(configuration: configuration, logger: logger)
+        let counters = handler.counters
+        let session = BroadcastSession(handler: handler, sources: captureSources, logger: logger)
+        let setup = config.setup
+        let logger = self.logger
+        let thread = OSThread(name: "bc-session") { [weak self] in
+            do {
+                let summary = try session.run(setupInfo: setup)
+                let encoded = counters.snapshot()
+                logger.notice(
+                    "broadcast finished (\(summary.reason.rawValue)): \(encoded.videoFramesEncoded) video frames, \(encoded.audioFramesEncoded) audio frames encoded")
+            } catch {
+                logger.error("broadcast failed: \(error)")
+                self?.failure.withLock { $0 = "\(error)" }
+            }
+        }
+        // Outputs are up once the first buffer went through the handler (or the start failed).
+        let deadline = MonotonicClock().now() + 10_000_000_000
+        while session.state != .finished && !session.statistics().values.contains(where: { $0.delivered > 0 })
+            && MonotonicClock().now() < deadline
+        {
+            usleep(2000)
+        }
+        if session.state == .finished {
+            thread.join()
+            throw BroadcastError(.outputFailed, failure.withLock { $0 } ?? "the broadcast ended as soon as it started")
+        }
+        let running = Running(
+            session: session,
+            counters: counters,
+            thread: thread,
+            startedAt: MonotonicClock().now(),
+            primaryType: hasVideo ? .video : captureSources[0].type,
+            outputControl: handler.outputControl,
+            definitions: Dictionary(config.outputs.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first }),
+            audioDevices: captureSources.compactMap { $0.source as? ALSASource },
+            memoryPlan: plan
+        )
+        state.withLock { $0.running = running }
+        failure.withLock { $0 = nil }
+        logger.notice("broadcast started: \(outputs.map(\.name).joined(separator: ", "))")
     }
 
     /// Pauses or resumes one output while the broadcast and the other outputs go on.
@@ -453,6 +515,67 @@ final class BroadcastController: Sendable {
     /// False when no frames are due: nothing runs, or the broadcast is paused or finished.
     func expectsFrames() -> Bool {
         state.withLock { $0.running?.session.state == .started }
+    }
+
+    /// The figures /metrics exports, typed, read from the same atomics as the status.
+    func metricsFigures() -> MetricsFigures {
+        let running = state.withLock { $0.running }
+        var figures = MetricsFigures(uptimeSeconds: Double(MonotonicClock().now() - startedAt) / 1e9)
+        figures.eventClients = events.clientCount
+        figures.memoryBudgetBytes = state.withLock { $0.config.memoryBudgetBytes }
+        guard let running else { return figures }
+        let stats = running.session.statistics()
+        let encoding = running.counters.snapshot()
+        figures.state = running.session.state.description
+        figures.mediaSeconds = Double(stats.values.map(\.mediaTimeNanoseconds).max() ?? 0) / 1e9
+        figures.videoFramesEncoded = encoding.videoFramesEncoded
+        figures.audioFramesEncoded = encoding.audioFramesEncoded
+        figures.bytesWritten = Int(encoding.bytesWritten)
+        figures.bitrate = encoding.bitrate
+        figures.failedOutputs = encoding.failedOutputs
+        figures.types = stats.sorted { $0.key.rawValue < $1.key.rawValue }.map { type, s in
+            .init(
+                type: type.rawValue, delivered: s.delivered, deviceLost: s.sourceHealth.state == .deviceLost,
+                deviceLosses: s.sourceHealth.deviceLosses,
+                dropped: [("queue_full", s.droppedQueueFull), ("source", s.droppedBySource), ("paused", s.droppedPaused), ("out_of_order", s.droppedOutOfOrder)])
+        }
+        figures.audioDrift = running.audioDevices.compactMap { device in device.statistics.driftPPM.map { (device.name, $0) } }
+        figures.outputs = running.outputs.map { output in
+            let o = output.statistics()
+            return .init(
+                name: o.name, kind: o.isLive ? "live" : output.isReplay ? "replay" : "recording", state: "\(o.state)",
+                paused: output.isPaused, bytes: Int(o.bytesSent), bitrate: o.bitrate, backlogMilliseconds: o.backlogMilliseconds,
+                reconnects: o.reconnects, drops: o.drops.sorted { $0.key.rawValue < $1.key.rawValue }.map { ("\($0.key)", $0.value) },
+                replay: output.replayStatistics())
+        }
+        return figures
+    }
+
+    /// The state events are made of, read from the session's and outputs' atomics.
+    func eventSnapshot() -> EventSnapshot {
+        guard let running = state.withLock({ $0.running }) else { return EventSnapshot(session: nil) }
+        let stats = running.session.statistics()
+        return EventSnapshot(
+            session: ObjectIdentifier(running.session),
+            broadcast: running.session.state.description,
+            outputs: running.outputs.map { output in
+                let files = output.finishedFiles
+                // Paused as soon as asked; once resumed, "resuming" until its worker takes packets again.
+                let state = output.isPaused ? "paused" : output.state == .paused ? "resuming" : "\(output.state)"
+                return .init(name: output.name, state: state, files: files.count, lastFile: files.last)
+            },
+            devices: stats.sorted { $0.key.rawValue < $1.key.rawValue }.map { ($0.key.rawValue, $0.value.sourceHealth.state == .deviceLost) }
+        )
+    }
+
+    /// Publishes what changed since the last look (one event per change, in a fixed order:
+    /// broadcast, outputs, devices, files). Serialized: the watcher and control actions call it.
+    func publishChanges() {
+        published.withLock { last in
+            let now = eventSnapshot()
+            for (type, fields) in now.changes(since: last.snapshot) { events.publish(type, fields) }
+            last.snapshot = now
+        }
     }
 
     func statusLine() -> String {

@@ -66,7 +66,16 @@ extension BroadcastController {
 
     /// What the process holds: its resident memory and, of it, the replay buffers.
     static func memoryFields(_ outputs: [Output], budget: Int64) -> JSONValue {
-        let replay = outputs.compactMap { $0.replayStatistics()?.bufferedBytes }.reduce(0, +)
+        let memory = memoryFigures(outputs.compactMap { $0.replayStatistics() })
+        return .object([
+            ("resident_bytes", .number(Double(memory.residentBytes))), ("replay_buffers_bytes", .number(Double(memory.replayBuffersBytes))),
+            ("private_dirty_bytes", .number(Double(memory.privateDirtyBytes))), ("budget_bytes", .number(Double(budget))),
+        ])
+    }
+
+    /// The figures behind `memoryFields` and the memory metrics.
+    static func memoryFigures(_ replays: [ReplayStatistics]) -> (residentBytes: Int64, replayBuffersBytes: Int64, privateDirtyBytes: Int64) {
+        let replay = replays.map(\.bufferedBytes).reduce(0, +)
         var resident: Int64 = 0
         if let text = DaemonConfig.readText("/proc/self/statm") {
             let pages = text.split(separator: " ").dropFirst().first.flatMap { Int64($0) } ?? 0
@@ -74,10 +83,7 @@ extension BroadcastController {
         }
         // The footprint the budget holds (see `ProcessMemory`): private dirty, not library pages.
         let footprint = ProcessMemory.current()?.privateDirtyBytes ?? 0
-        return .object([
-            ("resident_bytes", .number(Double(resident))), ("replay_buffers_bytes", .number(Double(replay))),
-            ("private_dirty_bytes", .number(Double(footprint))), ("budget_bytes", .number(Double(budget))),
-        ])
+        return (resident, replay, footprint)
     }
 
     static func sameReplayKeys(_ a: DaemonConfig.Output, _ b: DaemonConfig.Output) -> Bool {
@@ -86,32 +92,6 @@ extension BroadcastController {
 }
 
 enum ReplayAPI {
-    /// Per replay output, labelled output="NAME": buffered seconds and bytes, saves done and failed.
-    static func recordMetrics(_ status: [(String, JSONValue)]) {
-        if case .object(let memory)? = status.first(where: { $0.0 == "memory" })?.1 {
-            for (key, label) in [
-                ("resident_bytes", "broadcast_resident_bytes"), ("replay_buffers_bytes", "broadcast_replay_buffers_bytes"),
-                ("private_dirty_bytes", "broadcast_private_dirty_bytes"), ("budget_bytes", "broadcast_memory_budget_bytes"),
-            ] {
-                if case .number(let x)? = memory.first(where: { $0.0 == key })?.1 { Gauge(label: label).record(x) }
-            }
-        }
-        guard case .array(let outputs)? = status.first(where: { $0.0 == "outputs" })?.1 else { return }
-        for case .object(let fields) in outputs {
-            guard case .string("replay")? = fields.first(where: { $0.0 == "kind" })?.1,
-                case .string(let name)? = fields.first(where: { $0.0 == "name" })?.1
-            else { continue }
-            for (key, label) in [
-                ("buffered_seconds", "broadcast_replay_buffered_seconds"), ("buffered_bytes", "broadcast_replay_buffered_bytes"),
-                ("saves_done", "broadcast_replay_saves_done"), ("saves_failed", "broadcast_replay_saves_failed"),
-            ] {
-                if case .number(let x)? = fields.first(where: { $0.0 == key })?.1 {
-                    Gauge(label: label, dimensions: [("output", name)]).record(x)
-                }
-            }
-        }
-    }
-
     /// POST /v1/outputs/{name}/save and /v1/replay/save (the only replay output), ?seconds=N:
     /// answers 200 once the file is written, with its path.
     static func save(name: String?, request: ControlRequest, controller: BroadcastController) -> ControlResponse {

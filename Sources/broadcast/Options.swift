@@ -87,8 +87,10 @@ struct SourceOptions: ParsableArguments {
         case "test":
             sources.append((.video, TestPatternSource(width: width, height: height, frameRate: rate, realtime: !noRealtime)))
         case let spec where spec.hasPrefix("test:stall-after="):
-            // A capture that hangs after a while, as a wedged device does (for watchdog tests).
-            let after = try Values.duration(String(spec.dropFirst("test:stall-after=".count)), option: "--video test:stall-after")
+            // A capture that hangs after a while, as a wedged device does (for watchdog tests); after
+            // 0s it never delivers a frame (a device that opens and stays silent).
+            let text = String(spec.dropFirst("test:stall-after=".count))
+            let after = text == "0" || text == "0s" ? MediaTime.zero : try Values.duration(text, option: "--video test:stall-after")
             sources.append((.video, TestPatternSource(width: width, height: height, frameRate: rate, realtime: !noRealtime, stallAfter: after)))
         case let spec where spec.hasPrefix("test:colour="):
             // The pattern in a given matrix, whatever its size (BT.601 at 720p: an SD camera's YUV

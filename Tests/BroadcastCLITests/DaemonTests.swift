@@ -534,8 +534,13 @@ func waitUntilRecording(_ socket: String) throws -> String {
         #expect(wrong.stdout == "401", "with a wrong token: \(wrong.stdout)")
         let with = try run("/usr/bin/curl", ["-s", "-H", "Authorization: Bearer \(token)", url])
         #expect(with.stdout.contains("\"uptime_seconds\""), "with the token: \(with.stdout)")
+        #expect(!with.stdout.contains(token), "the token in the status")
+        let metrics = try run("/usr/bin/curl", ["-s", "-H", "Authorization: Bearer \(token)", "http://127.0.0.1:\(port)/metrics"])
+        #expect(metrics.stdout.contains("broadcast_running") && !metrics.stdout.contains(token))
         daemon.signal(SIGTERM)
-        #expect(daemon.wait(timeout: 30).status == 0)
+        let ended = daemon.wait(timeout: 30)
+        #expect(ended.status == 0)
+        #expect(!ended.stderr.contains(token), "the token in the log")
         #expect(FileManager.default.fileExists(atPath: dir.path("lib/broadcast/rec.mkv")))
     }
 }

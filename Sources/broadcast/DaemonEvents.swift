@@ -1,0 +1,60 @@
+import BroadcastService
+
+/// What the last look at the broadcast published from.
+struct PublishedState {
+    var snapshot = EventSnapshot(session: nil)
+}
+
+/// The parts of the daemon's state that `/v1/events` reports changes of.
+struct EventSnapshot {
+    struct Output: Equatable {
+        var name: String
+        /// connecting, live, reconnecting, stalled, recording, paused, failed, finished.
+        var state: String
+        /// Files finished so far and the last one's path.
+        var files: Int
+        var lastFile: String?
+    }
+
+    /// The running session's identity (a new start is a new broadcast); nil: none ever ran.
+    var session: ObjectIdentifier?
+    var broadcast = "idle"
+    var outputs: [Output] = []
+    /// Per sample-buffer type, whether its device is lost.
+    var devices: [(String, Bool)] = []
+
+    /// The events that lead from `before` to this state.
+    func changes(since before: EventSnapshot) -> [(String, [(String, JSONValue)])] {
+        var events: [(String, [(String, JSONValue)])] = []
+        let sameSession = session == before.session
+        if session != nil && (!sameSession || broadcast != before.broadcast) {
+            let was = sameSession ? before.broadcast : "idle"
+            let change: String? =
+                switch (was, broadcast) {
+                case (_, "started") where was == "paused": "resumed"
+                case (_, "started"): "started"
+                case (_, "paused"): "paused"
+                case (_, "finished"): "finished"
+                default: nil
+                }
+            if let change { events.append(("broadcast", [("state", .string(change))])) }
+        }
+        let previous = sameSession ? Dictionary(before.outputs.map { ($0.name, $0) }, uniquingKeysWith: { a, _ in a }) : [:]
+        for output in outputs {
+            let old = previous[output.name]
+            if output.state != old?.state {
+                events.append(("output", [("name", .string(output.name)), ("state", .string(output.state))]))
+            }
+            if output.files != (old?.files ?? 0), let path = output.lastFile {
+                events.append(("file", [
+                    ("output", .string(output.name)), ("path", .string(path)), ("count", .number(Double(output.files))),
+                ]))
+            }
+        }
+        let previousDevices = sameSession ? Dictionary(before.devices, uniquingKeysWith: { a, _ in a }) : [:]
+        for (type, lost) in devices where lost != (previousDevices[type] ?? false) {
+            events.append(("device", [("type", .string(type)), ("state", .string(lost ? "lost" : "back"))]))
+        }
+        return events
+    }
+}
