@@ -309,23 +309,11 @@ final class BroadcastController: Sendable {
         let sources = try config.sourceOptions()
         let encoder = try config.encoderOptions()
         let captureSources = try sources.makeSources()
-        let size = try sources.videoSize()
-        let rate = try sources.frameRate()
         let outputs = try Self.outputConfigurations(config.outputs)
         let hasVideo = captureSources.contains { $0.type == .video }
-        let hasAudio = captureSources.contains { $0.type.isAudio }
-        var configuration = EncodingConfiguration(
-            video: hasVideo ? try encoder.videoSettings(width: size.width, height: size.height, frameRate: rate, live: true) : nil,
-            audio: hasAudio ? try encoder.audioSettings() : nil,
-            recordings: [],
-            outputs: outputs
-        )
-        configuration.frameRateMode = try encoder.rateMode(live: outputs.contains { $0.destination.isLive })
-        configuration.video?.colour = SourceOptions.videoColour(captureSources)
-        try configuration.validate()
-        let plan: MemoryPlan
-        (configuration, plan) = try MemoryBudgeting.plan(
-            configuration, budget: config.memoryBudgetBytes, sources: captureSources, replayLimitsSet: config.replayLimitsSet)
+        let (configuration, plan) = try encoder.configuration(
+            for: captureSources, size: try sources.videoSize(), frameRate: try sources.frameRate(), outputs: outputs,
+            liveTuning: true, budget: config.memoryBudgetBytes, replayLimitsSet: config.replayLimitsSet)
         logger.info("memory plan: \(plan)")
         let handler = EncodingHandler(configuration: configuration, logger: logger)
         let counters = handler.counters

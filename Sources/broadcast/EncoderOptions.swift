@@ -1,4 +1,6 @@
 import ArgumentParser
+import BroadcastCapture
+import BroadcastKit
 import BroadcastMedia
 import BroadcastOutputs
 
@@ -99,5 +101,28 @@ struct EncoderOptions: ParsableArguments {
 
     func audioSettings() throws -> AudioEncoderSettings {
         AudioEncoderSettings(bitrate: try Values.bitrate(audioBitrate, option: "--audio-bitrate"))
+    }
+
+    /// The encode of `sources` into `outputs` (record, stream and the daemon's start): video at
+    /// `size` and `frameRate` with rate control for a stream when `liveTuning`, audio when a source
+    /// gives it, the frame-rate mode (vfr refused with a live output), the sources' own colour;
+    /// validated, then sized within `budget` (which also sizes the sources' pools).
+    func configuration(
+        for sources: [(type: SampleBufferType, source: any CaptureSource)],
+        size: (width: Int, height: Int), frameRate: (numerator: Int, denominator: Int),
+        outputs: [OutputConfiguration], liveTuning: Bool, budget: Int64, replayLimitsSet: Set<String>
+    ) throws -> (EncodingConfiguration, MemoryPlan) {
+        let hasVideo = sources.contains { $0.type == .video }
+        let hasAudio = sources.contains { $0.type.isAudio }
+        var configuration = EncodingConfiguration(
+            video: hasVideo ? try videoSettings(width: size.width, height: size.height, frameRate: frameRate, live: liveTuning) : nil,
+            audio: hasAudio ? try audioSettings() : nil,
+            recordings: [],
+            outputs: outputs
+        )
+        configuration.frameRateMode = try rateMode(live: outputs.contains { $0.destination.isLive })
+        configuration.video?.colour = SourceOptions.videoColour(sources)
+        try configuration.validate()
+        return try MemoryBudgeting.plan(configuration, budget: budget, sources: sources, replayLimitsSet: replayLimitsSet)
     }
 }

@@ -56,23 +56,11 @@ struct Record: ParsableCommand {
         let replay = try replayOptions.output(beside: file)
         let logger = Logging.bootstrap(level: level)
         let captureSources = try sources.makeSources(logger: logger)
-        let size = try sources.outputSize(for: captureSources)
-        let rate = try sources.frameRate()
-        let hasVideo = captureSources.contains { $0.type == .video }
-        let hasAudio = captureSources.contains { $0.type.isAudio }
-        var configuration = EncodingConfiguration(
-            video: hasVideo ? try encoding.videoSettings(width: size.width, height: size.height, frameRate: rate, live: false) : nil,
-            audio: hasAudio ? try encoding.audioSettings() : nil,
-            recordings: [],
-            outputs: [OutputConfiguration(destination: .file(file), overwrite: runOptions.overwrite)] + (replay.map { [$0] } ?? [])
-        )
-        configuration.frameRateMode = try encoding.rateMode(live: false)
-        configuration.video?.colour = SourceOptions.videoColour(captureSources)
-        try configuration.validate()
         let budget = try memory.budget()
-        let plan: MemoryPlan
-        (configuration, plan) = try MemoryBudgeting.plan(
-            configuration, budget: budget, sources: captureSources,
+        let (configuration, plan) = try encoding.configuration(
+            for: captureSources, size: try sources.outputSize(for: captureSources), frameRate: try sources.frameRate(),
+            outputs: [OutputConfiguration(destination: .file(file), overwrite: runOptions.overwrite)] + (replay.map { [$0] } ?? []),
+            liveTuning: false, budget: budget,
             replayLimitsSet: replayOptions.replayMaxMemory != nil ? ["replay"] : [])
         let setupInfo = try sources.setupInfo()
 

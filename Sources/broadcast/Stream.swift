@@ -111,23 +111,10 @@ struct Stream: ParsableCommand {
         }
 
         let captureSources = try sources.makeSources()
-        let size = try sources.videoSize()
-        let rate = try sources.frameRate()
-        let hasVideo = captureSources.contains { $0.type == .video }
-        let hasAudio = captureSources.contains { $0.type.isAudio }
-        var configuration = EncodingConfiguration(
-            video: hasVideo ? try encoding.videoSettings(width: size.width, height: size.height, frameRate: rate, live: true) : nil,
-            audio: hasAudio ? try encoding.audioSettings() : nil,
-            recordings: [],
-            outputs: configured
-        )
-        configuration.frameRateMode = try encoding.rateMode(live: configured.contains { $0.destination.isLive })
-        configuration.video?.colour = SourceOptions.videoColour(captureSources)
-        try configuration.validate()
         let budget = try memory.budget()
-        let plan: MemoryPlan
-        (configuration, plan) = try MemoryBudgeting.plan(
-            configuration, budget: budget, sources: captureSources,
+        let (configuration, plan) = try encoding.configuration(
+            for: captureSources, size: try sources.videoSize(), frameRate: try sources.frameRate(), outputs: configured,
+            liveTuning: true, budget: budget,
             replayLimitsSet: replayOptions.replayMaxMemory != nil ? ["replay"] : [])
         let setupInfo = try sources.setupInfo()
 
