@@ -5,11 +5,14 @@ internal import CPipeWireShim
 import Glibc
 #endif
 
-/// One connection to the PipeWire server with a loop of our own (not pw_thread_loop: whoever owns
-/// the connection runs the loop on its own thread with `iterate`, so nothing needs a lock), the
-/// registry and the "default" metadata mirrored into a `PipeWireAudioGraph`.
+/// One connection to the PipeWire server with a loop of our own (not pw_thread_loop: the thread
+/// that owns the connection runs the loop with `iterate`, so nothing needs a lock), the registry
+/// and the "default" metadata mirrored into a `PipeWireAudioGraph`.
 ///
-/// Not thread-safe: made, iterated and closed by one thread at a time.
+/// Owned by the thread that makes it, for its whole life: that thread has the loop entered from
+/// `init` to `deinit` (`CBroadcastPW_loopEnter`), so what libpipewire's data thread hands to the
+/// loop (stream `process` calls, state changes) waits for that thread's next `iterate` instead of
+/// running at once on the data thread. Made, iterated and released on that one thread.
 final class PipeWireConnection {
     let loop: UnsafeMutablePointer<pw_loop>
     let context: OpaquePointer
@@ -40,9 +43,11 @@ final class PipeWireConnection {
             pw_loop_destroy(loop)
             throw PipeWireError("cannot create a PipeWire context")
         }
+        CBroadcastPW_loopEnter(loop, context)
         guard let core = pw_context_connect(context, nil, 0) else {
             let reason = access(Self.socketPath, F_OK) == 0 ? String(cString: strerror(errno)) : "no such socket"
             pw_context_destroy(context)
+            CBroadcastPW_loopLeave(loop)
             pw_loop_destroy(loop)
             throw PipeWireError("no PipeWire server answers (\(Self.socketPath)): \(reason)")
         }
@@ -103,6 +108,7 @@ final class PipeWireConnection {
         if let registry { pw_proxy_destroy(registry) }
         pw_core_disconnect(core)
         pw_context_destroy(context)
+        CBroadcastPW_loopLeave(loop)
         pw_loop_destroy(loop)
         for hook in [coreHook, registryHook, metadataHook] { hook.deallocate() }
         coreEvents.deallocate()
@@ -143,11 +149,10 @@ final class PipeWireConnection {
         generation += 1
     }
 
-    /// Runs the loop once: waits up to `timeoutMilliseconds` for events and dispatches them.
+    /// Runs the loop once (on the owning thread): waits up to `timeoutMilliseconds` for events and
+    /// dispatches them, with what the data thread handed over since the last time.
     func iterate(timeoutMilliseconds: Int32) {
-        CBroadcastPWAudio_loop_enter(loop)
         CBroadcastPWAudio_loop_iterate(loop, timeoutMilliseconds)
-        CBroadcastPWAudio_loop_leave(loop)
     }
 
     /// Waits until the server has sent everything up to now (twice: the metadata bound in
