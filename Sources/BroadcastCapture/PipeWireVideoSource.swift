@@ -133,7 +133,9 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
         var frameLost = true
         var nextRetry: Int64 = 0
         var attempt: ReconnectAttempt?
+        var closing: OSThread?
         defer {
+            closing?.join()
             last?.backing?.release()
             connection?.close()
             if let attempt {
@@ -184,8 +186,9 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
                     }
                     attempt = next
                 }
-                slate!.deliverDue(into: sink, now: sink.clock.now(), counter: slateFrames)
-                MonotonicClock.sleep(until: min(nextRetry, slate!.nextDue))
+                let slateNow = sink.clock.now()
+                slate!.deliverDue(into: sink, now: slateNow, counter: slateFrames)
+                MonotonicClock.sleep(until: min(nextRetry, slate!.wakeTime(now: slateNow)))
                 continue
             }
 
@@ -205,7 +208,11 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
             if loopFailed || !portalAlive || state == Int32(CBroadcastPWVideoState_lost) {
                 let why = !portalAlive ? "the portal closed the screen-cast session" : String(cString: CBroadcastPWVideo_error(current.stream))
                 logger.warning("\(spec.description): lost (\(why)); sending a no-signal slate and retrying")
-                current.close()
+                // Closed on a thread of its own: ending the portal session is a D-Bus round trip
+                // through a portal whose backend may just have died, and the slate must not wait.
+                current.leave()
+                closing?.join()
+                closing = OSThread(name: "bc-pw-close") { current.close() }
                 connection = nil
                 // The slate from the slot this frame would have filled (closing the stream and the
                 // portal session took time), so the output has no hole at the loss.

@@ -201,7 +201,7 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
                     }
                 }
                 slate!.deliverDue(into: sink, now: now, counter: slateFrames)
-                MonotonicClock.sleep(until: min(nextRetry, slate!.nextDue))
+                MonotonicClock.sleep(until: min(nextRetry, slate!.wakeTime(now: now)))
                 continue
             }
 
@@ -761,8 +761,16 @@ struct SlateGenerator {
                     )
                 )
                 counter.wrappingIncrement(ordering: .relaxed)
+            } else {
+                // Every slate buffer is still with the session: this slot's frame goes out on the
+                // next call, late but in order, rather than leaving a hole in the output.
+                return
             }
             nextDue += frameDuration
         }
     }
+
+    /// When to call `deliverDue` next: the next frame's time, or shortly when one is overdue (the
+    /// session still held every buffer).
+    func wakeTime(now: Int64) -> Int64 { max(nextDue, now + 2_000_000) }
 }
