@@ -35,8 +35,9 @@ final class PipeWireConnection {
     /// Set when the server reported a fatal error on the core (it went away).
     private(set) var failure: String?
 
-    /// Connects; throws a readable reason when no PipeWire server answers.
-    init() throws(PipeWireError) {
+    /// Connects (to `remote`, a socket path, or else the session's server as PIPEWIRE_REMOTE and
+    /// XDG_RUNTIME_DIR say); throws a readable reason when no PipeWire server answers.
+    init(remote: String? = nil) throws(PipeWireError) {
         PipeWire.initialize()
         guard let loop = pw_loop_new(nil) else { throw PipeWireError("cannot create a PipeWire loop") }
         guard let context = pw_context_new(loop, nil, 0) else {
@@ -44,12 +45,19 @@ final class PipeWireConnection {
             throw PipeWireError("cannot create a PipeWire context")
         }
         CBroadcastPW_loopEnter(loop, context)
-        guard let core = pw_context_connect(context, nil, 0) else {
-            let reason = access(Self.socketPath, F_OK) == 0 ? String(cString: strerror(errno)) : "no such socket"
+        let properties = remote.flatMap { remote in
+            "remote.name".withCString { key in remote.withCString { value in
+                var keys: [UnsafePointer<CChar>?] = [key]
+                var values: [UnsafePointer<CChar>?] = [value]
+                return CBroadcastPW_properties(&keys, &values, 1)
+            } }
+        }
+        guard let core = pw_context_connect(context, properties, 0) else {
+            let reason = access(remote ?? Self.socketPath, F_OK) == 0 ? String(cString: strerror(errno)) : "no such socket"
             pw_context_destroy(context)
             CBroadcastPW_loopLeave(loop)
             pw_loop_destroy(loop)
-            throw PipeWireError("no PipeWire server answers (\(Self.socketPath)): \(reason)")
+            throw PipeWireError("no PipeWire server answers (\(remote ?? Self.socketPath)): \(reason)")
         }
         self.loop = loop
         self.context = context

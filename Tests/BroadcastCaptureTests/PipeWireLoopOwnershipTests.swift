@@ -24,7 +24,7 @@ struct PipeWireLoopOwnershipTests {
         let server = try PipeWireServer()
         defer { server.stop() }
         let owner = LoopOwner { () -> (UnsafeMutablePointer<pw_loop>, () -> Void, () -> Void)? in
-            guard let connection = try? PipeWireConnection(), connection.roundTrip(timeoutNanoseconds: 10_000_000_000) else { return nil }
+            guard let connection = try? PipeWireConnection(remote: server.socket), connection.roundTrip(timeoutNanoseconds: 10_000_000_000) else { return nil }
             // The closures keep the connection: it goes away on this thread, with them.
             return (connection.loop, { connection.iterate(timeoutMilliseconds: 10) }, { _ = connection })
         }
@@ -39,7 +39,9 @@ struct PipeWireLoopOwnershipTests {
         // A stream with no target: it never links, but it has its context, data thread and loop.
         let first = LoopOwner { () -> (UnsafeMutablePointer<pw_loop>, () -> Void, () -> Void)? in
             var error = [CChar](repeating: 0, count: 256)
-            guard let video = CBroadcastPWVideo_open(-1, nil, UInt32.max, 0, "ownership test", &error, error.count) else { return nil }
+            // Connected as the portal's remote is: a socket of ours, handed over.
+            let fd = server.connect()
+            guard fd >= 0, let video = CBroadcastPWVideo_open(fd, nil, UInt32.max, 0, "ownership test", &error, error.count) else { return nil }
             opened.video = video
             return (CBroadcastPWVideo_loop(video), { _ = CBroadcastPWVideo_iterate(video, 10) }, { CBroadcastPWVideo_leave(video) })
         }
@@ -124,10 +126,30 @@ struct OwnershipTestError: Error, CustomStringConvertible {
     init(_ description: String) { self.description = description }
 }
 
-/// PipeWire (with WirePlumber) from the project's desktop script, without compositor or portal;
-/// this process's PipeWire clients connect to it (PIPEWIRE_REMOTE).
-final class PipeWireServer {
+/// PipeWire (with WirePlumber) from the project's desktop script, without compositor or portal.
+/// Clients are pointed at it explicitly (not through PIPEWIRE_REMOTE: the environment is the whole
+/// test process's, and other suites start programs that must find their own desktop's PipeWire).
+final class PipeWireServer: @unchecked Sendable {
     let directory: URL
+    var socket: String { directory.appendingPathComponent("run/pipewire-0").path }
+
+    /// A new connection to the server's socket (-1 on failure), for pw_context_connect_fd.
+    func connect() -> Int32 {
+        let fd = Glibc.socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { return -1 }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let path = Array(socket.utf8CString)
+        guard path.count <= MemoryLayout.size(ofValue: address.sun_path) else { close(fd); return -1 }
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            path.withUnsafeBytes { raw.copyMemory(from: $0) }
+        }
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        if connected != 0 { close(fd); return -1 }
+        return fd
+    }
     static let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .deletingLastPathComponent().appendingPathComponent("scripts/desktop-session.sh").path
 
@@ -145,11 +167,9 @@ final class PipeWireServer {
             stop()
             throw OwnershipTestError("the PipeWire session did not start (scripts/desktop-session.sh; `make deps` installs its packages)")
         }
-        setenv("PIPEWIRE_REMOTE", directory.appendingPathComponent("run/pipewire-0").path, 1)
     }
 
     func stop() {
-        unsetenv("PIPEWIRE_REMOTE")
         let stop = Process()
         stop.executableURL = URL(fileURLWithPath: "/bin/bash")
         stop.arguments = [Self.script, "stop", directory.path]
