@@ -121,7 +121,7 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
 
     private func produce(_ first: PipeWireVideoConnection, into sink: SourceSink) {
         let duration = MediaTime(value: Int64(frameRate.denominator), timescale: Int32(frameRate.numerator))
-        first.enter()
+        if !first.enter() { logger.error("\(spec.description): the stream's loop is still owned by the thread that opened it") }
         var connection: PipeWireVideoConnection? = first
         var converter = PipeWireFrameConverter(drawCursor: spec.cursor == .metadata)
         var index: Int64 = 0
@@ -161,7 +161,7 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
                     finished.thread = nil  // the thread's closure holds the attempt
                     attempt = nil
                     if let reopened = finished.result {
-                        reopened.enter()
+                        if !reopened.enter() { logger.error("\(spec.description): the new stream's loop is still owned by the thread that opened it") }
                         connection = reopened
                         formatsBefore = 0
                         // The screen again from the first slot the slate has not filled (the nearest
@@ -341,8 +341,10 @@ final class PipeWireVideoConnection: @unchecked Sendable {
 
     private var closed = false
 
-    /// Makes the calling thread the stream's owner (after the previous owner's `leave()`).
-    func enter() { _ = CBroadcastPWVideo_enter(stream) }
+    /// Makes the calling thread the stream's owner (after the previous owner's `leave()`). False
+    /// when another thread still has it: then every iteration fails, and the source treats the
+    /// stream as lost (a slate and a new stream) rather than touch it from two threads.
+    func enter() -> Bool { CBroadcastPWVideo_enter(stream) == 0 }
 
     /// Gives the stream up, for another thread to `enter()`.
     func leave() { CBroadcastPWVideo_leave(stream) }
