@@ -110,18 +110,29 @@ public final class PipeWireAudioSource: CaptureSource, @unchecked Sendable {
 
     public func start(into sink: SourceSink) throws {
         guard thread == nil else { throw BroadcastError(.sourceFailed, "\(name): the source was already started") }
-        let delivery = Delivery(source: self, sink: sink)
-        // The first connection is made here, so a server that vanished since init is an error now.
-        let stream: PipeWireAudioStream
-        do {
-            stream = try PipeWireAudioStream(target: target, format: format, periodFrames: periodFrames, delivery: delivery)
-        } catch {
-            throw BroadcastError(.sourceFailed, "cannot capture \(target) through PipeWire: \(error.text)")
+        // The connection is made on the source's own thread, which owns it for its whole life (see
+        // `PipeWireConnection`); a server that vanished since init is an error here, as before.
+        let opened = StartResult()
+        running.store(true, ordering: .releasing)
+        let started = OSThread(name: "bc-pw-audio") { [self] in
+            let delivery = Delivery(source: self, sink: sink)
+            let stream: PipeWireAudioStream
+            do {
+                stream = try PipeWireAudioStream(target: target, format: format, periodFrames: periodFrames, delivery: delivery)
+            } catch {
+                opened.finish("cannot capture \(target) through PipeWire: \(error)")
+                return
+            }
+            opened.finish(nil)
+            run(stream, delivery)
+        }
+        if let failure = opened.wait() {
+            running.store(false, ordering: .releasing)
+            started.join()
+            throw BroadcastError(.sourceFailed, failure)
         }
         logger.info("\(name): capturing through PipeWire as \(format), quantum \(periodFrames) frames asked")
-        running.store(true, ordering: .releasing)
-        let handoff = Handoff(stream: stream, delivery: delivery)
-        thread = OSThread(name: "bc-pw-audio") { [self] in run(handoff) }
+        thread = started
     }
 
     public func stop() {
@@ -130,15 +141,25 @@ public final class PipeWireAudioSource: CaptureSource, @unchecked Sendable {
         thread = nil
     }
 
-    /// The stream and delivery state, made on the caller's thread and used only on the source's.
-    private struct Handoff: @unchecked Sendable {
-        let stream: PipeWireAudioStream
-        let delivery: Delivery
+    /// The first connection's outcome, from the source's thread to `start`.
+    private final class StartResult: @unchecked Sendable {
+        private let done = ManagedAtomic<Bool>(false)
+        private var failure: String?
+
+        func finish(_ failure: String?) {
+            self.failure = failure
+            done.store(true, ordering: .releasing)
+        }
+
+        /// Waits (a connection takes milliseconds) and returns the failure, nil when connected.
+        func wait() -> String? {
+            while !done.load(ordering: .acquiring) { usleep(1_000) }
+            return failure
+        }
     }
 
-    private func run(_ handoff: Handoff) {
-        var stream: PipeWireAudioStream? = handoff.stream
-        let delivery = handoff.delivery
+    private func run(_ first: PipeWireAudioStream, _ delivery: Delivery) {
+        var stream: PipeWireAudioStream? = first
         var nextReconnect: Int64 = 0
         while running.load(ordering: .acquiring) && !delivery.sink.isStopping {
             if let live = stream {

@@ -5,11 +5,14 @@ internal import CPipeWireShim
 import Glibc
 #endif
 
-/// One connection to the PipeWire server with a loop of our own (not pw_thread_loop: whoever owns
-/// the connection runs the loop on its own thread with `iterate`, so nothing needs a lock), the
-/// registry and the "default" metadata mirrored into a `PipeWireAudioGraph`.
+/// One connection to the PipeWire server with a loop of our own (not pw_thread_loop: the thread
+/// that owns the connection runs the loop with `iterate`, so nothing needs a lock), the registry
+/// and the "default" metadata mirrored into a `PipeWireAudioGraph`.
 ///
-/// Not thread-safe: made, iterated and closed by one thread at a time.
+/// Owned by the thread that makes it, for its whole life: that thread has the loop entered from
+/// `init` to `deinit` (`CBroadcastPW_loopEnter`), so what libpipewire's data thread hands to the
+/// loop (stream `process` calls, state changes) waits for that thread's next `iterate` instead of
+/// running at once on the data thread. Made, iterated and released on that one thread.
 final class PipeWireConnection {
     let loop: UnsafeMutablePointer<pw_loop>
     let context: OpaquePointer
@@ -32,19 +35,29 @@ final class PipeWireConnection {
     /// Set when the server reported a fatal error on the core (it went away).
     private(set) var failure: String?
 
-    /// Connects; throws a readable reason when no PipeWire server answers.
-    init() throws(PipeWireError) {
+    /// Connects (to `remote`, a socket path, or else the session's server as PIPEWIRE_REMOTE and
+    /// XDG_RUNTIME_DIR say); throws a readable reason when no PipeWire server answers.
+    init(remote: String? = nil) throws(PipeWireError) {
         PipeWire.initialize()
         guard let loop = pw_loop_new(nil) else { throw PipeWireError("cannot create a PipeWire loop") }
         guard let context = pw_context_new(loop, nil, 0) else {
             pw_loop_destroy(loop)
             throw PipeWireError("cannot create a PipeWire context")
         }
-        guard let core = pw_context_connect(context, nil, 0) else {
-            let reason = access(Self.socketPath, F_OK) == 0 ? String(cString: strerror(errno)) : "no such socket"
+        CBroadcastPW_loopEnter(loop, context)
+        let properties = remote.flatMap { remote in
+            "remote.name".withCString { key in remote.withCString { value in
+                var keys: [UnsafePointer<CChar>?] = [key]
+                var values: [UnsafePointer<CChar>?] = [value]
+                return CBroadcastPW_properties(&keys, &values, 1)
+            } }
+        }
+        guard let core = pw_context_connect(context, properties, 0) else {
+            let reason = access(remote ?? Self.socketPath, F_OK) == 0 ? String(cString: strerror(errno)) : "no such socket"
             pw_context_destroy(context)
+            CBroadcastPW_loopLeave(loop)
             pw_loop_destroy(loop)
-            throw PipeWireError("no PipeWire server answers (\(Self.socketPath)): \(reason)")
+            throw PipeWireError("no PipeWire server answers (\(remote ?? Self.socketPath)): \(reason)")
         }
         self.loop = loop
         self.context = context
@@ -103,6 +116,7 @@ final class PipeWireConnection {
         if let registry { pw_proxy_destroy(registry) }
         pw_core_disconnect(core)
         pw_context_destroy(context)
+        CBroadcastPW_loopLeave(loop)
         pw_loop_destroy(loop)
         for hook in [coreHook, registryHook, metadataHook] { hook.deallocate() }
         coreEvents.deallocate()
@@ -143,11 +157,10 @@ final class PipeWireConnection {
         generation += 1
     }
 
-    /// Runs the loop once: waits up to `timeoutMilliseconds` for events and dispatches them.
+    /// Runs the loop once (on the owning thread): waits up to `timeoutMilliseconds` for events and
+    /// dispatches them, with what the data thread handed over since the last time.
     func iterate(timeoutMilliseconds: Int32) {
-        CBroadcastPWAudio_loop_enter(loop)
         CBroadcastPWAudio_loop_iterate(loop, timeoutMilliseconds)
-        CBroadcastPWAudio_loop_leave(loop)
     }
 
     /// Waits until the server has sent everything up to now (twice: the metadata bound in

@@ -76,6 +76,7 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
         self.logger = logger
         self.tokens = tokens
         let connection = try PipeWireVideoConnection.open(spec: spec, tokens: tokens, logger: logger, startTimeout: 300)
+        connection.leave()  // the capture thread takes it in `start`
         announcedSize = connection.announcedSize
         handoff = connection
     }
@@ -120,6 +121,7 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
 
     private func produce(_ first: PipeWireVideoConnection, into sink: SourceSink) {
         let duration = MediaTime(value: Int64(frameRate.denominator), timescale: Int32(frameRate.numerator))
+        if !first.enter() { logger.error("\(spec.description): the stream's loop is still owned by the thread that opened it") }
         var connection: PipeWireVideoConnection? = first
         var converter = PipeWireFrameConverter(drawCursor: spec.cursor == .metadata)
         var index: Int64 = 0
@@ -131,7 +133,9 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
         var frameLost = true
         var nextRetry: Int64 = 0
         var attempt: ReconnectAttempt?
+        var closing: OSThread?
         defer {
+            closing?.join()
             last?.backing?.release()
             connection?.close()
             if let attempt {
@@ -157,12 +161,17 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
                     finished.thread = nil  // the thread's closure holds the attempt
                     attempt = nil
                     if let reopened = finished.result {
+                        if !reopened.enter() { logger.error("\(spec.description): the new stream's loop is still owned by the thread that opened it") }
                         connection = reopened
                         formatsBefore = 0
+                        // The screen again from the first slot the slate has not filled (the nearest
+                        // slot to its next frame: its frame length is the slot's, rounded), so the
+                        // output has no hole and no slot twice.
+                        let resume = slate.map { $0.nextDue - sink.startTime + slots.start(1) / 2 } ?? (sink.clock.now() - sink.startTime)
+                        index = slots.index(at: resume)
                         slate = nil
                         gone.store(false, ordering: .relaxed)
                         logger.notice("\(spec.description): back")
-                        index = slots.index(at: sink.clock.now() - sink.startTime) + 1
                         continue
                     }
                 }
@@ -171,12 +180,15 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
                     let next = ReconnectAttempt()
                     let (spec, tokens, logger) = (self.spec, self.tokens, self.logger)
                     next.thread = OSThread(name: "bc-pw-reopen") {
-                        next.finish(try? PipeWireVideoConnection.open(spec: spec, tokens: tokens, logger: logger, startTimeout: 5))
+                        let reopened = try? PipeWireVideoConnection.open(spec: spec, tokens: tokens, logger: logger, startTimeout: 5)
+                        reopened?.leave()  // the capture thread takes it
+                        next.finish(reopened)
                     }
                     attempt = next
                 }
-                slate!.deliverDue(into: sink, now: sink.clock.now(), counter: slateFrames, dropped: skipped)
-                MonotonicClock.sleep(until: min(nextRetry, slate!.nextDue))
+                let slateNow = sink.clock.now()
+                slate!.deliverDue(into: sink, now: slateNow, counter: slateFrames, dropped: skipped)
+                MonotonicClock.sleep(until: min(nextRetry, slate!.wakeTime(now: slateNow)))
                 continue
             }
 
@@ -196,8 +208,15 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
             if loopFailed || !portalAlive || state == Int32(CBroadcastPWVideoState_lost) {
                 let why = !portalAlive ? "the portal closed the screen-cast session" : String(cString: CBroadcastPWVideo_error(current.stream))
                 logger.warning("\(spec.description): lost (\(why)); sending a no-signal slate and retrying")
-                current.close()
+                // Closed on a thread of its own: ending the portal session is a D-Bus round trip
+                // through a portal whose backend may just have died, and the slate must not wait.
+                current.leave()
+                closing?.join()
+                closing = OSThread(name: "bc-pw-close") { current.close() }
                 connection = nil
+                // The slate from the slot this frame would have filled (closing the stream and the
+                // portal session took time), so the output has no hole at the loss.
+                slate = SlateGenerator(width: lastSize.width, height: lastSize.height, frameDuration: slots.start(1), start: due)
                 gone.store(true, ordering: .relaxed)
                 losses.wrappingIncrement(ordering: .relaxed)
                 nextRetry = sink.clock.now() + 2_000_000_000
@@ -305,6 +324,10 @@ final class ReconnectAttempt: @unchecked Sendable {
 }
 
 /// One attempt: the portal session (if any) and the stream on its PipeWire remote.
+///
+/// The stream's loop is owned by one thread at a time (see `CBroadcastPW_loopEnter`): the one that
+/// opened it, until it calls `leave()`; then the capture thread, from its `enter()`. Only the owner
+/// calls in; `close()` may come from any thread when none owns it.
 final class PipeWireVideoConnection: @unchecked Sendable {
     let portal: ScreenCastPortal?
     let stream: OpaquePointer
@@ -317,6 +340,14 @@ final class PipeWireVideoConnection: @unchecked Sendable {
     }
 
     private var closed = false
+
+    /// Makes the calling thread the stream's owner (after the previous owner's `leave()`). False
+    /// when another thread still has it: then every iteration fails, and the source treats the
+    /// stream as lost (a slate and a new stream) rather than touch it from two threads.
+    func enter() -> Bool { CBroadcastPWVideo_enter(stream) == 0 }
+
+    /// Gives the stream up, for another thread to `enter()`.
+    func leave() { CBroadcastPWVideo_leave(stream) }
 
     func close() {
         guard !closed else { return }

@@ -212,7 +212,7 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
                     }
                 }
                 slate!.deliverDue(into: sink, now: now, counter: slateFrames, dropped: droppedFrames)
-                MonotonicClock.sleep(until: min(nextRetry, slate!.nextDue))
+                MonotonicClock.sleep(until: min(nextRetry, slate!.wakeTime(now: now)))
                 continue
             }
 
@@ -775,9 +775,10 @@ struct SlateGenerator {
         nextDue = start
     }
 
-    /// Delivers the slate frames due by `now`, counting them in `counter`; a frame with no free
-    /// buffer (the encoder behind on a starved machine holds them all) or more than a second late is
-    /// counted in `dropped`, as a capture frame given back for want of a buffer is.
+    /// Delivers the slate frames due by `now`, counting them in `counter`; with no free buffer (the
+    /// encoder behind holds them all) the frame goes out late, on a later call. Slots more than a
+    /// second behind (a starved machine) are skipped and counted in `dropped`, as capture frames
+    /// given back for want of a buffer are.
     mutating func deliverDue(into sink: SourceSink, now: Int64, counter: ManagedAtomic<Int>, dropped: ManagedAtomic<Int>) {
         if now - nextDue > 1_000_000_000 {
             dropped.wrappingIncrement(by: Int((now - nextDue) / frameDuration), ordering: .relaxed)
@@ -796,9 +797,15 @@ struct SlateGenerator {
                 )
                 counter.wrappingIncrement(ordering: .relaxed)
             } else {
-                dropped.wrappingIncrement(ordering: .relaxed)
+                // Every slate buffer is still with the session: this slot's frame goes out on the
+                // next call, late but in order, rather than leaving a hole in the output.
+                return
             }
             nextDue += frameDuration
         }
     }
+
+    /// When to call `deliverDue` next: the next frame's time, or shortly when one is overdue (the
+    /// session still held every buffer).
+    func wakeTime(now: Int64) -> Int64 { max(nextDue, now + 2_000_000) }
 }

@@ -362,6 +362,17 @@ public final class EncodingHandler: BroadcastSampleHandler {
         mediaClock.resumed()
     }
 
+    /// A source lost its device or got it back: logged (the outputs keep going meanwhile, with the
+    /// source's "no signal" slate or silence), so a log says when a recording shows what.
+    public func sourceHealthChanged(_ health: CaptureHealth, of type: SampleBufferType) {
+        switch health.state {
+        case .deviceLost:
+            logger.warning("\(type) source health: device lost (\(health.deviceLosses) so far); the outputs get \(type == .video ? "a no-signal slate" : "silence") until it is back")
+        case .capturing:
+            logger.notice("\(type) source health: capturing again (losses so far: \(health.deviceLosses))")
+        }
+    }
+
     /// Runs a BroadcastMedia call, turning its error into the session's kind.
     private func media<T>(_ body: () throws(FFmpegError) -> T) throws(BroadcastError) -> T {
         do {

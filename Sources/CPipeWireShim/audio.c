@@ -75,9 +75,7 @@ struct pw_proxy *CBroadcastPWAudio_link(struct pw_core *core, uint32_t output_no
     return proxy;
 }
 
-void CBroadcastPWAudio_loop_enter(struct pw_loop *loop) { pw_loop_enter(loop); }
 int CBroadcastPWAudio_loop_iterate(struct pw_loop *loop, int timeout_ms) { return pw_loop_iterate(loop, timeout_ms); }
-void CBroadcastPWAudio_loop_leave(struct pw_loop *loop) { pw_loop_leave(loop); }
 
 #include <spa/param/buffers.h>
 const struct spa_pod *CBroadcastPWAudio_buffers(uint8_t *buffer, uint32_t size, int32_t count, int32_t bytes, int32_t stride) {

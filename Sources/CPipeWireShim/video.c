@@ -2,6 +2,7 @@
 #include "CPipeWireShim.h"
 #include "CPipeWireVideo.h"
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -33,6 +34,9 @@ struct CBroadcastPWVideo {
     struct pw_registry *registry;
     struct spa_hook registryListener;
     uint32_t watchedNode;
+    /// The thread that has the loop entered (CBroadcastPW_loopEnter), if any: the one that may call in.
+    int owned;
+    pthread_t owner;
 };
 
 static uint32_t to_spa(int f) {
@@ -184,7 +188,8 @@ CBroadcastPWVideo *CBroadcastPWVideo_open(int fd, const char *target, uint32_t n
     if (v->loop == NULL) { snprintf(error, errorSize, "cannot create a PipeWire loop"); goto fail_fd; }
     v->context = pw_context_new(v->loop, NULL, 0);
     if (v->context == NULL) { snprintf(error, errorSize, "cannot create a PipeWire context"); goto fail_fd; }
-    pw_loop_enter(v->loop);
+    // The opening thread owns the loop from here on (until CBroadcastPWVideo_leave).
+    CBroadcastPWVideo_enter(v);
     v->core = fd >= 0 ? pw_context_connect_fd(v->context, fd, NULL, 0) : pw_context_connect(v->context, NULL, 0);
     fd = -1;  // owned by the core now (closed on failure too)
     if (v->core == NULL) {
@@ -212,22 +217,35 @@ CBroadcastPWVideo *CBroadcastPWVideo_open(int fd, const char *target, uint32_t n
                                 PW_STREAM_FLAG_AUTOCONNECT | PW_STREAM_FLAG_MAP_BUFFERS, params, 1);
     if (res < 0) { snprintf(error, errorSize, "cannot connect the PipeWire stream: %s", spa_strerror(res)); goto fail; }
     v->state = CBroadcastPWVideoState_connecting;
-    pw_loop_leave(v->loop);
     return v;
 fail_fd:
     if (fd >= 0) close(fd);
     CBroadcastPWVideo_close(v);
     return NULL;
 fail:
-    pw_loop_leave(v->loop);
     CBroadcastPWVideo_close(v);
     return NULL;
 }
 
+int CBroadcastPWVideo_enter(CBroadcastPWVideo *v) {
+    if (v->owned) return pthread_equal(v->owner, pthread_self()) ? 0 : -1;
+    CBroadcastPW_loopEnter(v->loop, v->context);
+    v->owner = pthread_self();
+    v->owned = 1;
+    return 0;
+}
+
+void CBroadcastPWVideo_leave(CBroadcastPWVideo *v) {
+    if (!v->owned || !pthread_equal(v->owner, pthread_self())) return;
+    v->owned = 0;
+    CBroadcastPW_loopLeave(v->loop);
+}
+
+struct pw_loop *CBroadcastPWVideo_loop(CBroadcastPWVideo *v) { return v->loop; }
+
 int CBroadcastPWVideo_iterate(CBroadcastPWVideo *v, int timeoutMs) {
-    pw_loop_enter(v->loop);
+    if (CBroadcastPWVideo_enter(v) < 0) return -EBUSY;
     int res = pw_loop_iterate(v->loop, timeoutMs);
-    pw_loop_leave(v->loop);
     if (res < 0 && res != -EINTR) return res;
     return 0;
 }
@@ -341,7 +359,8 @@ void CBroadcastPWVideo_release(CBroadcastPWVideo *v) {
 
 void CBroadcastPWVideo_close(CBroadcastPWVideo *v) {
     if (v == NULL) return;
-    if (v->loop) pw_loop_enter(v->loop);
+    // Taken by the closing thread if no thread has it (a source closed before it was started).
+    if (v->loop && v->context) CBroadcastPWVideo_enter(v);
     if (v->stream) {
         CBroadcastPWVideo_release(v);
         spa_hook_remove(&v->streamListener);
@@ -358,7 +377,7 @@ void CBroadcastPWVideo_close(CBroadcastPWVideo *v) {
     }
     if (v->context) pw_context_destroy(v->context);
     if (v->loop) {
-        pw_loop_leave(v->loop);
+        CBroadcastPWVideo_leave(v);
         pw_loop_destroy(v->loop);
     }
     free(v);
@@ -420,7 +439,7 @@ int CBroadcastPW_listNodes(const char *classPrefix, CBroadcastPWNode *nodes, int
     if (loop == NULL) return -1;
     struct pw_context *context = pw_context_new(loop, NULL, 0);
     if (context == NULL) { pw_loop_destroy(loop); return -1; }
-    pw_loop_enter(loop);
+    CBroadcastPW_loopEnter(loop, context);
     int result = -1;
     struct pw_core *core = pw_context_connect(context, NULL, 0);
     if (core != NULL) {
@@ -439,8 +458,8 @@ int CBroadcastPW_listNodes(const char *classPrefix, CBroadcastPWNode *nodes, int
         pw_proxy_destroy((struct pw_proxy *)registry);
         pw_core_disconnect(core);
     }
-    pw_loop_leave(loop);
     pw_context_destroy(context);
+    CBroadcastPW_loopLeave(loop);
     pw_loop_destroy(loop);
     return result;
 }

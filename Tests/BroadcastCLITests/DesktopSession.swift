@@ -120,6 +120,31 @@ final class DesktopSession: @unchecked Sendable {
         return false
     }
 
+    /// Kills the ScreenCast portal's backend (xdg-desktop-portal-wlr, with its PipeWire node): the
+    /// cast is lost, as when a compositor ends it.
+    func killPortalBackend() throws {
+        let processes = try String(contentsOf: directory.appendingPathComponent("processes"), encoding: .utf8)
+        let backends = processes.split(separator: "\n").compactMap { line -> Int32? in
+            let fields = line.split(separator: " ")
+            return fields.count == 2 && fields[1].hasPrefix("portal-wlr") ? Int32(fields[0]) : nil
+        }
+        guard !backends.isEmpty else { throw DesktopSessionError("no portal backend in \(processes)") }
+        for pid in backends where kill(-pid, SIGKILL) != 0 { kill(pid, SIGKILL) }
+    }
+
+    /// Starts the portal's backend again, as the session script does (stopped with the session).
+    func startPortalBackend() throws {
+        let child = try start("/usr/bin/env", [
+            "LD_PRELOAD=" + directory.appendingPathComponent("xdpw-shm-format.so").path,
+            "/usr/libexec/xdg-desktop-portal-wlr", "-l", "INFO", "-c", directory.appendingPathComponent("xdpw.conf").path,
+        ])
+        let line = "\(child.process.processIdentifier) portal-wlr-again\n"
+        let handle = try FileHandle(forWritingTo: directory.appendingPathComponent("processes"))
+        handle.seekToEndOfFile()
+        handle.write(Data(line.utf8))
+        try handle.close()
+    }
+
     /// Paints the whole output one colour (sway's background; the portal sends the change as a frame).
     func setBackground(_ colour: String) throws {
         let r = try run("/usr/bin/swaymsg", ["output", "HEADLESS-1", "bg", colour, "solid_color"])

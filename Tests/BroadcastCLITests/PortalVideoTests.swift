@@ -282,8 +282,13 @@ struct PortalVideoTests {
         defer { desktop.stop() }
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
-        let cast = try desktop.start(broadcastBinary, ["record", dir.path("cast.mkv"), "--video", "portal", "--audio-mic", "none", "--duration", "8s", "-q"])
-        defer { _ = cast.wait(timeout: 60) }
+        // Cast until the test is done (stopped below), not for a fixed time: on a busy machine the
+        // steps below took longer than 8 s, and the second recording then had no cast beside it.
+        let cast = try desktop.start(broadcastBinary, ["record", dir.path("cast.mkv"), "--video", "portal", "--audio-mic", "none", "--duration", "120s", "-q"])
+        defer {
+            cast.signal(SIGINT)
+            _ = cast.wait(timeout: 60)
+        }
         var nodes: [[String: Any]] = []
         var portal: [String: Any] = [:]
         for _ in 0..<50 {
@@ -351,6 +356,51 @@ struct PortalVideoTests {
         let colours = try Self.centreColours(file)
         #expect(colours.prefix(30).contains { Self.near($0, 255, 0, 0) }, "red before the loss")
         #expect(colours.suffix(30).allSatisfy { Self.near($0, 0, 0, 255) }, "the slate (blue) after it: \(colours.suffix(3).map { "\($0)" })")
+    }
+
+    /// The cast is lost mid-recording and comes back (the portal's backend dies with its node, then
+    /// runs again): the recording shows the screen, then the "no signal" slate, then the screen again
+    /// (a colour painted after the return), in one file at the full rate; the source's health changes
+    /// are logged both ways. The source asks the portal again every two seconds, with the stored token.
+    @Test func lostCastComesBackAndTheScreenFollowsTheSlate() throws {
+        let desktop = try DesktopSession(.init(size: "320x240", activity: true))
+        defer { desktop.stop() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let file = dir.path("back.mkv")
+        let recording = try desktop.start(broadcastBinary, [
+            "record", file, "--video", "portal", "--audio-mic", "none", "--fps", "30", "-q",
+        ])
+        try desktop.waitForCastConsumers()
+        Thread.sleep(forTimeInterval: 1)
+        try desktop.killPortalBackend()
+        let lost = recording.waitForStderr { $0.contains("lost (") }
+        #expect(lost, "no loss reported: \(recording.stderrSoFar.suffix(1500))")
+        try desktop.startPortalBackend()
+        let back = recording.waitForStderr { $0.contains(": back") }
+        #expect(back, "the cast did not come back: \(recording.stderrSoFar.suffix(1500))")
+        if back {
+            try desktop.waitForCastConsumers()
+            try desktop.setBackground("#00ff00")
+            Thread.sleep(forTimeInterval: 1.5)
+        }
+        recording.signal(SIGINT)
+        let r = recording.wait(timeout: 60)
+        #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
+        #expect(r.stderr.contains("video source health: device lost (1 so far)"), "\(r.stderr.suffix(2000))")
+        #expect(r.stderr.contains("video source health: capturing again"), "\(r.stderr.suffix(2000))")
+        let colours = try Self.centreColours(file)
+        let firstSlate = colours.firstIndex { Self.near($0, 0, 0, 255) }
+        let firstGreen = colours.firstIndex { Self.near($0, 0, 255, 0) }
+        #expect(colours.prefix(15).contains { Self.near($0, 255, 0, 0) }, "the screen (red) before the loss")
+        #expect(firstSlate != nil, "no slate (blue) in the recording")
+        #expect(firstGreen != nil && firstGreen! > (firstSlate ?? Int.max), "the screen (green) after the slate: slate at \(String(describing: firstSlate)), green at \(String(describing: firstGreen))")
+        #expect(colours.suffix(10).allSatisfy { Self.near($0, 0, 255, 0) }, "the screen at the end: \(colours.suffix(3).map { "\($0)" })")
+        // One file at the full rate across the loss: the frame count is the recording's length at 30 fps.
+        let p = try probe(file)
+        if let frames = p.video?.frames, let duration = p.video?.duration ?? p.formatDuration {
+            #expect(abs(Double(frames) - duration * 30) <= 3, "\(frames) frames in \(duration) s: \(r.stderr.suffix(1500))")
+        }
     }
 
     /// The monitor's mode changes mid-recording: the stream renegotiates, the new frames come in the

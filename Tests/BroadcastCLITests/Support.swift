@@ -45,6 +45,21 @@ final class Child: @unchecked Sendable {
 
     func signal(_ s: Int32) { kill(process.processIdentifier, s) }
 
+    /// What the child has written to stderr so far (it keeps running).
+    var stderrSoFar: String { (try? String(contentsOf: errURL, encoding: .utf8)) ?? "" }
+
+    /// Polls until `condition` holds on the stderr so far; false if the child exits first or after
+    /// `timeout` seconds (a guard against hanging, not a measurement).
+    func waitForStderr(timeout: Double = 120, _ condition: (String) -> Bool) -> Bool {
+        let deadline = Date().addingTimeInterval(timeout)
+        while Date() < deadline {
+            if condition(stderrSoFar) { return true }
+            if !process.isRunning { return condition(stderrSoFar) }
+            usleep(50_000)
+        }
+        return false
+    }
+
     /// Waits for the exit (killing the child after `timeout` seconds, which the result then shows).
     func wait(timeout: Double = 120) -> ProcessResult {
         let deadline = Date().addingTimeInterval(timeout)

@@ -33,10 +33,9 @@ struct pw_metadata *CBroadcastPWAudio_bind_metadata(struct pw_registry *registry
 struct pw_proxy *CBroadcastPWAudio_link(struct pw_core *core, uint32_t output_node, uint32_t output_port,
     uint32_t input_node, uint32_t input_port);
 
-/// pw_loop_enter / pw_loop_iterate (wait at most `timeout_ms`; dispatches what is ready) / pw_loop_leave.
-void CBroadcastPWAudio_loop_enter(struct pw_loop *loop);
+/// pw_loop_iterate (wait at most `timeout_ms`; dispatches what is ready), on the thread that
+/// entered the loop (CBroadcastPW_loopEnter).
 int CBroadcastPWAudio_loop_iterate(struct pw_loop *loop, int timeout_ms);
-void CBroadcastPWAudio_loop_leave(struct pw_loop *loop);
 /// A Buffers param asking for `count` buffers (at least 2, at most `count`) of up to `size` bytes,
 /// so a capture thread that runs late for a while finds the cycles queued instead of dropped.
 const struct spa_pod *CBroadcastPWAudio_buffers(uint8_t *buffer, uint32_t size, int32_t count, int32_t bytes, int32_t stride);

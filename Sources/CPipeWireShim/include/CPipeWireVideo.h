@@ -75,7 +75,16 @@ typedef struct {
 /// `wantCursorMeta`: ask for SPA_META_Cursor. NULL on failure with the reason in `error`.
 CBroadcastPWVideo *CBroadcastPWVideo_open(int fd, const char *target, uint32_t nodeID, int wantCursorMeta,
                                           const char *name, char *error, size_t errorSize);
-/// Runs the loop once, waiting at most `timeoutMs` for an event. < 0 on a loop error.
+/// The thread that opened the stream owns its loop (see CBroadcastPW_loopEnter) until it gives it
+/// up with CBroadcastPWVideo_leave; another thread then takes it with CBroadcastPWVideo_enter
+/// before calling anything else. Enter: 0 (also when this thread has it already), -1 when another
+/// thread has it.
+int CBroadcastPWVideo_enter(CBroadcastPWVideo *video);
+void CBroadcastPWVideo_leave(CBroadcastPWVideo *video);
+/// The stream's loop (for tests of who runs it).
+struct pw_loop *CBroadcastPWVideo_loop(CBroadcastPWVideo *video);
+/// Runs the loop once on the owning thread, waiting at most `timeoutMs` for an event. < 0 on a
+/// loop error (-EBUSY: another thread owns the loop).
 int CBroadcastPWVideo_iterate(CBroadcastPWVideo *video, int timeoutMs);
 int CBroadcastPWVideo_state(const CBroadcastPWVideo *video);
 /// Why the stream is lost (empty when it is not).
@@ -87,6 +96,7 @@ uint32_t CBroadcastPWVideo_formatChanges(const CBroadcastPWVideo *video);
 int CBroadcastPWVideo_acquire(CBroadcastPWVideo *video, CBroadcastPWVideoFrame *frame);
 /// Gives the held buffer back to the producer.
 void CBroadcastPWVideo_release(CBroadcastPWVideo *video);
+/// Destroys the stream and its connection, on the owning thread (or any thread when none owns it).
 void CBroadcastPWVideo_close(CBroadcastPWVideo *video);
 
 /// PipeWire video nodes (media.class Video/Source or Stream/Output/Video) on the normal socket.
