@@ -77,7 +77,8 @@ struct Daemon: AsyncParsableCommand {
                 services: [
                     .init(service: server, successTerminationBehavior: .gracefullyShutdownGroup),
                     .init(service: EventWatcher(controller: controller), successTerminationBehavior: .gracefullyShutdownGroup),
-                    .init(service: service, successTerminationBehavior: .gracefullyShutdownGroup),
+                    // A start that fails shuts the rest down gracefully (no cancellation errors logged).
+                    .init(service: service, successTerminationBehavior: .gracefullyShutdownGroup, failureTerminationBehavior: .gracefullyShutdownGroup),
                 ],
                 gracefulShutdownSignals: [],
                 cancellationSignals: [],
@@ -206,9 +207,9 @@ struct DaemonService: Service {
         // Ping at half the watchdog interval; without a watchdog, refresh STATUS every few seconds.
         let period = notifier.watchdogNanoseconds.map { max($0 / 2, 100_000_000) } ?? 2_000_000_000
         var lastDelivered = controller.deliveredFrames()
-        while !Task.isShuttingDownGracefully {
+        while !Task.isShuttingDownGracefully && !Task.isCancelled {
             try? await cancelWhenGracefulShutdown { try await Task.sleep(for: .nanoseconds(period)) }
-            if Task.isShuttingDownGracefully { break }
+            if Task.isShuttingDownGracefully || Task.isCancelled { break }
             let delivered = controller.deliveredFrames()
             // A hung capture stops the pings, so systemd restarts us; a deliberate pause does not.
             if delivered > lastDelivered || !controller.expectsFrames() {
@@ -241,7 +242,9 @@ struct EventWatcher: Service {
     let controller: BroadcastController
 
     func run() async throws {
-        while !Task.isShuttingDownGracefully {
+        // Cancelled too (another service failed: the group cancels the rest rather than shutting
+        // down gracefully): the cancelled sleep returns at once, so without this the loop spins.
+        while !Task.isShuttingDownGracefully && !Task.isCancelled {
             // The look takes the controller's lock for a moment: off the cooperative pool, where
             // even that moment costs the control server's requests nothing.
             try await offThePool { controller.publishChanges() }
