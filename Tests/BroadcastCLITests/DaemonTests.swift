@@ -382,7 +382,12 @@ func waitUntilRecording(_ socket: String) throws -> String {
         let up = try waitUntilRecording(socket)
         #expect(up.contains("\"name\":\"rec\""), "\(up)")
         usleep(2_500_000)
+        // The pause lasts from the pause command to the resume command as the clock saw it: under
+        // load starting the `broadcast` client alone takes seconds, so the fixed sleep is only its floor.
+        let clock = ContinuousClock()
+        let pauseSent = clock.now
         let paused = try broadcast(["pause", "--output", "rec", "--socket", socket])
+        let pauseAnswered = clock.now
         #expect(paused.status == 0, "\(paused.stderr)")
         #expect(paused.stdout.contains("\"name\":\"rec\",\"kind\":\"recording\""), "\(paused.stdout)")
         let wrong = try broadcast(["pause", "--output", "nope", "--socket", socket])
@@ -391,7 +396,9 @@ func waitUntilRecording(_ socket: String) throws -> String {
         let odd = try broadcast(["pause", "--output", "no such 50%", "--socket", socket])
         #expect(odd.status == 1 && odd.stderr.contains("no output named no such 50%"), "\(odd.stderr)")
         usleep(3_000_000)
+        let resumeSent = clock.now
         let resumed = try broadcast(["resume", "--output", "rec", "--socket", socket])
+        let resumeAnswered = clock.now
         #expect(resumed.status == 0, "\(resumed.stderr)")
         usleep(2_500_000)
         let stopped = try broadcast(["stop", "--socket", socket])
@@ -403,9 +410,13 @@ func waitUntilRecording(_ socket: String) throws -> String {
         #expect((recGaps.max() ?? 1) < 2 * Self.frame, "the paused recording has a gap of \(recGaps.max() ?? 0) s")
         let archiveGaps = zip(archive, archive.dropFirst()).map { $1 - $0 }
         #expect((archiveGaps.max() ?? 1) < 2 * Self.frame)
-        // The paused one lacks about 3 s (up to a keyframe interval more), the other has it all.
+        // The paused one lacks the pause (up to a keyframe interval, 2 s, more: it resumes on a
+        // keyframe), the other has it all.
+        let seconds = { (d: Duration) in Double(d.components.seconds) + Double(d.components.attoseconds) * 1e-18 }
+        let shortest = seconds(resumeSent - pauseAnswered), longest = seconds(resumeAnswered - pauseSent)
         let missing = Double(archive.count - rec.count) * Self.frame
-        #expect(missing > 2.5 && missing < 5.5, "rec has \(rec.count) frames, archive \(archive.count)")
+        #expect(missing > shortest - 0.2 && missing < longest + 2.5,
+                "rec has \(rec.count) frames, archive \(archive.count): \(missing) s missing, paused for \(shortest)–\(longest) s")
         #expect(abs((rec.last ?? 0) - (rec.first ?? 0) - Double(rec.count - 1) * Self.frame) < 0.1, "rec's timeline is continuous")
         try expectDecodesCleanly(dir.path("rec.mkv"))
     }
