@@ -86,7 +86,7 @@ import Testing
     }
 
     /// nginx killed 8 s into a 30 s stream and restarted 5 s later: the stream is back within about
-    /// 3 s, the recording from the same encode has all 900 frames, exit 0.
+    /// 3 s (within the reconnect delay's cap), the recording from the same encode has all 900 frames, exit 0.
     @Test func reconnectsAfterTheServerComesBack() throws {
         let server = try RTMPServer()
         defer { server.cleanup() }
@@ -114,7 +114,10 @@ import Testing
         #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(3000))")
         Self.expectNoKey(r)
         let seconds = try #require(back, "the stream did not come back within 10 s: \(r.stderr.suffix(2000))")
-        #expect(seconds <= 3.5, "the stream came back \(seconds) s after the server")
+        // The reconnect delay is capped (ReconnectPolicy: 2.5 s, jittered by 0.5-1.5×, so at most 3.75 s);
+        // the publish itself is a few round trips, which a busy host can stretch to a second or two.
+        // Without the cap (1, 1.5, 2.25, 3.4, 5.1 s...) the fifth attempt would come 13 s in.
+        #expect(seconds <= 3.75 + 2, "the stream came back \(seconds) s after the server")
         let summary = try #require(outputSummary(r.stderr, target: "rtmp://"), "\(r.stderr)")
         #expect(summary.contains("reconnects=1"), "\(summary)")
         server.stop()
