@@ -23,6 +23,12 @@
 #        KAPPEND=quiet   extra kernel command line ("quiet vmh.root=ro" = no overlay:
 #                        read-only host root, tmpfs /tmp, host /tmp at /run/hosttmp)
 #        QEMU_TIMEOUT=600 LIVE=1 (copy guest script output to the console live)
+#        VM_NICE=-10     qemu's nice value (negative only as root; 0 = as the caller).
+#                        The emulated machine is test equipment: a real capture box's
+#                        CPU is not time-shared with the host's other work, so qemu runs
+#                        ahead of ordinary processes (a CI host's builds, a load test's
+#                        busy loops), or TCG's software floating point leaves the guest
+#                        too slow to encode audio in real time (vm/README.md, "Under load")
 # In the guest the script runs as root, chrooted into an overlay of the host's /
 # (writes go to guest RAM and vanish), cwd /tmp/out (= $OUT, read-write 9p).
 # Its stdout+stderr land in $OUT/guest.log, exit code in $OUT/rc; the exit code
@@ -177,9 +183,14 @@ case $KBOOT in
     *)       KIMG=$VMH/kpkg/boot/vmlinuz-$KV ;;   # classic bzImage
 esac
 
+VM_NICE=${VM_NICE:--10}
+NICE=()
+if [ "$VM_NICE" != 0 ] && { [ "$VM_NICE" -gt 0 ] || [ "$(id -u)" = 0 ]; }; then NICE=(nice -n "$VM_NICE"); fi
+echo "vmh: qemu at nice ${NICE[2]:-$(nice)}"
+
 T1=$(date +%s.%N)
 set +e
-timeout "$QEMU_TIMEOUT" qemu-system-x86_64 \
+timeout "$QEMU_TIMEOUT" "${NICE[@]}" qemu-system-x86_64 \
     "${ACCEL_OPTS[@]}" -machine pc -smp "$SMP" -m "$MEM" \
     -nodefaults -no-user-config -display none -no-reboot \
     -chardev stdio,id=ser0,signal=on -serial chardev:ser0 -monitor none \
