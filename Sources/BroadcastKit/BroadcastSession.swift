@@ -295,6 +295,8 @@ public final class BroadcastSession: @unchecked Sendable {
         /// Delivery stopped for a buffer type: its sink ended or the duration was reached.
         var done: Set<SampleBufferType> = []
         var lastPTS: [SampleBufferType: Int64] = [:]
+        /// Per video type, the last frame delivered: its capture time and duration (a frame period).
+        var lastFrame: [SampleBufferType: (capture: Int64, duration: Int64)] = [:]
         /// Types whose last buffer was dropped here: the next one delivered says everything changed.
         var changesLost: Set<SampleBufferType> = []
         /// The earliest capture time a type's next buffer can have: the end of its last buffer for
@@ -562,7 +564,19 @@ public final class BroadcastSession: @unchecked Sendable {
                 counters.droppedOutOfOrder.wrappingIncrement(ordering: .relaxed)
                 return true
             }
+            if case .video = buffer.format, let last = lastPTS[type], let previous = lastFrame[type],
+                pts - last < previous.duration, pausedBefore(from) != pausedBefore(previous.capture)
+            {
+                // A pause between the two frames took out a stretch that is not a whole number of
+                // frames: this one would fall less than a frame period after the one before it, and
+                // anything counting in frames (1/fps) would give both one timestamp. It goes; the next
+                // one is between one and two periods after the last. (Decided here, where capture
+                // times are known: a frame captured before the pause can arrive after the resume.)
+                counters.droppedPaused.wrappingIncrement(ordering: .relaxed)
+                return true
+            }
             lastPTS[type] = pts
+            if case .video = buffer.format { lastFrame[type] = (from, sample.durationNs) }
             if case .video = buffer.format, let limit = durationNanoseconds, pts + sample.durationNs > limit {
                 sample.durationNs = limit - pts
             }

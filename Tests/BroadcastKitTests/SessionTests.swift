@@ -221,4 +221,41 @@ import Testing
         #expect(resumed == 91 * frame - 1_997_000_000)
         #expect(videoPTS.contains(30 * frame), "the frame captured before the pause began is delivered")
     }
+
+    /// A 20 ms pause (not a whole frame) while the video source runs late: its frame captured before
+    /// the pause arrives after the resume. The frame after that would land 13.3 ms after it (what
+    /// `record` gave under load with fast SIGUSR1 toggles: ffmpeg's "non monotonically increasing
+    /// dts" at 1/fps); the session leaves it out, so frames stay at least a period apart.
+    @Test func aFrameThatWouldFallWithinAPeriodAfterAPauseIsLeftOut() throws {
+        let clock = MockClock()
+        let handler = RecordingHandler()
+        let video = ManualSource()
+        let session = BroadcastSession(
+            handler: handler, sources: [(.video, video)],
+            options: SessionOptions(queueCapacity: 64, reorderWindowNanoseconds: 1_000_000, clock: clock)
+        )
+        let runner = SessionRunner(session)
+        #expect(waitUntil { video.sink != nil })
+        let frame: Int64 = 33_333_333
+        for i in 0..<3 { video.push(format: videoFormat, at: Int64(i) * frame, durationNanoseconds: frame) }
+        clock.set(110_000_000)
+        #expect(waitUntil { handler.delivered.load(ordering: .relaxed) == 3 })
+        try session.pause()
+        clock.set(112_000_000)  // the reorder window has passed: paused with the source behind
+        #expect(waitUntil { handler.events.last == .paused })
+        clock.set(130_000_000)
+        try session.resume()
+        #expect(waitUntil { handler.events.last == .resumed })
+        // Late: the frame captured at 100 ms (before the pause), then 133 ms and 166 ms (after it).
+        for i in 3..<6 { video.push(format: videoFormat, at: Int64(i) * frame, durationNanoseconds: frame) }
+        clock.set(300_000_000)
+        #expect(waitUntil { (session.statistics()[.video]?.droppedPaused ?? 0) + handler.delivered.load(ordering: .relaxed) == 6 })
+        try session.finish()
+        _ = try runner.result().get()
+        var pts: [Int64] = []
+        for case .buffer(_, let time, _, _) in handler.events { pts.append(time) }
+        // 0, 33.3, 66.7, 100 (the late one), [113.3 left out], 146.7 (166.7 less the 20 ms pause).
+        #expect(pts == [0, frame, 2 * frame, 3 * frame, 5 * frame - 20_000_000], "\(pts)")
+        #expect(session.statistics()[.video]?.droppedPaused == 1)
+    }
 }
