@@ -1,0 +1,166 @@
+import ArgumentParser
+import BroadcastDaemon
+import BroadcastKit
+import BroadcastOutputs
+import Logging
+
+// The command line's options: ArgumentParser's declarations and help. What each value means, its
+// syntax, limits and default are the library's `Options` specs, shared with the daemon's config:
+// `settings()` turns the flags into the same typed `SourceSettings`/`EncoderSettings` the config makes.
+
+/// Where media comes from: shared by every command that captures.
+struct SourceOptions: ParsableArguments {
+    @Option(name: .long, help: ArgumentHelp("Video source: 'test' (built-in pattern; 'test:colour=bt601' or 'bt709' paints it in that matrix whatever its size), 'x11:DISPLAY[+X,Y/WxH][?window=ID|title=TEXT,cursor=off,window-gone=keep]' (an X11 screen, region or window), 'portal[:window][?cursor=embedded|metadata|hidden]' (a Wayland desktop through the ScreenCast portal), 'pipewire:NODE' (a PipeWire video node by name or serial) or 'none'.", valueName: "source"))
+    var video: String = Options.video.defaultText!
+
+    @Option(name: .customLong("audio-mic"), help: ArgumentHelp("Microphone audio (.audioMic): 'test' (built-in tone, in 10 ms periods; 'test:period=21ms' for another period), 'default' (PipeWire's default source when PipeWire runs, else ALSA's default), 'pipewire:NODE' (a PipeWire node by name or serial), an ALSA capture device (hw:1,0, plughw:CARD=Loopback,DEV=1) or 'none'.", valueName: "source"))
+    var audioMic: String = Options.audioMic.defaultText!
+
+    @Option(name: .customLong("audio-app"), help: ArgumentHelp("Application audio (.audioApp): 'test', 'desktop' (PipeWire: what the default sink plays, followed when it changes), 'app:NAME' (PipeWire: the streams of one application, by application.name or binary), 'pipewire:NODE', an ALSA capture device (a loopback, e.g. hw:Loopback,1,0) or 'none'.", valueName: "source"))
+    var audioApp: String = Options.audioApp.defaultText!
+
+    @Option(name: .customLong("audio-period"), help: ArgumentHelp("With an ALSA --audio-mic/--audio-app: how much audio the device hands over at a time (its period), 2ms to 200ms. Shorter: lower latency (a video frame waits for the audio period it falls in), more wake-ups and a greater risk of overruns on a busy machine. The device may round it.", valueName: "duration"))
+    var audioPeriod: String = Options.audioPeriod.defaultText!
+
+    @Option(help: ArgumentHelp("Video size, WIDTHxHEIGHT (even numbers; default 1280x720, or the captured X11 area's size).", valueName: "WxH"))
+    var size: String?
+
+    @Option(help: ArgumentHelp("Frames per second: 30, 29.97 or 30000/1001.", valueName: "rate"))
+    var fps: String = Options.fps.defaultText!
+
+    @Option(name: .customLong("video-input"), help: ArgumentHelp("With --video /dev/videoN (or a /dev/v4l/by-id link): the input to capture, by number (e.g. vivid's HDMI input is 3; 'broadcast devices' lists them). Default: the device's current input.", valueName: "n"))
+    var videoInput: String?
+
+    @Option(name: .customLong("video-format"), help: ArgumentHelp("With --video /dev/videoN: the pixel format to capture, a V4L2 FourCC: YUYV, UYVY, NV12, YU12, RGB3, BGR3, XR24, GREY, or MJPG (compressed, decoded before encoding). Default: the first of these the device offers at the size and rate asked for, MJPG only when no uncompressed format gives them.", valueName: "fourcc"))
+    var videoFormat: String?
+
+    @Flag(name: .customLong("no-realtime"), help: "Test sources run as fast as the pipeline takes them, not at clock speed (needs --duration).")
+    var noRealtime = false
+
+    @Option(name: .customLong("setup"), help: ArgumentHelp("A KEY=VALUE for the handler's setup info; repeatable.", valueName: "key=value"))
+    var setup: [String] = []
+
+    /// The typed settings, each flag through its spec (the config's keys go through the same ones).
+    func settings() throws(OptionError) -> SourceSettings {
+        var settings = SourceSettings()
+        settings.video = try Options.video.parse(video)
+        settings.audioMic = try Options.audioMic.parse(audioMic)
+        settings.audioApp = try Options.audioApp.parse(audioApp)
+        settings.audioPeriodNanoseconds = try Options.audioPeriod.parse(audioPeriod)
+        settings.size = try size.map { text throws(OptionError) in try Options.size.parse(text) }
+        settings.frameRate = try Options.fps.parse(fps)
+        settings.videoInput = try videoInput.map { text throws(OptionError) in try Options.videoInput.parse(text) }
+        settings.videoFormat = try videoFormat.map { text throws(OptionError) in try Options.videoFormat.parse(text) }
+        settings.realtime = !noRealtime
+        return settings
+    }
+
+    func setupInfo() throws -> SetupInfo {
+        var info = SetupInfo()
+        for pair in setup {
+            let (k, v) = try Values.setupPair(pair)
+            info[k] = v
+        }
+        return info
+    }
+}
+
+/// How to encode: shared by record and stream.
+struct EncoderOptions: ParsableArguments {
+    @Option(name: .customLong("video-bitrate"), help: ArgumentHelp("Video bitrate: 3M, 2500k.", valueName: "rate"))
+    var videoBitrate: String = Options.videoBitrate.defaultText!
+
+    @Option(name: .customLong("audio-bitrate"), help: ArgumentHelp("Audio bitrate: 128k.", valueName: "rate"))
+    var audioBitrate: String = Options.audioBitrate.defaultText!
+
+    @Option(help: ArgumentHelp("Video encoder: libx264, or h264_nvenc (NVIDIA; falls back to libx264 when it cannot open).", valueName: "name"))
+    var encoder: String = Options.encoder.defaultText!
+
+    @Option(help: ArgumentHelp("x264 preset, ultrafast ... veryslow.", valueName: "name"))
+    var preset: String = Options.preset.defaultText!
+
+    @Option(help: ArgumentHelp("x264 tune: zerolatency (default, no B-frames or lookahead), film, animation, ... or none.", valueName: "name"))
+    var tune: String = Options.tune.defaultText!
+
+    @Option(name: .customLong("rate-control"), help: ArgumentHelp("cbr, vbr or crf (default: vbr to a file, cbr to a stream).", valueName: "mode"))
+    var rateControl: String?
+
+    @Option(help: ArgumentHelp("Quality for --rate-control crf, 0-51, lower is better.", valueName: "n"))
+    var crf: String = Options.crf.defaultText!
+
+    @Option(name: .customLong("keyframe-interval"), help: ArgumentHelp("Time between keyframes: 2s.", valueName: "duration"))
+    var keyframeInterval: String = Options.keyframeInterval.defaultText!
+
+    @Option(
+        name: .customLong("frame-rate-mode"),
+        help: ArgumentHelp(
+            "cfr: a frame every tick (default). vfr (files only): a frame when the screen changed, a keyframe at least every --keyframe-interval.",
+            valueName: "mode"))
+    var frameRateMode: String = Options.frameRateMode.defaultText!
+
+    @Option(help: ArgumentHelp("H.264 profile: baseline, main or high (default: the encoder's choice).", valueName: "name"))
+    var profile: String?
+
+    @Option(help: ArgumentHelp("Encoder threads, 0 = automatic.", valueName: "n"))
+    var threads: String = Options.threads.defaultText!
+
+    /// The typed settings, each flag through its spec (the config's [encoder] keys go through the same ones).
+    func settings() throws(OptionError) -> EncoderSettings {
+        var settings = EncoderSettings()
+        settings.videoBitrate = try Options.videoBitrate.parse(videoBitrate)
+        settings.audioBitrate = try Options.audioBitrate.parse(audioBitrate)
+        settings.encoder = try Options.encoder.parse(encoder)
+        settings.preset = try Options.preset.parse(preset)
+        settings.tune = try Options.tune.parse(tune)
+        settings.rateControl = try rateControl.map { text throws(OptionError) in try Options.rateControl.parse(text) }
+        settings.crf = try Options.crf.parse(crf)
+        settings.keyframeInterval = try Options.keyframeInterval.parse(keyframeInterval)
+        settings.frameRateMode = try Options.frameRateMode.parse(frameRateMode)
+        settings.profile = try profile.map { text throws(OptionError) in try Options.profile.parse(text) }
+        settings.threads = try Options.threads.parse(threads)
+        return settings
+    }
+}
+
+/// --memory-budget for record and stream.
+struct MemoryBudgetOptions: ParsableArguments {
+    @Option(
+        name: .customLong("memory-budget"),
+        help: ArgumentHelp(
+            "The most broadcast's own (private dirty) memory may reach: 160M (default), 1G. Queue, pool and replay sizes and x264's threads and lookahead are derived from it; a broadcast that cannot fit is refused.",
+            valueName: "size"))
+    var memoryBudget: String?
+
+    func budget() throws(OptionError) -> Int64 {
+        guard let text = memoryBudget else { return MemoryPlan.defaultBudget }
+        return try Options.memoryBudget.parse(text)
+    }
+}
+
+/// How long to run and how much to say.
+struct RunOptions: ParsableArguments {
+    @Option(help: ArgumentHelp("Stop after this much media time: 10s, 500ms, 2m, 1h30m, 01:30 (default: until SIGINT/SIGTERM).", valueName: "duration"))
+    var duration: String?
+
+    @Flag(name: .shortAndLong, help: "Print no status line or progress.")
+    var quiet = false
+
+    @Option(name: .customLong("log-level"), help: ArgumentHelp("trace, debug, info, notice, warning, error or critical.", valueName: "level"))
+    var logLevel: String = "info"
+
+    @Flag(name: [.customLong("overwrite"), .customShort("y")], help: "Replace a recording file that exists (only once the new recording is complete). Without it an existing file is refused.")
+    var overwrite = false
+
+    func mediaDuration() throws -> MediaTime? {
+        try duration.map { try Values.duration($0, option: "--duration") }
+    }
+
+    func level() throws -> Logger.Level {
+        guard let level = Logger.Level(rawValue: logLevel.lowercased()) else {
+            throw ValueError(
+                "invalid --log-level '\(logLevel)': accepted are \(Logger.Level.allCases.map(\.rawValue).joined(separator: ", "))"
+            )
+        }
+        return level
+    }
+}
