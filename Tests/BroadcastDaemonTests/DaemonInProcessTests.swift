@@ -218,7 +218,7 @@ struct Timeout: Error, CustomStringConvertible {
 
 /// Polls `condition` every 100 ms until it gives a value; generous (a busy machine is slow), and
 /// the wait ends as soon as the condition holds.
-func poll<T>(_ what: String, seconds: Double = 120, _ condition: () -> T?) async throws -> T {
+func poll<T>(_ what: String, seconds: Double = 300, _ condition: () -> T?) async throws -> T {
     let deadline = Date().addingTimeInterval(seconds)
     while Date() < deadline {
         if let value = condition() { return value }
