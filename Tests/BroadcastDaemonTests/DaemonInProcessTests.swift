@@ -71,6 +71,10 @@ import Testing
         #expect(files == ["extra.mkv", "old.mkv", "rec.mkv"], "\(files)")
         let recorded = try mediaDuration(dir.path("rec.mkv"))
         #expect(recorded >= afterReload - 0.1, "rec.mkv holds \(recorded) s, the broadcast had \(afterReload) s at the reload's check")
+        // Without a gap: a frame every 1/30 s from start to end (constant frame rate).
+        let times = try packetTimes(dir.path("rec.mkv"), stream: "v:0")
+        let gaps = zip(times, times.dropFirst()).map { $1 - $0 }
+        #expect((gaps.max() ?? 1) < 2.0 / 30, "largest gap between frames of rec.mkv: \(gaps.max() ?? 0) s")
         // The others are playable too (finished by the removal and by the stop).
         for name in ["old.mkv", "extra.mkv"] {
             #expect(try mediaDuration(dir.path(name)) > 0, "\(name) is not playable")
@@ -229,13 +233,24 @@ func poll<T>(_ what: String, seconds: Double = 300, _ condition: () -> T?) async
 
 /// The container's duration in seconds, as ffprobe reads it (0 when it cannot).
 func mediaDuration(_ path: String) throws -> Double {
+    Double(try ffprobe(["-show_entries", "format=duration", "-of", "csv=p=0", path]).trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0
+}
+
+/// Presentation times (s) of every packet of one stream ("v:0" or "a:0"), in order.
+func packetTimes(_ path: String, stream: String) throws -> [Double] {
+    try ffprobe(["-select_streams", stream, "-show_entries", "packet=pts_time", "-of", "csv=p=0", path])
+        .split(separator: "\n").compactMap { Double($0.trimmingCharacters(in: CharacterSet(charactersIn: " ,"))) }.sorted()
+}
+
+/// What ffprobe prints on standard output (errors only on standard error).
+func ffprobe(_ arguments: [String]) throws -> String {
     let process = Process()
     process.executableURL = URL(fileURLWithPath: "/usr/bin/ffprobe")
-    process.arguments = ["-v", "error", "-show_entries", "format=duration", "-of", "csv=p=0", path]
+    process.arguments = ["-v", "error"] + arguments
     let pipe = Pipe()
     process.standardOutput = pipe
     try process.run()
     let data = pipe.fileHandleForReading.readDataToEndOfFile()
     process.waitUntilExit()
-    return Double(String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0
+    return String(decoding: data, as: UTF8.self)
 }
