@@ -109,7 +109,6 @@ public struct DaemonConfiguration: Sendable {
     }
     static let controlKeys = ["socket", "socket_mode", "tcp", "token"]
     static let daemonKeys = ["autostart"]
-    static let limitsKeys = ["memory"]
     static let outputKeys = ["name", "path", "url", "segment", "retain_for", "retain_bytes", "overwrite", "replay", "max_memory", "on_file_finished"]
     static let tables = ["video", "audio", "encoder", "setup", "control", "daemon", "limits", "output"]
 

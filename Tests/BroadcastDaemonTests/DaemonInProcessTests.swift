@@ -60,6 +60,12 @@ import Testing
             return media
         }
 
+        // A reload of a broken config changes nothing: the outputs go on as they were.
+        let good = try String(contentsOfFile: file, encoding: .utf8)
+        try good.replacingOccurrences(of: "size = \"320x180\"", with: "size = \"320x181\"").write(toFile: file, atomically: true, encoding: .utf8)
+        daemon.reload()
+        #expect(Self.status(client).map(Self.outputStates) == ["extra": "recording", "rec": "recording"])
+
         // Stop: run() returns once the files are finished.
         await daemon.shutdown()
         try await running.value
