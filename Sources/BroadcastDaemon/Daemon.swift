@@ -18,6 +18,7 @@ import Glibc
 /// The command line only parses its flags, installs logging and signals, and calls `run()`; tests
 /// run it in-process the same way.
 public final class Daemon: Sendable {
+    /// The configuration it started with (a reload replaces the controller's, not this).
     public let configuration: DaemonConfiguration
     /// The file `reload()` reads.
     public let configPath: String

@@ -31,7 +31,7 @@ import Testing
         try write(outputs: ["rec", "old"])
         let daemon = Daemon(
             configuration: try DaemonConfiguration.load(path: file, environment: [:]), environment: { [:] },
-            metrics: DaemonMetrics(), notifier: SystemdNotifier(environment: [:]), logger: Logger(label: "test.daemon"))
+            metrics: DaemonMetrics(), notifier: SystemdNotifier(environment: [:]), logger: quietLogger)
         let running = Task { try await daemon.run() }
         let client = ControlClient(socketPath: socket)
 
@@ -104,7 +104,7 @@ import Testing
             """.write(toFile: file, atomically: true, encoding: .utf8)
         let daemon = Daemon(
             configuration: try DaemonConfiguration.load(path: file, environment: [:]), environment: { [:] },
-            metrics: DaemonMetrics(), notifier: SystemdNotifier(environment: [:]), logger: Logger(label: "test.daemon"))
+            metrics: DaemonMetrics(), notifier: SystemdNotifier(environment: [:]), logger: quietLogger)
         await daemon.shutdown()
         try await daemon.run()
         #expect(!FileManager.default.fileExists(atPath: dir.path("rec.mkv")))
@@ -205,7 +205,57 @@ import Testing
     }
 }
 
+/// Every option refuses nonsense in the command line's words and, said about its key, without
+/// its flag: the config never shows a flag the user did not write.
+@Suite struct OptionSpecTests {
+    static func check<Value>(_ spec: OptionSpec<Value>) -> (OptionName, (String) throws -> Void) {
+        (spec.name, { _ = try spec.parse($0) })
+    }
+
+    static var all: [(OptionName, (String) throws -> Void)] { [
+        check(Options.video), check(Options.audioMic), check(Options.audioApp), check(Options.audioPeriod),
+        check(Options.size), check(Options.fps), check(Options.videoInput), check(Options.videoFormat),
+        check(Options.videoBitrate), check(Options.audioBitrate), check(Options.encoder), check(Options.preset),
+        check(Options.tune), check(Options.rateControl), check(Options.crf), check(Options.keyframeInterval),
+        check(Options.frameRateMode), check(Options.profile), check(Options.threads), check(Options.memoryBudget),
+    ] }
+
+    @Test func nonsenseIsRefusedInEachSpelling() {
+        for (name, parse) in Self.all {
+            do {
+                try parse("no such value!")
+                Issue.record("\(name.flag) accepted 'no such value!'")
+            } catch let error as OptionError {
+                #expect(error.option == name)
+                #expect(error.description.contains(name.flag), "\(error.description)")
+                #expect(!error.configMessage.contains(name.flag), "\(error.configMessage)")
+                #expect(error.configMessage.contains("no such value!"), "\(error.configMessage)")
+            } catch {
+                Issue.record("\(name.flag): \(error) is not an OptionError")
+            }
+        }
+    }
+
+    @Test func defaultsParse() {
+        // The settings' defaults are the specs' default texts, parsed (a bad one would trap here).
+        let sources = SourceSettings()
+        #expect(sources.video == .test(bt601: nil, stallAfter: nil) && sources.audioApp == AudioSourceSpec.none)
+        #expect(sources.frameRate.numerator == 30 && sources.frameRate.denominator == 1)
+        #expect(sources.audioPeriodNanoseconds == 21_000_000)
+        let encoder = EncoderSettings()
+        #expect(encoder.videoBitrate == 3_000_000 && encoder.audioBitrate == 128_000 && encoder.crf == 23)
+        #expect(encoder.tune == "zerolatency" && encoder.preset == "veryfast" && encoder.keyframeInterval.seconds == 2)
+    }
+}
+
 // MARK: Support
+
+/// Warnings and errors only: the daemon's info lines would bury the test output.
+let quietLogger: Logger = {
+    var logger = Logger(label: "test.daemon")
+    logger.logLevel = .warning
+    return logger
+}()
 
 struct TestDirectory {
     let url: URL
