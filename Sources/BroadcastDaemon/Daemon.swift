@@ -218,6 +218,8 @@ struct DaemonService: Service {
                 // A source the config names that refuses at start (the ScreenCast portal refused or
                 // was cancelled, a device that went away since the check): bad input, exit 2, one line.
                 throw ValueError("\(configPath): the broadcast could not start: \(error)")
+            } catch let error as OptionError {
+                throw ValueError("\(configPath): the broadcast could not start: \(error.option.key): \(error.configMessage)")
             } catch {
                 logger.error("the broadcast could not start: \(error)")
                 throw DaemonFailure(nil)

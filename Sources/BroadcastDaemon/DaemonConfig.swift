@@ -438,6 +438,8 @@ public struct DaemonConfiguration: Sendable {
             configuration = EncodingConfiguration(
                 video: sources.hasVideo ? try encoder.videoSettings(size: sources.videoSize, frameRate: sources.frameRate, live: true) : nil,
                 audio: encoder.audioSettings(), recordings: [], outputs: outputs)
+            // vfr is for files: refused here, at its line, when an output is live.
+            _ = try encoder.rateMode(live: outputs.contains { $0.destination.isLive })
         } catch {
             throw self.error(Options.encoder.name, error)
         }

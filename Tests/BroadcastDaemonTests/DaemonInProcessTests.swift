@@ -134,6 +134,8 @@ import Testing
         ("[video]\nsize = \"320x180\"\n\n[audio]\nperiod = \"1s\"", 5, "audio.period", "invalid value '1s': must be from 2ms to 200ms"),
         ("[video]\nsource = \"/dev/nothing-here\"", 2, "video.source", "no video device /dev/nothing-here"),
         ("[limits]\nmemory = \"12M\"", 2, "limits.memory", "'12M': expected a size from 16M to 1T"),
+        ("[video]\nsize = \"320x180\"\n[encoder]\nframe_rate_mode = \"vfr\"\n[[output]]\nname = \"live\"\nurl = \"rtmp://127.0.0.1/live/x\"",
+         4, "encoder.frame_rate_mode", "encoder.frame_rate_mode vfr is for files only"),
     ] as [(String, Int, String, String)])
     func aConfigErrorNamesFileLineAndKey(text: String, line: Int, key: String, message: String) throws {
         let dir = try TestDirectory()
