@@ -48,6 +48,12 @@ import Testing
             return media
         }
 
+        // Control: pause one output over the socket; the other goes on.
+        let paused = try client.send(method: "POST", path: "/v1/outputs/old/pause")
+        #expect(paused.status == 200, "\(String(decoding: paused.body, as: UTF8.self))")
+        let pausedStatus = try #require(Self.status(client))
+        #expect(Self.outputPaused(pausedStatus) == ["old": true, "rec": false], "\(pausedStatus.serialized())")
+
         // Reload: "extra" added, "old" removed, "rec" untouched.
         try write(outputs: ["rec", "extra"])
         daemon.reload()
@@ -113,6 +119,16 @@ import Testing
     static func status(_ client: ControlClient) -> JSONValue? {
         guard let reply = try? client.send(method: "GET", path: "/v1/status"), reply.status == 200 else { return nil }
         return JSONValue.parse(String(decoding: reply.body, as: UTF8.self))
+    }
+
+    /// Output name → paused.
+    static func outputPaused(_ status: JSONValue) -> [String: Bool] {
+        guard case .array(let outputs)? = status["outputs"] else { return [:] }
+        var paused: [String: Bool] = [:]
+        for output in outputs {
+            if let name = output["name"]?.stringValue, case .bool(let value)? = output["paused"] { paused[name] = value }
+        }
+        return paused
     }
 
     /// Output name → state.
