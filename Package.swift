@@ -20,6 +20,7 @@ let package = Package(
         .library(name: "BroadcastMedia", targets: ["BroadcastMedia"]),
         .library(name: "BroadcastOutputs", targets: ["BroadcastOutputs"]),
         .library(name: "BroadcastService", targets: ["BroadcastService"]),
+        .library(name: "BroadcastDaemon", targets: ["BroadcastDaemon"]),
         .executable(name: "broadcast", targets: ["broadcast"]),
         .executable(name: "level-meter", targets: ["LevelMeter"]),
     ],
@@ -118,13 +119,25 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
-        .executableTarget(
-            name: "broadcast",
+        // The daemon, its typed config and control API, and the pipeline assembly the commands share
+        // (options → sources, encoder settings, memory budget): everything but argument parsing.
+        .target(
+            name: "BroadcastDaemon",
             dependencies: [
                 "BroadcastKit", "BroadcastCapture", "BroadcastMedia", "BroadcastOutputs", "BroadcastService",
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "Atomics", package: "swift-atomics"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .executableTarget(
+            name: "broadcast",
+            dependencies: [
+                "BroadcastKit", "BroadcastCapture", "BroadcastMedia", "BroadcastOutputs", "BroadcastService", "BroadcastDaemon",
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Atomics", package: "swift-atomics"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -166,6 +179,15 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "PropertyBased", package: "swift-property-based"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            // The daemon in-process: started, controlled, reloaded and stopped without the binary.
+            name: "BroadcastDaemonTests",
+            dependencies: [
+                "BroadcastDaemon", "BroadcastService", "BroadcastKit",
+                .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: swiftSettings
         ),

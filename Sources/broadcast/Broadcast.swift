@@ -1,4 +1,5 @@
 import ArgumentParser
+import BroadcastDaemon
 import BroadcastKit
 
 #if canImport(Glibc)
@@ -21,7 +22,7 @@ struct Broadcast: AsyncParsableCommand {
               broadcast record demo.mp4 --duration 10s
               broadcast devices
             """,
-        subcommands: [Record.self, Stream.self, Devices.self, Daemon.self, Status.self, Start.self, Pause.self, Resume.self, Stop.self, Replay.self]
+        subcommands: [Record.self, Stream.self, Devices.self, DaemonCommand.self, Status.self, Start.self, Pause.self, Resume.self, Stop.self, Replay.self]
     )
 
     /// Parses and runs; bad input exits 2 with one line that names the value and what is accepted.
@@ -35,6 +36,8 @@ struct Broadcast: AsyncParsableCommand {
                 try command.run()
             }
         } catch let error as ValueError {
+            fail(error.description)
+        } catch let error as OptionError {
             fail(error.description)
         } catch let error as ConfigError {
             fail(error.description)

@@ -4,6 +4,7 @@ import BroadcastCapture
 import BroadcastKit
 import BroadcastMedia
 import BroadcastOutputs
+import BroadcastDaemon
 import BroadcastService
 import Logging
 
@@ -55,10 +56,12 @@ struct Record: ParsableCommand {
         }
         let replay = try replayOptions.output(beside: file)
         let logger = Logging.bootstrap(level: level)
-        let captureSources = try sources.makeSources(logger: logger)
+        let sourceSettings = try sources.settings()
+        let encoderSettings = try encoding.settings()
         let budget = try memory.budget()
-        let (configuration, plan) = try encoding.configuration(
-            for: captureSources, size: try sources.outputSize(for: captureSources), frameRate: try sources.frameRate(),
+        let captureSources = try sourceSettings.makeSources(logger: logger)
+        let (configuration, plan) = try encoderSettings.configuration(
+            for: captureSources, size: sourceSettings.outputSize(for: captureSources), frameRate: sourceSettings.frameRate,
             outputs: [OutputConfiguration(destination: .file(file), overwrite: runOptions.overwrite)] + (replay.map { [$0] } ?? []),
             liveTuning: false, budget: budget,
             replayLimitsSet: replayOptions.replayMaxMemory != nil ? ["replay"] : [])

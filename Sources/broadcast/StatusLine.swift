@@ -1,4 +1,5 @@
 import Atomics
+import BroadcastDaemon
 import BroadcastKit
 import BroadcastOutputs
 import BroadcastService
@@ -112,11 +113,7 @@ final class StatusLine: Sendable {
     }
 
     /// HH:MM:SS.cc
-    static func clock(_ nanoseconds: Int64) -> String {
-        let cs = max(0, nanoseconds) / 10_000_000
-        func two(_ v: Int64) -> String { v < 10 ? "0\(v)" : "\(v)" }
-        return "\(two(cs / 360_000)):\(two(cs / 6000 % 60)):\(two(cs / 100 % 60)).\(two(cs % 100))"
-    }
+    static func clock(_ nanoseconds: Int64) -> String { MediaClockText.format(nanoseconds) }
 
     static func bytes(_ count: Int64) -> String {
         if count >= 1 << 30 { return "\(fixed(Double(count) / Double(1 << 30), 2)) GiB" }

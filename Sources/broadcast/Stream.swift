@@ -2,6 +2,7 @@ import ArgumentParser
 import BroadcastKit
 import BroadcastMedia
 import BroadcastOutputs
+import BroadcastDaemon
 import BroadcastService
 import Logging
 
@@ -110,10 +111,12 @@ struct Stream: ParsableCommand {
             return []
         }
 
-        let captureSources = try sources.makeSources()
+        let sourceSettings = try sources.settings()
+        let encoderSettings = try encoding.settings()
         let budget = try memory.budget()
-        let (configuration, plan) = try encoding.configuration(
-            for: captureSources, size: try sources.videoSize(), frameRate: try sources.frameRate(), outputs: configured,
+        let captureSources = try sourceSettings.makeSources()
+        let (configuration, plan) = try encoderSettings.configuration(
+            for: captureSources, size: sourceSettings.videoSize, frameRate: sourceSettings.frameRate, outputs: configured,
             liveTuning: true, budget: budget,
             replayLimitsSet: replayOptions.replayMaxMemory != nil ? ["replay"] : [])
         let setupInfo = try sources.setupInfo()

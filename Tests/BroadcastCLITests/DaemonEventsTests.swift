@@ -96,8 +96,7 @@ final class SocketConnection: @unchecked Sendable {
             name = "archive"
             path = "\(dir.path("archive.mkv"))"
             """
-        try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
-        return try Child(broadcastBinary, ["daemon", "--config", dir.path("d.toml")])
+        return try spawnDaemon(config: config, in: dir)
     }
 
     /// The state first, then one event per change, in order and without gaps: the broadcast
@@ -310,8 +309,7 @@ final class SocketConnection: @unchecked Sendable {
             name = "rec"
             path = "\(dir.path("rec.mkv"))"
             """
-        try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
-        let daemon = try Child(broadcastBinary, ["daemon", "--config", dir.path("d.toml")])
+        let daemon = try spawnDaemon(config: config, in: dir)
         defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
         var answer = ""
         for _ in 0..<300 where answer.isEmpty {

@@ -155,8 +155,7 @@ import Testing
         defer { dir.cleanup() }
         let socket = dir.path("c.sock")
         let config = "\u{FEFF}[video]\r\nsize = \"320x180\"\r\n[control]\r\nsocket = \"\(socket)\"\r\n[[output]]\r\nname = \"rec\"\r\npath = \"\(dir.path("rec.mkv"))\"\r\n"
-        try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
-        let daemon = try Child(broadcastBinary, ["daemon", "--config", dir.path("d.toml")])
+        let daemon = try spawnDaemon(config: config, in: dir)
         defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
         let up = try waitUntilRecording(socket)
         #expect(up.contains("\"name\":\"rec\""), "\(up)")

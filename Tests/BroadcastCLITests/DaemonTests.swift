@@ -155,12 +155,10 @@ final class NotifyListener: @unchecked Sendable {
     }
 
     func startDaemon(_ dir: TemporaryDirectory, config: String, notify: NotifyListener?, watchdogMicroseconds: Int? = nil) throws -> Child {
-        let file = dir.path("daemon.toml")
-        try config.write(toFile: file, atomically: true, encoding: .utf8)
         var environment: [String: String] = [:]
         if let notify { environment["NOTIFY_SOCKET"] = notify.path }
         if let watchdogMicroseconds { environment["WATCHDOG_USEC"] = String(watchdogMicroseconds) }
-        return try Child(broadcastBinary, ["daemon", "--config", file], environment: environment)
+        return try spawnDaemon(config: config, in: dir, file: "daemon.toml", environment: environment)
     }
 
     func control(_ dir: TemporaryDirectory, _ verb: String) throws -> ProcessResult {
@@ -335,8 +333,7 @@ func launchDaemon(_ dir: TemporaryDirectory, outputs: String) throws -> (daemon:
         socket = "\(socket)"
 
         """ + outputs
-    try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
-    return (try Child(broadcastBinary, ["daemon", "--config", dir.path("d.toml")]), socket)
+    return (try spawnDaemon(config: config, in: dir), socket)
 }
 
 /// Asks the daemon's status until the broadcast runs and an output records (at most ~30 s); returns
@@ -376,8 +373,7 @@ func waitUntilRecording(_ socket: String) throws -> String {
             name = "archive"
             path = "\(dir.path("archive.mkv"))"
             """
-        try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
-        let daemon = try Child(broadcastBinary, ["daemon", "--config", dir.path("d.toml")])
+        let daemon = try spawnDaemon(config: config, in: dir)
         defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
         let up = try waitUntilRecording(socket)
         #expect(up.contains("\"name\":\"rec\""), "\(up)")
@@ -533,8 +529,7 @@ func waitUntilRecording(_ socket: String) throws -> String {
             name = "rec"
             path = "\(dir.path("lib/broadcast/rec.mkv"))"
             """
-        try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
-        let daemon = try Child(broadcastBinary, ["daemon", "--config", dir.path("d.toml")], environment: ["TEST_TOKEN": token])
+        let daemon = try spawnDaemon(config: config, in: dir, environment: ["TEST_TOKEN": token])
         defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
         for _ in 0..<150 where !FileManager.default.fileExists(atPath: socket) { usleep(100_000) }
         #expect(FileManager.default.fileExists(atPath: socket), "no socket at \(socket)")

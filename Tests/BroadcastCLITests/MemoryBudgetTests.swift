@@ -66,8 +66,7 @@ import Glibc
             name = "live"
             url = "rtmp://127.0.0.1:\(server.port)/live/memory"
             """
-        try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
-        let daemon = try Child(broadcastBinary, ["daemon", "--config", dir.path("d.toml")])
+        let daemon = try spawnDaemon(config: config, in: dir)
         defer {
             daemon.signal(SIGTERM)
             _ = daemon.wait(timeout: 60)

@@ -77,6 +77,14 @@ final class Child: @unchecked Sendable {
     }
 }
 
+/// Writes `config` to `file` in `dir` and starts `broadcast daemon --config` on it, the real binary;
+/// `environment` is added to the test's own (a fake $NOTIFY_SOCKET, WATCHDOG_USEC, the ${VAR}s the
+/// config names). The end-to-end daemon suites start their daemons through this.
+func spawnDaemon(config: String, in dir: TemporaryDirectory, file: String = "d.toml", environment: [String: String] = [:]) throws -> Child {
+    try config.write(toFile: dir.path(file), atomically: true, encoding: .utf8)
+    return try Child(broadcastBinary, ["daemon", "--config", dir.path(file)], environment: environment)
+}
+
 func run(_ executable: String, _ arguments: [String], timeout: Double = 120) throws -> ProcessResult {
     try Child(executable, arguments).wait(timeout: timeout)
 }

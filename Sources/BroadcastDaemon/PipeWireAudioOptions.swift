@@ -1,20 +1,20 @@
 import BroadcastCapture
 import BroadcastKit
+import BroadcastService
 import Logging
 
 /// PipeWire audio for `--audio-app desktop|app:NAME|pipewire:NODE` and `--audio-mic default|pipewire:NODE`.
-extension SourceOptions {
+extension SourceSettings {
     /// The PipeWire target an --audio-mic/--audio-app value names, nil when it names something else
-    /// (an ALSA PCM, 'test', 'none'). `default` is PipeWire's default source when a PipeWire server
-    /// answers on this session's socket, ALSA's `default` PCM otherwise: on a desktop the PipeWire
-    /// stream follows the default when the person switches it and measures the graph's clock; a
-    /// capture box without PipeWire keeps ALSA.
-    static func pipeWireAudioTarget(_ value: String, option: String, serverAnswers: () -> Bool) throws -> PipeWireAudioTarget? {
+    /// (an ALSA PCM, 'test', 'none'). `default` is decided when the source opens
+    /// (`AudioSourceSpec.systemDefault`): PipeWire's default source when a PipeWire server answers on
+    /// this session's socket, ALSA's `default` PCM otherwise: on a desktop the PipeWire stream
+    /// follows the default when the person switches it and measures the graph's clock; a capture
+    /// box without PipeWire keeps ALSA.
+    static func pipeWireAudioTarget(_ value: String, option: String) throws -> PipeWireAudioTarget? {
         switch value {
         case "desktop":
             return .defaultSink
-        case "default":
-            return option == "--audio-mic" && serverAnswers() ? .defaultSource : nil
         case let spec where spec.hasPrefix("pipewire:"):
             let node = String(spec.dropFirst("pipewire:".count))
             guard !node.isEmpty else {

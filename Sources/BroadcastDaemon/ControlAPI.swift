@@ -110,17 +110,23 @@ struct MetricsFigures {
 /// last one, and a new broadcast (its figures start from zero again) adds its own from zero, so a
 /// counter only ever grows over the daemon's life. Per output and per sample type, labels
 /// (`output="live"`, `type="video"`, `reason="..."`).
-final class DaemonMetrics: Sendable {
+public final class DaemonMetrics: Sendable {
     private let registry: PrometheusCollectorRegistry
     /// Last value seen per counter series (scrapes run one at a time: the handler's read queue is
     /// concurrent, so this lock orders them).
     private let lastSeen = Mutex<[String: Int]>([:])
 
     /// Call once, before any metric is made.
-    static func bootstrap() -> DaemonMetrics {
+    public static func bootstrap() -> DaemonMetrics {
         let registry = PrometheusCollectorRegistry()
         MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
         return DaemonMetrics(registry: registry)
+    }
+
+    /// Without making the registry swift-metrics' factory (in-process tests, which cannot bootstrap
+    /// the process's metrics system more than once): /metrics is then empty.
+    public convenience init() {
+        self.init(registry: PrometheusCollectorRegistry())
     }
 
     private init(registry: PrometheusCollectorRegistry) {

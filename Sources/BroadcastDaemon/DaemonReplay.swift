@@ -77,7 +77,7 @@ extension BroadcastController {
     static func memoryFigures(_ replays: [ReplayStatistics]) -> (residentBytes: Int64, replayBuffersBytes: Int64, privateDirtyBytes: Int64) {
         let replay = replays.map(\.bufferedBytes).reduce(0, +)
         var resident: Int64 = 0
-        if let text = DaemonConfig.readText("/proc/self/statm") {
+        if let text = DaemonConfiguration.readText("/proc/self/statm") {
             let pages = text.split(separator: " ").dropFirst().first.flatMap { Int64($0) } ?? 0
             resident = pages * Int64(sysconf(Int32(_SC_PAGESIZE)))
         }
@@ -86,7 +86,7 @@ extension BroadcastController {
         return (resident, replay, footprint)
     }
 
-    static func sameReplayKeys(_ a: DaemonConfig.Output, _ b: DaemonConfig.Output) -> Bool {
+    static func sameReplayKeys(_ a: DaemonConfiguration.Output, _ b: DaemonConfiguration.Output) -> Bool {
         a.replay == b.replay && a.maxMemory == b.maxMemory && a.onFileFinished == b.onFileFinished
     }
 }

@@ -1,29 +1,14 @@
-import ArgumentParser
-import BroadcastCapture
-import BroadcastKit
-import BroadcastOutputs
+public import BroadcastCapture
+public import BroadcastKit
+public import BroadcastOutputs
 import BroadcastService
 
 #if canImport(Glibc)
 import Glibc
 #endif
 
-/// --memory-budget for record and stream.
-struct MemoryBudgetOptions: ParsableArguments {
-    @Option(
-        name: .customLong("memory-budget"),
-        help: ArgumentHelp(
-            "The most broadcast's own (private dirty) memory may reach: 160M (default), 1G. Queue, pool and replay sizes and x264's threads and lookahead are derived from it; a broadcast that cannot fit is refused.",
-            valueName: "size"))
-    var memoryBudget: String?
-
-    func budget() throws -> Int64 {
-        guard let text = memoryBudget else { return MemoryPlan.defaultBudget }
-        return try Values.memoryBudget(text, option: "--memory-budget")
-    }
-}
-
-enum MemoryBudgeting {
+/// Sizes a broadcast within its memory budget (record and stream: --memory-budget; the daemon: [limits] memory).
+public enum MemoryBudgeting {
     /// What the video source among `sources` keeps of its own.
     static func captureMemory(
         _ sources: [(type: SampleBufferType, source: any CaptureSource)], width: Int, height: Int
@@ -47,7 +32,7 @@ enum MemoryBudgeting {
 
     /// Plans `configuration` within `budget`, gives the sources their pool sizes, and returns the
     /// configuration with the planned sizes. Exit 2 (one line, needed vs budget) when it cannot fit.
-    static func plan(
+    public static func plan(
         _ configuration: EncodingConfiguration, budget: Int64,
         sources: [(type: SampleBufferType, source: any CaptureSource)], replayLimitsSet: Set<String>
     ) throws -> (EncodingConfiguration, MemoryPlan) {

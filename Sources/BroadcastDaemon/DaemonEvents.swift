@@ -58,3 +58,12 @@ struct EventSnapshot {
         return events
     }
 }
+
+/// Media time as HH:MM:SS.cc (the daemon's STATUS= line, the command line's status line).
+public enum MediaClockText {
+    public static func format(_ nanoseconds: Int64) -> String {
+        let cs = max(0, nanoseconds) / 10_000_000
+        func two(_ v: Int64) -> String { v < 10 ? "0\(v)" : "\(v)" }
+        return "\(two(cs / 360_000)):\(two(cs / 6000 % 60)):\(two(cs / 100 % 60)).\(two(cs % 100))"
+    }
+}

@@ -1,12 +1,11 @@
-import ArgumentParser
 import Atomics
 import BroadcastCapture
-import BroadcastKit
+public import BroadcastKit
 import BroadcastMedia
 import BroadcastOutputs
-import BroadcastService
+public import BroadcastService
 import Dispatch
-import Logging
+public import Logging
 import ServiceLifecycle
 import Synchronization
 
@@ -14,62 +13,86 @@ import Synchronization
 import Glibc
 #endif
 
-struct Daemon: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(
-        abstract: "Run as a background service with a config file and a control socket.",
-        discussion: """
-            Reads a TOML config (see systemd/broadcast.toml), starts the broadcast, and serves \
-            the control API as HTTP/JSON on a Unix socket:
-              S=/run/broadcast/control.sock
-              curl --unix-socket $S http://localhost/v1/status
-              curl --unix-socket $S -X POST http://localhost/v1/broadcast/pause
-              curl --unix-socket $S http://localhost/metrics       (Prometheus)
-            or with `broadcast status|pause|resume|stop [--socket PATH]`.
+/// The daemon as a library: a checked `DaemonConfiguration` run as a service with its control API,
+/// until `shutdown()` (SIGTERM in `broadcast daemon`). `reload()` re-reads the config file (SIGHUP).
+/// The command line only parses its flags, installs logging and signals, and calls `run()`; tests
+/// run it in-process the same way.
+public final class Daemon: Sendable {
+    /// The configuration it started with (a reload replaces the controller's, not this).
+    public let configuration: DaemonConfiguration
+    /// The file `reload()` reads.
+    public let configPath: String
+    private let environment: @Sendable () -> [String: String]
+    private let metrics: DaemonMetrics
+    private let notifier: SystemdNotifier
+    private let logger: Logger
+    let events = ControlEvents()
+    /// Made in `run()` (the directories locked first).
+    private let controllerState = Mutex<BroadcastController?>(nil)
+    /// The running service group, or a shutdown asked for before it ran.
+    private let groupState = Mutex<(group: ServiceGroup?, shutdownAsked: Bool)>((nil, false))
 
-            Under systemd (Type=notify) it reports READY=1 once the outputs are up, STATUS= \
-            lines, and WATCHDOG=1 only while frames flow. SIGTERM finishes cleanly (encoders \
-            flushed, files finalized); SIGHUP re-reads the config's outputs.
-            """
-    )
+    /// `environment` is read at the start and at each reload (${VAR} and ${credential:NAME} in the config).
+    public init(
+        configuration: DaemonConfiguration, environment: @escaping @Sendable () -> [String: String],
+        metrics: DaemonMetrics, notifier: SystemdNotifier, logger: Logger
+    ) {
+        self.configuration = configuration
+        self.configPath = configuration.file
+        self.environment = environment
+        self.metrics = metrics
+        self.notifier = notifier
+        self.logger = logger
+    }
 
-    @Option(help: ArgumentHelp("The TOML config file.", valueName: "file"))
-    var config: String
+    /// Why the last broadcast ended with an error.
+    public var lastFailure: String? { controllerState.withLock { $0 }?.lastFailure }
 
-    @Option(name: .customLong("log-level"), help: ArgumentHelp("trace, debug, info, notice, warning, error or critical.", valueName: "level"))
-    var logLevel: String = "info"
+    /// The status document `GET /v1/status` answers; nil before `run()` made the controller.
+    public func status() -> JSONValue? { controllerState.withLock { $0 }?.status() }
 
-    func run() async throws {
-        let environment = ProcessEnvironment.current()
-        let configuration = try DaemonConfig.load(path: config, environment: environment)
-        guard let level = Logger.Level(rawValue: logLevel.lowercased()) else {
-            throw ValueError("invalid --log-level '\(logLevel)': accepted are \(Logger.Level.allCases.map(\.rawValue).joined(separator: ", "))")
+    /// Re-reads the config file: outputs apply to the running broadcast at once (see `BroadcastController.reload`).
+    public func reload() {
+        controllerState.withLock { $0 }?.reload(path: configPath, environment: environment())
+    }
+
+    /// Finishes the broadcast (encoders flushed, files finalized), then the control server; `run()` returns.
+    public func shutdown() async {
+        let group = groupState.withLock { state -> ServiceGroup? in
+            state.shutdownAsked = true
+            return state.group
         }
-        let logger = Logging.bootstrap(level: level)
-        FFmpegLog.install(logger)
+        await group?.triggerGracefulShutdown()
+    }
 
+    /// Runs until `shutdown()`: recovers crashed recordings, locks the directories, serves the
+    /// control API and (with autostart) starts the broadcast. Throws `DaemonFailure` (exit 1), a
+    /// `ValueError` when the broadcast could not start for bad input (exit 2), `BroadcastError`
+    /// `.invalidArgument` when another daemon holds a directory (exit 2).
+    public func run() async throws {
+        let configuration = self.configuration
+        let logger = self.logger
+        let notifier = self.notifier
         // Outside systemd (which makes them: StateDirectory, RuntimeDirectory) the directories may not exist yet.
         let socketDirectory = String(configuration.socketPath[..<(configuration.socketPath.lastIndex(of: "/") ?? configuration.socketPath.startIndex)])
         let manifests = configuration.manifests
         for directory in Set(manifests.map(\.directory)).sorted() + [socketDirectory] where !directory.isEmpty {
             if let problem = RecordingTemplate.makeDirectories(directory) {
-                FileStandardError.write("broadcast: error: \(problem)\n")
-                throw ExitCode.failure
+                throw DaemonFailure(problem)
             }
         }
         // One daemon per directory, locked before anything there is touched: a second daemon on the
         // same config ends here (exit 2) instead of "recovering" the first one's live recording.
         let locks = try Self.lock(directories: manifests.map(\.directory), socketPath: configuration.socketPath)
-        let notifier = SystemdNotifier.fromProcessEnvironment()
         RecordingRecovery.recover(manifests, logger: logger) { path in
             // Finalizing a long recording takes a while: ask systemd for more time to start.
             notifier.send("EXTEND_TIMEOUT_USEC=\(Self.recoveryTimeoutMicroseconds)\nSTATUS=recovering \(path)")
         }
-        let events = ControlEvents()
         let controller = BroadcastController(config: configuration, locks: locks, events: events, logger: logger)
-        let metrics = DaemonMetrics.bootstrap()
+        controllerState.withLock { $0 = controller }
         let server = try Self.controlServer(configuration, controller: controller, events: events, metrics: metrics, logger: logger)
         let service = DaemonService(
-            controller: controller, notifier: notifier, server: server, autostart: configuration.autostart, configPath: config, logger: logger)
+            controller: controller, notifier: notifier, server: server, autostart: configuration.autostart, configPath: configPath, logger: logger)
         // Shut down in reverse: the broadcast finishes first (its last events published), then the
         // watcher, then the control server (event streams drained, open requests answered).
         let group = ServiceGroup(
@@ -85,29 +108,28 @@ struct Daemon: AsyncParsableCommand {
                 logger: logger
             )
         )
-        let config = self.config
-        Signals.startWatching { signal in
-            switch signal {
-            case SIGTERM, SIGINT, SIGQUIT:
-                logger.notice("\(Signals.name(signal)): shutting down")
-                Task { await group.triggerGracefulShutdown() }
-            case SIGHUP:
-                controller.reload(path: config, environment: ProcessEnvironment.current())
-            default:
-                logger.info("\(Signals.name(signal)) ignored")
-            }
+        let asked = groupState.withLock { state -> Bool in
+            state.group = group
+            return state.shutdownAsked
         }
+        if asked { Task { await group.triggerGracefulShutdown() } }
         do {
             try await group.run()
         } catch let error as BroadcastError {
             // The control socket could not be bound: exit 1 with one line.
-            FileStandardError.write("broadcast: error: \(error.message)\n")
-            throw ExitCode.failure
+            throw DaemonFailure(error.message)
         }
         if let failure = controller.lastFailure {
             logger.error("the broadcast ended with an error: \(failure)")
         }
     }
+}
+
+/// The daemon could not go on: exit 1, with one line when `message` is set (else it was logged).
+public struct DaemonFailure: Error, CustomStringConvertible {
+    public let message: String?
+    public init(_ message: String?) { self.message = message }
+    public var description: String { message ?? "the daemon failed" }
 }
 
 extension Daemon {
@@ -135,7 +157,7 @@ extension Daemon {
 
     /// The control API's server; a socket that cannot be used ends the daemon with exit code 1.
     static func controlServer(
-        _ configuration: DaemonConfig,
+        _ configuration: DaemonConfiguration,
         controller: BroadcastController,
         events: ControlEvents,
         metrics: DaemonMetrics,
@@ -144,8 +166,8 @@ extension Daemon {
         do {
             return try ControlServer(
                 socketPath: configuration.socketPath,
-                mode: UInt32(configuration.socketMode),
-                tcp: configuration.tcp,
+                mode: configuration.socketMode,
+                tcp: configuration.tcp.map { ($0.host, $0.port) },
                 token: configuration.token,
                 events: events,
                 snapshot: { controller.status() },
@@ -157,14 +179,13 @@ extension Daemon {
                 return response
             }
         } catch {
-            FileStandardError.write("broadcast: error: \(error.message)\n")
-            throw ExitCode.failure
+            throw DaemonFailure(error.message)
         }
     }
 }
 
-enum ProcessEnvironment {
-    static func current() -> [String: String] {
+public enum ProcessEnvironment {
+    public static func current() -> [String: String] {
         var result: [String: String] = [:]
         var pointer = environ
         while let entry = pointer.pointee {
@@ -197,9 +218,11 @@ struct DaemonService: Service {
                 // A source the config names that refuses at start (the ScreenCast portal refused or
                 // was cancelled, a device that went away since the check): bad input, exit 2, one line.
                 throw ValueError("\(configPath): the broadcast could not start: \(error)")
+            } catch let error as OptionError {
+                throw ValueError("\(configPath): the broadcast could not start: \(error.option.key): \(error.configMessage)")
             } catch {
                 logger.error("the broadcast could not start: \(error)")
-                throw ExitCode.failure
+                throw DaemonFailure(nil)
             }
             controller.publishChanges()
         }
@@ -267,14 +290,14 @@ final class BroadcastController: Sendable {
         let outputControl: OutputControl
         var outputs: [Output] { outputControl.outputs }
         /// The config entries the running outputs were made from, by name (for SIGHUP's comparison).
-        var definitions: [String: DaemonConfig.Output]
+        var definitions: [String: DaemonConfiguration.Output]
         /// ALSA sources, whose clock drift against the monotonic clock the status reports.
         let audioDevices: [ALSASource]
         /// The sizes the memory budget gave; outputs added by SIGHUP get them too.
         let memoryPlan: MemoryPlan
     }
 
-    private let state: Mutex<(config: DaemonConfig, running: Running?, starting: Bool)>
+    private let state: Mutex<(config: DaemonConfiguration, running: Running?, starting: Bool)>
     /// The directories this daemon holds (recordings' base directories, the socket).
     private let locks: DirectoryLocks
     /// Why the last broadcast ended with an error; set by the broadcast's thread.
@@ -285,7 +308,7 @@ final class BroadcastController: Sendable {
     /// What the last look published from (see `publishChanges`).
     private let published = Mutex(PublishedState())
 
-    init(config: DaemonConfig, locks: DirectoryLocks, events: ControlEvents = ControlEvents(), logger: Logger) {
+    init(config: DaemonConfiguration, locks: DirectoryLocks, events: ControlEvents = ControlEvents(), logger: Logger) {
         self.state = Mutex((config, nil, false))
         self.locks = locks
         self.events = events
@@ -298,7 +321,7 @@ final class BroadcastController: Sendable {
     func start() throws {
         // The lock is held only to claim the start and to record its result: opening devices and
         // waiting for the first buffer happen outside it, so status, events and metrics go on.
-        let config = try state.withLock { state -> DaemonConfig in
+        let config = try state.withLock { state -> DaemonConfiguration in
             if let running = state.running, running.session.state != .finished {
                 throw BroadcastError(.illegalTransition, "cannot start while \(running.session.state): the broadcast is already running")
             }
@@ -309,13 +332,13 @@ final class BroadcastController: Sendable {
             return state.config
         }
         defer { state.withLock { $0.starting = false } }
-        let sources = try config.sourceOptions()
-        let encoder = try config.encoderOptions()
+        let sources = config.sources
+        let encoder = config.encoder
         let captureSources = try sources.makeSources()
         let outputs = try Self.outputConfigurations(config.outputs)
         let hasVideo = captureSources.contains { $0.type == .video }
         let (configuration, plan) = try encoder.configuration(
-            for: captureSources, size: try sources.videoSize(), frameRate: try sources.frameRate(), outputs: outputs,
+            for: captureSources, size: sources.videoSize, frameRate: sources.frameRate, outputs: outputs,
             liveTuning: true, budget: config.memoryBudgetBytes, replayLimitsSet: config.replayLimitsSet)
         logger.info("memory plan: \(plan)")
         let handler = EncodingHandler(configuration: configuration, logger: logger)
@@ -406,7 +429,7 @@ final class BroadcastController: Sendable {
     }
 
     /// The outputs a config names, recordings' paths expanded for now.
-    static func outputConfigurations(_ entries: [DaemonConfig.Output]) throws -> [OutputConfiguration] {
+    static func outputConfigurations(_ entries: [DaemonConfiguration.Output]) throws -> [OutputConfiguration] {
         try entries.map { output in
             switch output.kind {
             case .recording(let template):
@@ -443,9 +466,9 @@ final class BroadcastController: Sendable {
     /// whose settings did not change goes on untouched (a recording is not interrupted), removed ones
     /// end, new ones start on a fresh keyframe. Sources and encoder settings apply from the next start.
     func reload(path: String, environment: [String: String]) {
-        let fresh: DaemonConfig
+        let fresh: DaemonConfiguration
         do {
-            fresh = try DaemonConfig.load(path: path, environment: environment)
+            fresh = try DaemonConfiguration.load(path: path, environment: environment)
         } catch {
             logger.error("SIGHUP: config not reloaded: \(error)")
             return
@@ -488,7 +511,7 @@ final class BroadcastController: Sendable {
     }
 
     /// Whether two config entries describe the same output (their lines may differ).
-    static func sameDefinition(_ a: DaemonConfig.Output, _ b: DaemonConfig.Output) -> Bool {
+    static func sameDefinition(_ a: DaemonConfiguration.Output, _ b: DaemonConfiguration.Output) -> Bool {
         let sameKind: Bool
         switch (a.kind, b.kind) {
         case (.recording(let x), .recording(let y)), (.live(let x), .live(let y)): sameKind = x == y
@@ -573,7 +596,7 @@ final class BroadcastController: Sendable {
         guard let running = state.withLock({ $0.running }) else { return "idle" }
         let media = running.session.statistics().values.map(\.mediaTimeNanoseconds).max() ?? 0
         let outputs = running.outputs.map { "\($0.name) \($0.state)" }.joined(separator: ", ")
-        return "\(running.session.state): \(StatusLine.clock(media)) of media; \(outputs)"
+        return "\(running.session.state): \(MediaClockText.format(media)) of media; \(outputs)"
     }
 
     func status() -> JSONValue {

@@ -12,7 +12,7 @@ struct ReplayKeys {
     var onFileFinished: (value: [String], line: Int)?
 }
 
-extension DaemonConfig {
+extension DaemonConfiguration {
     func readReplayKey(_ key: String, _ entry: TOMLDocument.Entry, into keys: inout ReplayKeys, environment: [String: String]) throws {
         let dotted = "output.\(key)"
         switch key {

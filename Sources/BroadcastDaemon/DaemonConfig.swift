@@ -1,89 +1,119 @@
-import ArgumentParser
-import BroadcastKit
-import BroadcastOutputs
-import BroadcastService
+public import BroadcastKit
+public import BroadcastOutputs
+public import BroadcastService
 
 #if canImport(Glibc)
 import Glibc
 #endif
 
 /// A config error: file, line and key, and what is expected. Exit code 2 before anything starts.
-struct ConfigError: Error, CustomStringConvertible {
-    var file: String
-    var line: Int
-    var key: String?
-    var message: String
+public struct ConfigError: Error, CustomStringConvertible {
+    public var file: String
+    public var line: Int
+    public var key: String?
+    public var message: String
 
-    var description: String {
+    public init(file: String, line: Int, key: String?, message: String) {
+        self.file = file
+        self.line = line
+        self.key = key
+        self.message = message
+    }
+
+    public var description: String {
         "\(file):\(line): \(key.map { "\($0): " } ?? "")\(message)"
     }
 }
 
-/// The daemon's TOML config, checked completely before anything starts.
+/// The daemon's TOML config, typed and checked completely before anything starts.
 ///
-/// The [video], [audio] and [encoder] keys are the command line's options in another syntax: each
-/// maps to one flag (`video.size` is `--size`), and both go through the same parsing and checks, so
-/// the daemon accepts exactly what `broadcast record` accepts.
-struct DaemonConfig {
-    struct Output {
-        enum Kind {
+/// The [video], [audio], [encoder] and [limits] keys are the command line's options under another
+/// name: each key is one `OptionSpec` (`video.size` is `--size`), read from the document through
+/// the same parser and limits as the flag and set on the same typed `SourceSettings` and
+/// `EncoderSettings`, so the daemon accepts exactly what `broadcast record` accepts. An error names
+/// the file, the line the document gives the key, and the key.
+public struct DaemonConfiguration: Sendable {
+    public struct Output: Sendable {
+        public enum Kind: Sendable {
             case recording(pathTemplate: String)
             case live(url: String)
         }
-        var name: String
-        var kind: Kind
-        var line: Int
+        public var name: String
+        public var kind: Kind
+        public var line: Int
         /// Start a new file every this much media time (recordings).
-        var segment: MediaTime?
+        public var segment: MediaTime?
         /// Delete finished segments older than this (recordings).
-        var retainFor: MediaTime?
+        public var retainFor: MediaTime?
         /// Delete the oldest finished segments beyond this many bytes (recordings).
-        var retainBytes: Int64?
+        public var retainBytes: Int64?
         /// Replace an existing file at `path` (when the new recording is complete) instead of
         /// recording under a new name beside it.
-        var overwrite = false
+        public var overwrite = false
         /// A replay buffer of this length instead of a recording (`path` names the saves).
-        var replay: MediaTime? = nil
+        public var replay: MediaTime? = nil
         /// The replay buffer's byte bound.
-        var maxMemory: Int64? = nil
+        public var maxMemory: Int64? = nil
         /// Run for every finished file: an argument vector, `{path}` replaced.
-        var onFileFinished: [String]? = nil
+        public var onFileFinished: [String]? = nil
     }
 
-    var file: String
-    var sourceArguments: [String] = []
-    var encoderArguments: [String] = []
-    var setup: SetupInfo = SetupInfo()
-    var socketPath = "/run/broadcast/control.sock"
-    var socketMode: mode_t = 0o660
-    var tcp: (host: String, port: UInt16)?
-    /// Where control.tcp was set (a TCP listener needs a token).
-    var tcpLine: Int?
-    var token: String?
-    var autostart = true
-    var outputs: [Output] = []
-    /// [limits] memory: the memory budget (see `MemoryPlan`), and its line.
-    var memoryBudget: (bytes: Int64, line: Int)?
+    public var file: String
+    /// [video] and [audio].
+    public var sources = SourceSettings()
+    /// [encoder].
+    public var encoder = EncoderSettings()
+    public var setup: SetupInfo = SetupInfo()
+    public var socketPath = "/run/broadcast/control.sock"
+    public var socketMode: UInt32 = 0o660
+    public var tcp: ControlTCP?
+    public var token: String?
+    public var autostart = true
+    public var outputs: [Output] = []
+    /// [limits] memory: the memory budget (see `MemoryPlan`); nil: the default.
+    public var memoryBudget: Int64?
+    /// The line each key was set on (dotted: "video.size"), from the document: checks after reading
+    /// (devices opened, the memory plan) name the key and line they found wrong.
+    public private(set) var lines: [String: Int] = [:]
 
-    /// Config key → command-line flag, per table.
-    static let flags: [String: [String: String]] = [
-        "video": ["source": "--video", "size": "--size", "fps": "--fps", "input": "--video-input", "format": "--video-format"],
-        "audio": ["mic": "--audio-mic", "app": "--audio-app", "period": "--audio-period"],
-        "encoder": [
-            "video_bitrate": "--video-bitrate", "audio_bitrate": "--audio-bitrate", "preset": "--preset",
-            "tune": "--tune", "encoder": "--encoder", "keyframe_interval": "--keyframe-interval",
-            "rate_control": "--rate-control", "crf": "--crf", "profile": "--profile", "threads": "--threads",
-            "frame_rate_mode": "--frame-rate-mode",
-        ],
-    ]
+    public struct ControlTCP: Sendable, Hashable {
+        public var host: String
+        public var port: UInt16
+    }
+
+    public init(file: String) { self.file = file }
+
+    /// The settings each key of [video], [audio] and [encoder] sets, by table and key.
+    static var optionKeys: [String: [String: ConfigSetting]] {
+        func table(_ settings: [ConfigSetting]) -> [String: ConfigSetting] {
+            Dictionary(uniqueKeysWithValues: settings.map { (String($0.name.key.split(separator: ".")[1]), $0) })
+        }
+        return [
+            "video": table([
+                Options.video.setting(\.sources.video), Options.size.setting(\.sources.size), Options.fps.setting(\.sources.frameRate),
+                Options.videoInput.setting(\.sources.videoInput), Options.videoFormat.setting(\.sources.videoFormat),
+            ]),
+            "audio": table([
+                Options.audioMic.setting(\.sources.audioMic), Options.audioApp.setting(\.sources.audioApp),
+                Options.audioPeriod.setting(\.sources.audioPeriodNanoseconds),
+            ]),
+            "encoder": table([
+                Options.videoBitrate.setting(\.encoder.videoBitrate), Options.audioBitrate.setting(\.encoder.audioBitrate),
+                Options.preset.setting(\.encoder.preset), Options.tune.setting(\.encoder.tune), Options.encoder.setting(\.encoder.encoder),
+                Options.keyframeInterval.setting(\.encoder.keyframeInterval), Options.rateControl.setting(\.encoder.rateControl),
+                Options.crf.setting(\.encoder.crf), Options.profile.setting(\.encoder.profile), Options.threads.setting(\.encoder.threads),
+                Options.frameRateMode.setting(\.encoder.frameRateMode),
+            ]),
+            "limits": table([Options.memoryBudget.setting(\.memoryBudget)]),
+        ]
+    }
     static let controlKeys = ["socket", "socket_mode", "tcp", "token"]
     static let daemonKeys = ["autostart"]
-    static let limitsKeys = ["memory"]
     static let outputKeys = ["name", "path", "url", "segment", "retain_for", "retain_bytes", "overwrite", "replay", "max_memory", "on_file_finished"]
     static let tables = ["video", "audio", "encoder", "setup", "control", "daemon", "limits", "output"]
 
     /// The manifests of the recordings' files, one per base directory (see `RecordingManifest`).
-    var manifests: [RecordingManifest] {
+    public var manifests: [RecordingManifest] {
         var seen: Set<RecordingManifest> = []
         return outputs.compactMap { output -> RecordingManifest? in
             guard case .recording(let template) = output.kind else { return nil }
@@ -92,10 +122,19 @@ struct DaemonConfig {
         }
     }
 
-    /// Where each flag came from, to point errors found by the shared option parsing at the config.
-    private var flagOrigins: [String: (key: String, line: Int, value: String)] = [:]
+    /// Reads, parses and checks the config at `path` (devices opened once to check them); throws
+    /// `ConfigError` naming file:line: key.
+    public static func load(path: String, environment: [String: String]) throws(ConfigError) -> DaemonConfiguration {
+        do {
+            return try loadChecked(path: path, environment: environment)
+        } catch let error as ConfigError {
+            throw error
+        } catch {
+            throw ConfigError(file: path, line: 0, key: nil, message: "\(error)")
+        }
+    }
 
-    static func load(path: String, environment: [String: String]) throws -> DaemonConfig {
+    private static func loadChecked(path: String, environment: [String: String]) throws -> DaemonConfiguration {
         let text: String
         switch readFile(path) {
         case .success(let contents): text = contents
@@ -107,11 +146,11 @@ struct DaemonConfig {
         } catch {
             throw ConfigError(file: path, line: error.line, key: nil, message: error.message)
         }
-        var config = DaemonConfig(file: path)
+        var config = DaemonConfiguration(file: path)
         try config.read(document, environment: environment)
-        if let tcp = config.tcpLine, config.token == nil {
+        if config.tcp != nil, config.token == nil {
             throw ConfigError(
-                file: path, line: tcp, key: "control.tcp",
+                file: path, line: config.lines["control.tcp"] ?? 0, key: "control.tcp",
                 message: "a TCP control listener needs a token: set control.token (at least 16 characters, e.g. \"${credential:control-token}\")")
         }
         try config.check()
@@ -154,7 +193,7 @@ struct DaemonConfig {
         return .success(String(decoding: bytes, as: UTF8.self))
     }
 
-    static func readText(_ path: String) -> String? {
+    public static func readText(_ path: String) -> String? {
         try? readFile(path).get()
     }
 
@@ -187,14 +226,19 @@ struct DaemonConfig {
             for key in table.keys {
                 let entry = table.entries[key]!
                 let dotted = "\(tableName).\(key)"
+                lines[dotted] = entry.line
                 switch tableName {
-                case "video", "audio", "encoder":
-                    guard let flag = Self.flags[tableName]![key] else {
-                        throw unknownKey(dotted, entry.line, known: Self.flags[tableName]!.keys.sorted(), table: tableName)
+                case "video", "audio", "encoder", "limits":
+                    let settings = Self.optionKeys[tableName]!
+                    guard let setting = settings[key] else {
+                        throw unknownKey(dotted, entry.line, known: settings.keys.sorted(), table: tableName)
                     }
                     let value = try scalarText(entry, key: dotted, environment: environment)
-                    if tableName == "encoder" { encoderArguments += [flag, value] } else { sourceArguments += [flag, value] }
-                    flagOrigins[flag] = (dotted, entry.line, value)
+                    do {
+                        try setting.apply(&self, value)
+                    } catch {
+                        throw self.error(entry.line, dotted, error.configMessage)
+                    }
                 case "setup":
                     setup[key] = try scalarText(entry, key: dotted, environment: environment)
                 case "control":
@@ -207,15 +251,14 @@ struct DaemonConfig {
                         guard let mode = mode_t(text.hasPrefix("0o") ? String(text.dropFirst(2)) : text, radix: 8), mode <= 0o777 else {
                             throw error(entry.line, dotted, "expected an octal mode such as \"0660\", got \(text)")
                         }
-                        socketMode = mode
+                        socketMode = UInt32(mode)
                     case "tcp":
                         let text = try string(entry, key: dotted, environment: environment)
                         let parts = text.split(separator: ":")
                         guard parts.count == 2, let port = UInt16(parts[1]), port > 0 else {
                             throw error(entry.line, dotted, "expected HOST:PORT such as \"127.0.0.1:9090\", got \"\(text)\"")
                         }
-                        tcp = (String(parts[0]), port)
-                        tcpLine = entry.line
+                        tcp = ControlTCP(host: String(parts[0]), port: port)
                     case "token":
                         token = try string(entry, key: dotted, environment: environment)
                         if token!.count < 16 { throw error(entry.line, dotted, "a token needs at least 16 characters") }
@@ -226,14 +269,6 @@ struct DaemonConfig {
                     guard key == "autostart" else { throw unknownKey(dotted, entry.line, known: Self.daemonKeys, table: tableName) }
                     guard case .boolean(let b) = entry.value else { throw error(entry.line, dotted, "expected true or false, got \(entry.value.typeName)") }
                     autostart = b
-                case "limits":
-                    guard key == "memory" else { throw unknownKey(dotted, entry.line, known: Self.limitsKeys, table: tableName) }
-                    let text = try scalarText(entry, key: dotted, environment: environment)
-                    do {
-                        memoryBudget = (try Values.memoryBudget(text, option: dotted), entry.line)
-                    } catch let e as ValueError {
-                        throw error(entry.line, dotted, e.description.replacingFirst("invalid \(dotted) ", with: ""))
-                    }
                 default:  // output
                     switch key {
                     case "name":
@@ -253,7 +288,7 @@ struct DaemonConfig {
                         do {
                             output.retainBytes = try Values.byteCount(text, option: dotted)
                         } catch let e as ValueError {
-                            throw error(entry.line, dotted, e.description.replacingFirst("invalid \(dotted) ", with: ""))
+                            throw error(entry.line, dotted, e.description.replacing("invalid \(dotted) ", with: "", maxReplacements: 1))
                         }
                     case "overwrite":
                         guard case .boolean(let b) = entry.value else { throw error(entry.line, dotted, "expected true or false, got \(entry.value.typeName)") }
@@ -360,32 +395,34 @@ struct DaemonConfig {
         do {
             return try Values.duration(text, option: key)
         } catch let e as ValueError {
-            throw error(entry.line, key, e.description.replacingFirst("invalid \(key) ", with: ""))
+            throw error(entry.line, key, e.description.replacing("invalid \(key) ", with: "", maxReplacements: 1))
         }
     }
 
-    /// Runs the shared option parsing on what the config said; errors point back at the config.
-    /// At load: the values, and the devices opened once to say early (file:line) that one is missing
-    /// or cannot do what the config asks. Not the ScreenCast portal: asking it is a Start (a prompt
-    /// on a desktop with a chooser, a restore token spent), so it is asked once, when the broadcast
-    /// starts; a refusal there is exit 2 too.
+    /// At load: the devices the config names opened once to say early (file:line: key) that one is
+    /// missing or cannot do what the config asks, and the memory plan. Not the ScreenCast portal:
+    /// asking it is a Start (a prompt on a desktop with a chooser, a restore token spent), so it is
+    /// asked once, when the broadcast starts; a refusal there is exit 2 too.
     private func check() throws {
-        let sources = try parse(SourceOptions.self, sourceArguments, openDevices: true)
-        let encoder = try encoderOptions()
-        try checkMemory(sources: sources, encoder: encoder)
+        let opened: [(type: SampleBufferType, source: any CaptureSource)]
+        do {
+            opened = try sources.makeSources(logger: nil, openingPortal: false, blame: { option, error in self.error(option, error) })
+        } catch let error as OptionError {
+            // A check across the sources ("nothing to capture").
+            throw self.error(error.option, error)
+        }
+        try checkMemory(opened: opened)
     }
 
     /// The budget the broadcast runs within: [limits] memory, else the default.
-    var memoryBudgetBytes: Int64 { memoryBudget?.bytes ?? MemoryPlan.defaultBudget }
+    public var memoryBudgetBytes: Int64 { memoryBudget ?? MemoryPlan.defaultBudget }
 
     /// The outputs whose replay byte limit the config sets (kept as set by the memory plan).
-    var replayLimitsSet: Set<String> { Set(outputs.filter { $0.maxMemory != nil }.map(\.name)) }
+    public var replayLimitsSet: Set<String> { Set(outputs.filter { $0.maxMemory != nil }.map(\.name)) }
 
     /// Refuses a config whose broadcast cannot fit its memory budget, naming [limits] memory (or
     /// the video size when the budget is the default) with what it needs.
-    private func checkMemory(sources: SourceOptions, encoder: EncoderOptions) throws {
-        let opened = (try? sources.makeSources(openingPortal: false)) ?? []
-        let size = try sources.videoSize()
+    private func checkMemory(opened: [(type: SampleBufferType, source: any CaptureSource)]) throws {
         let outputs = self.outputs.map { output -> OutputConfiguration in
             switch output.kind {
             case .recording(let template):
@@ -396,68 +433,61 @@ struct DaemonConfig {
                 return OutputConfiguration(name: output.name, destination: (try? OutputDestination.parse(url)) ?? .file("/dev/null"))
             }
         }
-        let hasVideo = sourceArguments.firstIndex(of: "--video").map { sourceArguments[$0 + 1] != "none" } ?? true
-        let configuration = EncodingConfiguration(
-            video: hasVideo ? try encoder.videoSettings(width: size.width, height: size.height, frameRate: try sources.frameRate(), live: true) : nil,
-            audio: try encoder.audioSettings(), recordings: [], outputs: outputs)
+        let configuration: EncodingConfiguration
+        do {
+            configuration = EncodingConfiguration(
+                video: sources.hasVideo ? try encoder.videoSettings(size: sources.videoSize, frameRate: sources.frameRate, live: true) : nil,
+                audio: encoder.audioSettings(), recordings: [], outputs: outputs)
+            // vfr is for files: refused here, at its line, when an output is live.
+            _ = try encoder.rateMode(live: outputs.contains { $0.destination.isLive })
+        } catch {
+            throw self.error(Options.encoder.name, error)
+        }
         do {
             _ = try MemoryBudgeting.plan(configuration, budget: memoryBudgetBytes, sources: opened, replayLimitsSet: replayLimitsSet)
         } catch let e as ValueError {
-            if let budget = memoryBudget { throw error(budget.line, "limits.memory", e.description) }
-            let origin = flagOrigins["--size"] ?? flagOrigins["--video"]
-            throw error(origin?.line ?? 0, origin?.key ?? "limits.memory", e.description + " (the default budget; set [limits] memory)")
+            if memoryBudget != nil { throw error(lines["limits.memory"] ?? 0, "limits.memory", e.description) }
+            let key = lines["video.size"] != nil ? "video.size" : lines["video.source"] != nil ? "video.source" : "limits.memory"
+            throw error(lines[key] ?? 0, key, e.description + " (the default budget; set [limits] memory)")
         }
     }
 
-    /// The source options as parsed and range-checked, without opening anything (the caller opens
-    /// the sources once, with `makeSources`).
-    func sourceOptions() throws -> SourceOptions {
-        try parse(SourceOptions.self, sourceArguments, openDevices: false)
+    /// A failure of `option`'s value (its source would not open, a check across options), as a
+    /// config error at the line the key was set on.
+    func error(_ option: OptionName, _ failure: any Error) -> ConfigError {
+        let message: String
+        switch failure {
+        case let e as OptionError: return error(lines[e.option.key] ?? 0, e.option.key, e.configMessage)
+        case let e as ConfigError: return e
+        case let e as ValueError: message = option.configMessage(e.description)
+        case let e as BroadcastError: message = option.configMessage(e.message)
+        default: message = option.configMessage("\(failure)")
+        }
+        return error(lines[option.key] ?? 0, option.key, message)
+    }
+}
+
+/// How one config key sets its option's value on the configuration.
+struct ConfigSetting {
+    let name: OptionName
+    let apply: (inout DaemonConfiguration, String) throws(OptionError) -> Void
+}
+
+extension OptionSpec {
+    func setting(_ path: WritableKeyPath<DaemonConfiguration, Value>) -> ConfigSetting {
+        ConfigSetting(name: name) { (config: inout DaemonConfiguration, text: String) throws(OptionError) in
+            config[keyPath: path] = try parse(text)
+        }
     }
 
-    func encoderOptions() throws -> EncoderOptions {
-        try parse(EncoderOptions.self, encoderArguments, openDevices: false)
-    }
-
-    private func parse<T: ParsableArguments>(_ type: T.Type, _ arguments: [String], openDevices: Bool) throws -> T {
-        do {
-            let options = try T.parse(arguments)
-            if let sources = options as? SourceOptions {
-                _ = try sources.videoSize()
-                _ = try sources.frameRate()
-                if openDevices {
-                    _ = try sources.makeSources(openingPortal: false)
-                }
-            }
-            if let encoder = options as? EncoderOptions {
-                _ = try encoder.videoSettings(width: 1280, height: 720, frameRate: (30, 1), live: true)
-                _ = try encoder.audioSettings()
-                _ = try encoder.rateMode(live: false)
-            }
-            return options
-        } catch {
-            let text = (error as? ValueError)?.description ?? T.message(for: error)
-            // Name the config keys instead of the flags they stand for; point at the first one named.
-            var message = text
-            var first: (position: Int, key: String, line: Int)?
-            for (flag, origin) in flagOrigins.sorted(by: { $0.key.count > $1.key.count }) {
-                guard let range = Self.flagRange(flag, in: message) else { continue }
-                let position = message.distance(from: message.startIndex, to: range.lowerBound)
-                message = message.replacingFirst("invalid \(flag) ", with: "invalid value ")
-                if let again = Self.flagRange(flag, in: message) { message.replaceSubrange(again, with: origin.key) }
-                if first == nil || position < first!.position { first = (position, origin.key, origin.line) }
-            }
-            if let first { throw self.error(first.line, first.key, message) }
-            // A message about a value (a device that is not there) rather than a flag.
-            if let origin = flagOrigins.values.filter({ $0.value.count > 2 && text.contains($0.value) }).max(by: { $0.value.count < $1.value.count }) {
-                throw self.error(origin.line, origin.key, text)
-            }
-            throw self.error(0, nil, text)
+    func setting(_ path: WritableKeyPath<DaemonConfiguration, Value?>) -> ConfigSetting {
+        ConfigSetting(name: name) { (config: inout DaemonConfiguration, text: String) throws(OptionError) in
+            config[keyPath: path] = try parse(text)
         }
     }
 }
 
-extension DaemonConfig {
+extension DaemonConfiguration {
     /// Whether two recording paths (strftime templates) name one file: equal once their
     /// directories' links are resolved (a directory that does not exist yet compares as written).
     static func sameFile(_ a: String, _ b: String) -> Bool {
@@ -466,22 +496,5 @@ extension DaemonConfig {
             return "/" + path.split(separator: "/").filter { $0 != "." }.joined(separator: "/")
         }
         return normal(a) == normal(b)
-    }
-
-    /// Where `flag` stands as a whole flag in `text` (not as the start of a longer one).
-    static func flagRange(_ flag: String, in text: String) -> Range<String.Index>? {
-        var searchStart = text.startIndex
-        while let range = text[searchStart...].firstRange(of: flag) {
-            let next = range.upperBound < text.endIndex ? text[range.upperBound] : " "
-            if !(next.isLetter || next == "-") { return range }
-            searchStart = range.upperBound
-        }
-        return nil
-    }
-}
-
-extension String {
-    func replacingFirst(_ target: String, with replacement: String) -> String {
-        replacing(target, with: replacement, maxReplacements: 1)
     }
 }

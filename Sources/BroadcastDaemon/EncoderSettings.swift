@@ -1,0 +1,87 @@
+public import BroadcastCapture
+public import BroadcastKit
+public import BroadcastMedia
+public import BroadcastOutputs
+import BroadcastService
+
+/// How to encode, typed: what record's and stream's --video-bitrate, --preset, ... and the daemon
+/// config's [encoder] table say, each parsed by its `Options` spec.
+public struct EncoderSettings: Sendable, Hashable {
+    public var videoBitrate: Int = Options.videoBitrate.defaultValue
+    public var audioBitrate: Int = Options.audioBitrate.defaultValue
+    public var encoder: String = Options.encoder.defaultValue
+    public var preset: String = Options.preset.defaultValue
+    /// nil: no tune ("none").
+    public var tune: String? = Options.tune.defaultValue
+    /// nil: vbr to a file, cbr to a stream.
+    public var rateControl: RateControlChoice?
+    public var crf: Int = Options.crf.defaultValue
+    public var keyframeInterval: MediaTime = Options.keyframeInterval.defaultValue
+    public var frameRateMode: FrameRateMode = Options.frameRateMode.defaultValue
+    /// nil: the encoder's choice.
+    public var profile: String?
+    public var threads: Int = Options.threads.defaultValue
+
+    public init() {}
+
+    public func videoSettings(size: VideoSize, frameRate: FrameRate, live: Bool) throws -> VideoEncoderSettings {
+        let control: RateControl
+        switch rateControl ?? (live ? .cbr : .vbr) {
+        case .cbr: control = .cbr
+        case .vbr: control = .vbr
+        case .crf: control = .crf(crf)
+        }
+        let settings = VideoEncoderSettings(
+            encoder: encoder,
+            width: size.width,
+            height: size.height,
+            frameRate: frameRate,
+            bitrate: videoBitrate,
+            rateControl: control,
+            preset: preset,
+            tune: tune,
+            profile: profile,
+            keyframeIntervalSeconds: keyframeInterval.seconds,
+            threads: threads
+        )
+        if encoder == "libx264", let problem = settings.problem() { throw ValueError(problem) }
+        return settings
+    }
+
+    /// The frame rate mode; vfr is refused when `live` (a stream among the outputs).
+    public func rateMode(live: Bool) throws -> FrameRateMode {
+        if frameRateMode == .vfr, live {
+            throw OptionError(
+                Options.frameRateMode.name,
+                "--frame-rate-mode vfr is for files only: a live output needs a constant frame rate (cfr)")
+        }
+        return frameRateMode
+    }
+
+    public func audioSettings() -> AudioEncoderSettings {
+        AudioEncoderSettings(bitrate: audioBitrate)
+    }
+
+    /// The encode of `sources` into `outputs` (record, stream and the daemon's start): video at
+    /// `size` and `frameRate` with rate control for a stream when `liveTuning`, audio when a source
+    /// gives it, the frame-rate mode (vfr refused with a live output), the sources' own colour;
+    /// validated, then sized within `budget` (which also sizes the sources' pools).
+    public func configuration(
+        for sources: [(type: SampleBufferType, source: any CaptureSource)],
+        size: VideoSize, frameRate: FrameRate,
+        outputs: [OutputConfiguration], liveTuning: Bool, budget: Int64, replayLimitsSet: Set<String>
+    ) throws -> (EncodingConfiguration, MemoryPlan) {
+        let hasVideo = sources.contains { $0.type == .video }
+        let hasAudio = sources.contains { $0.type.isAudio }
+        var configuration = EncodingConfiguration(
+            video: hasVideo ? try videoSettings(size: size, frameRate: frameRate, live: liveTuning) : nil,
+            audio: hasAudio ? audioSettings() : nil,
+            recordings: [],
+            outputs: outputs
+        )
+        configuration.frameRateMode = try rateMode(live: outputs.contains { $0.destination.isLive })
+        configuration.video?.colour = SourceSettings.videoColour(sources)
+        try configuration.validate()
+        return try MemoryBudgeting.plan(configuration, budget: budget, sources: sources, replayLimitsSet: replayLimitsSet)
+    }
+}

@@ -1,0 +1,130 @@
+public import BroadcastCapture
+public import BroadcastKit
+public import BroadcastMedia
+public import Logging
+
+/// Where media comes from, typed: what `broadcast record`'s --video, --audio-mic, --size, ... and
+/// the daemon config's [video] and [audio] tables say, each parsed by its `Options` spec.
+public struct SourceSettings: Sendable, Hashable {
+    public var video: VideoSourceSpec = Options.video.defaultValue
+    public var audioMic: AudioSourceSpec = Options.audioMic.defaultValue
+    public var audioApp: AudioSourceSpec = Options.audioApp.defaultValue
+    /// An ALSA source's period (--audio-period), in nanoseconds.
+    public var audioPeriodNanoseconds: Int64 = Options.audioPeriod.defaultValue
+    /// nil: 1280x720, or the captured X11 area's or PipeWire stream's size (`outputSize`).
+    public var size: VideoSize?
+    public var frameRate: FrameRate = Options.fps.defaultValue
+    /// A V4L2 device's input (nil: its current one).
+    public var videoInput: Int?
+    /// A V4L2 device's pixel format (nil: the first one it offers that fits).
+    public var videoFormat: FourCC?
+    /// Test sources at clock speed (false: as fast as the pipeline takes them).
+    public var realtime = true
+
+    public init() {}
+
+    /// The size asked for, else 1280x720.
+    public var videoSize: VideoSize { size ?? VideoSize(width: 1280, height: 720) }
+
+    /// The encoder's size: the size asked for when given, else an X11 source's current size
+    /// (rounded down to even numbers), else a PipeWire stream's, else 1280x720.
+    public func outputSize(for sources: [(type: SampleBufferType, source: any CaptureSource)]) -> VideoSize {
+        if size == nil, let x11 = sources.first(where: { $0.source is X11ScreenSource })?.source as? X11ScreenSource,
+            let native = try? x11.currentSize()
+        {
+            return VideoSize(width: max(16, native.width & ~1), height: max(16, native.height & ~1))
+        }
+        if size == nil, let cast = sources.lazy.compactMap({ $0.source as? PipeWireVideoSource }).first,
+            let native = cast.announcedSize
+        {
+            return VideoSize(width: max(16, native.width & ~1), height: max(16, native.height & ~1))
+        }
+        return videoSize
+    }
+
+    /// Whether these settings capture video at all.
+    public var hasVideo: Bool { video != .none }
+
+    /// What the video source's YUV is, when the encoder takes it without a matrix change (the test
+    /// pattern, a YUV or MJPEG V4L2 device); nil for RGB sources, which the encoder converts.
+    static func videoColour(_ sources: [(type: SampleBufferType, source: any CaptureSource)]) -> VideoColour? {
+        switch sources.first(where: { $0.type == .video })?.source {
+        case let test as TestPatternSource: test.colour
+        case let device as V4L2Source: device.colour
+        default: nil
+        }
+    }
+
+    /// The capture sources these settings name, one per buffer type. `openingPortal: false` leaves
+    /// a portal/PipeWire video source out (for validating a config: each ask of the portal is a
+    /// Start, i.e. a prompt or a spent restore token).
+    public func makeSources(logger: Logger? = nil, openingPortal: Bool = true) throws -> [(type: SampleBufferType, source: any CaptureSource)] {
+        try makeSources(logger: logger, openingPortal: openingPortal, blame: { _, error in error })
+    }
+
+    /// `makeSources`, each failure passed through `blame` with the option whose source failed (the
+    /// daemon's config turns it into file:line: key).
+    func makeSources(
+        logger: Logger?, openingPortal: Bool, blame: (OptionName, any Error) -> any Error
+    ) throws -> [(type: SampleBufferType, source: any CaptureSource)] {
+        let (width, height) = (videoSize.width, videoSize.height)
+        let rate = (numerator: frameRate.numerator, denominator: frameRate.denominator)
+        var sources: [(type: SampleBufferType, source: any CaptureSource)] = []
+        /// A portal/PipeWire video spec checked but not opened (`openingPortal` false).
+        var videoLeftOut = false
+        do {
+            switch video {
+            case .test(let bt601, let stallAfter):
+                sources.append((.video, TestPatternSource(
+                    width: width, height: height, frameRate: rate, realtime: realtime, stallAfter: stallAfter, bt601: bt601)))
+            case .none:
+                break
+            case .x11(let spec):
+                sources.append((.video, X11ScreenSource(spec: spec, frameRate: rate, logger: logger ?? Logger(label: "broadcast.x11"))))
+            case .pipeWire:
+                if openingPortal {
+                    sources.append((.video, try pipeWireVideoSource(rate: rate)))
+                } else {
+                    videoLeftOut = true
+                }
+            case .v4l2(let path):
+                sources.append((.video, try v4l2Source(path: path, width: width, height: height, rate: rate)))
+            }
+        } catch {
+            throw blame(Options.video.name, error)
+        }
+        for (type, spec, option) in [(SampleBufferType.audioMic, audioMic, Options.audioMic.name), (.audioApp, audioApp, Options.audioApp.name)] {
+            do {
+                switch spec {
+                case .test(let period):
+                    if let period {
+                        let ns = period.nanoseconds ?? 0
+                        sources.append((type, ToneSource(periodFrames: Int(ns * 48_000 / 1_000_000_000), realtime: realtime)))
+                    } else {
+                        sources.append((type, ToneSource(realtime: realtime)))
+                    }
+                case .none:
+                    break
+                case .pipeWire(let target):
+                    sources.append((type, try pipeWireAudioSource(target, periodNanoseconds: audioPeriodNanoseconds)))
+                case .systemDefault:
+                    if PipeWireAudioGraph.serverAnswers {
+                        sources.append((type, try pipeWireAudioSource(.defaultSource, periodNanoseconds: audioPeriodNanoseconds)))
+                    } else {
+                        sources.append((type, try alsaSource(name: "default", periodNanoseconds: audioPeriodNanoseconds)))
+                    }
+                case .alsa(let name):
+                    sources.append((type, try alsaSource(name: name, periodNanoseconds: audioPeriodNanoseconds)))
+                }
+            } catch {
+                throw blame(option, error)
+            }
+        }
+        if sources.isEmpty && !videoLeftOut {
+            throw OptionError(
+                Options.video.name, "nothing to capture: --video, --audio-mic and --audio-app are all 'none'",
+                others: [Options.audioMic.name, Options.audioApp.name])
+        }
+        return sources
+    }
+}

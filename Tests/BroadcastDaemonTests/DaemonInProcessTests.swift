@@ -1,0 +1,330 @@
+import BroadcastKit
+import BroadcastService
+import Foundation
+import Logging
+import Testing
+
+@testable import BroadcastDaemon
+
+/// The daemon run from the library in this process: started, driven over its control socket,
+/// reloaded with changed outputs and shut down, without spawning `broadcast`.
+@Suite(.serialized) struct DaemonInProcessTests {
+    @Test func startReloadAndStopInProcess() async throws {
+        let dir = try TestDirectory()
+        defer { dir.remove() }
+        let socket = dir.path("control.sock")
+        let file = dir.path("daemon.toml")
+        func write(outputs: [String]) throws {
+            var text = """
+                [video]
+                source = "test"
+                size = "320x180"
+                [audio]
+                mic = "test"
+                [control]
+                socket = "\(socket)"
+
+                """
+            for name in outputs { text += "[[output]]\nname = \"\(name)\"\npath = \"\(dir.path("\(name).mkv"))\"\n" }
+            try text.write(toFile: file, atomically: true, encoding: .utf8)
+        }
+        try write(outputs: ["rec", "old"])
+        let daemon = Daemon(
+            configuration: try DaemonConfiguration.load(path: file, environment: [:]), environment: { [:] },
+            metrics: DaemonMetrics(), notifier: SystemdNotifier(environment: [:]), logger: quietLogger)
+        let running = Task { try await daemon.run() }
+        let client = ControlClient(socketPath: socket)
+
+        // Start: both outputs record.
+        let started = try await poll("both outputs recording") { () -> JSONValue? in
+            guard let status = Self.status(client), Self.outputStates(status) == ["old": "recording", "rec": "recording"] else { return nil }
+            return status
+        }
+        #expect(started["state"]?.stringValue == "started", "\(started.serialized())")
+
+        // The recording has media in it before the reload.
+        let beforeReload = try await poll("media before the reload") { () -> Double? in
+            guard let media = Self.status(client)?["media_seconds"]?.numberValue, media >= 1 else { return nil }
+            return media
+        }
+
+        // Control: pause one output over the socket; the other goes on.
+        let paused = try client.send(method: "POST", path: "/v1/outputs/old/pause")
+        #expect(paused.status == 200, "\(String(decoding: paused.body, as: UTF8.self))")
+        let pausedStatus = try #require(Self.status(client))
+        #expect(Self.outputPaused(pausedStatus) == ["old": true, "rec": false], "\(pausedStatus.serialized())")
+
+        // Reload: "extra" added, "old" removed, "rec" untouched.
+        try write(outputs: ["rec", "extra"])
+        daemon.reload()
+        _ = try await poll("extra added and old removed") { () -> Bool? in
+            guard let status = Self.status(client), Self.outputStates(status) == ["extra": "recording", "rec": "recording"] else { return nil }
+            return true
+        }
+        let afterReload = try await poll("media after the reload") { () -> Double? in
+            guard let media = Self.status(client)?["media_seconds"]?.numberValue, media >= beforeReload + 1 else { return nil }
+            return media
+        }
+
+        // A reload of a broken config changes nothing: the outputs go on as they were.
+        let good = try String(contentsOfFile: file, encoding: .utf8)
+        try good.replacingOccurrences(of: "size = \"320x180\"", with: "size = \"320x181\"").write(toFile: file, atomically: true, encoding: .utf8)
+        daemon.reload()
+        #expect(Self.status(client).map(Self.outputStates) == ["extra": "recording", "rec": "recording"])
+
+        // Stop: run() returns once the files are finished.
+        await daemon.shutdown()
+        try await running.value
+        #expect(daemon.lastFailure == nil, "\(daemon.lastFailure ?? "")")
+
+        // rec went on in one file across the reload: no second file beside it, and it holds the
+        // media recorded before the reload and after it.
+        let files = try FileManager.default.contentsOfDirectory(atPath: dir.url.path).filter { $0.hasSuffix(".mkv") }.sorted()
+        #expect(files == ["extra.mkv", "old.mkv", "rec.mkv"], "\(files)")
+        let recorded = try mediaDuration(dir.path("rec.mkv"))
+        #expect(recorded >= afterReload - 0.1, "rec.mkv holds \(recorded) s, the broadcast had \(afterReload) s at the reload's check")
+        // Without a gap: a frame every 1/30 s from start to end (constant frame rate).
+        let times = try packetTimes(dir.path("rec.mkv"), stream: "v:0")
+        let gaps = zip(times, times.dropFirst()).map { $1 - $0 }
+        #expect((gaps.max() ?? 1) < 2.0 / 30, "largest gap between frames of rec.mkv: \(gaps.max() ?? 0) s")
+        // The others are playable too (finished by the removal and by the stop).
+        for name in ["old.mkv", "extra.mkv"] {
+            #expect(try mediaDuration(dir.path(name)) > 0, "\(name) is not playable")
+        }
+    }
+
+    @Test func aShutdownBeforeTheStartEndsTheRun() async throws {
+        let dir = try TestDirectory()
+        defer { dir.remove() }
+        let file = dir.path("daemon.toml")
+        try """
+            [video]
+            size = "320x180"
+            [control]
+            socket = "\(dir.path("c.sock"))"
+            [daemon]
+            autostart = false
+            [[output]]
+            name = "rec"
+            path = "\(dir.path("rec.mkv"))"
+            """.write(toFile: file, atomically: true, encoding: .utf8)
+        let daemon = Daemon(
+            configuration: try DaemonConfiguration.load(path: file, environment: [:]), environment: { [:] },
+            metrics: DaemonMetrics(), notifier: SystemdNotifier(environment: [:]), logger: quietLogger)
+        await daemon.shutdown()
+        try await daemon.run()
+        #expect(!FileManager.default.fileExists(atPath: dir.path("rec.mkv")))
+    }
+
+    static func status(_ client: ControlClient) -> JSONValue? {
+        guard let reply = try? client.send(method: "GET", path: "/v1/status"), reply.status == 200 else { return nil }
+        return JSONValue.parse(String(decoding: reply.body, as: UTF8.self))
+    }
+
+    /// Output name → paused.
+    static func outputPaused(_ status: JSONValue) -> [String: Bool] {
+        guard case .array(let outputs)? = status["outputs"] else { return [:] }
+        var paused: [String: Bool] = [:]
+        for output in outputs {
+            if let name = output["name"]?.stringValue, case .bool(let value)? = output["paused"] { paused[name] = value }
+        }
+        return paused
+    }
+
+    /// Output name → state.
+    static func outputStates(_ status: JSONValue) -> [String: String] {
+        guard case .array(let outputs)? = status["outputs"] else { return [:] }
+        var states: [String: String] = [:]
+        for output in outputs {
+            if let name = output["name"]?.stringValue { states[name] = output["state"]?.stringValue ?? "?" }
+        }
+        return states
+    }
+}
+
+/// Config errors from the library: typed file, line and key, from the document's own positions.
+@Suite struct DaemonConfigurationTests {
+    @Test(arguments: [
+        ("[video]\nsize = \"320x180\"\nfps = 0", 3, "video.fps", "invalid value '0'"),
+        ("[encoder]\npreset = \"warp\"", 2, "encoder.preset", "unknown encoder.preset 'warp'"),
+        ("[video]\nsize = \"320x180\"\n\n[audio]\nperiod = \"1s\"", 5, "audio.period", "invalid value '1s': must be from 2ms to 200ms"),
+        ("[video]\nsource = \"/dev/nothing-here\"", 2, "video.source", "no video device /dev/nothing-here"),
+        ("[limits]\nmemory = \"12M\"", 2, "limits.memory", "'12M': expected a size from 16M to 1T"),
+        ("[video]\nsize = \"320x180\"\n[encoder]\nframe_rate_mode = \"vfr\"\n[[output]]\nname = \"live\"\nurl = \"rtmp://127.0.0.1/live/x\"",
+         4, "encoder.frame_rate_mode", "encoder.frame_rate_mode vfr is for files only"),
+    ] as [(String, Int, String, String)])
+    func aConfigErrorNamesFileLineAndKey(text: String, line: Int, key: String, message: String) throws {
+        let dir = try TestDirectory()
+        defer { dir.remove() }
+        let file = dir.path("bad.toml")
+        try (text + "\n[[output]]\nname = \"a\"\npath = \"\(dir.path("a.mkv"))\"\n").write(toFile: file, atomically: true, encoding: .utf8)
+        do {
+            _ = try DaemonConfiguration.load(path: file, environment: [:])
+            Issue.record("\(text) was accepted")
+        } catch {
+            #expect(error.file == file)
+            #expect(error.line == line, "\(error)")
+            #expect(error.key == key, "\(error)")
+            #expect(error.message.contains(message), "\(error)")
+            #expect(error.description.hasPrefix("\(file):\(line): \(key): "), "\(error)")
+        }
+    }
+
+    /// The flag and the key of one option go through one parser: the same text is accepted or
+    /// refused by both, each naming itself.
+    @Test func flagAndKeyShareOneParser() throws {
+        #expect(throws: OptionError.self) { try Options.size.parse("12x") }
+        do {
+            _ = try Options.size.parse("12x")
+        } catch {
+            #expect(error.description == "invalid --size '12x': expected WIDTHxHEIGHT, e.g. 1280x720")
+            #expect(error.configMessage == "invalid value '12x': expected WIDTHxHEIGHT, e.g. 1280x720")
+        }
+        #expect(try Options.size.parse("320x180") == VideoSize(width: 320, height: 180))
+        // Every [video], [audio], [encoder] and [limits] key is one option's key.
+        for (table, settings) in DaemonConfiguration.optionKeys {
+            for (key, setting) in settings {
+                #expect(setting.name.key == "\(table).\(key)")
+                #expect(setting.name.flag.hasPrefix("--"))
+            }
+        }
+        let keys = DaemonConfiguration.optionKeys.values.flatMap { $0.values.map(\.name.flag) }
+        #expect(Set(keys).count == keys.count, "two keys set one flag")
+    }
+
+    @Test func theConfigIsTyped() throws {
+        let dir = try TestDirectory()
+        defer { dir.remove() }
+        let file = dir.path("ok.toml")
+        try """
+            [video]
+            size = "320x180"
+            fps = "30000/1001"
+            [encoder]
+            video_bitrate = "2500k"
+            tune = "none"
+            rate_control = "crf"
+            crf = 20
+            [limits]
+            memory = "1G"
+            [[output]]
+            name = "a"
+            path = "\(dir.path("a.mkv"))"
+            """.write(toFile: file, atomically: true, encoding: .utf8)
+        let config = try DaemonConfiguration.load(path: file, environment: [:])
+        #expect(config.sources.size == VideoSize(width: 320, height: 180))
+        #expect(config.sources.frameRate.numerator == 30000 && config.sources.frameRate.denominator == 1001)
+        #expect(config.encoder.videoBitrate == 2_500_000)
+        #expect(config.encoder.tune == nil)
+        #expect(config.encoder.rateControl == .crf && config.encoder.crf == 20)
+        #expect(config.memoryBudget == 1 << 30)
+        #expect(config.outputs.map(\.name) == ["a"])
+        #expect(config.lines["video.fps"] == 3)
+    }
+}
+
+/// Every option refuses nonsense in the command line's words and, said about its key, without
+/// its flag: the config never shows a flag the user did not write.
+@Suite struct OptionSpecTests {
+    static func check<Value>(_ spec: OptionSpec<Value>) -> (OptionName, (String) throws -> Void) {
+        (spec.name, { _ = try spec.parse($0) })
+    }
+
+    static var all: [(OptionName, (String) throws -> Void)] { [
+        check(Options.video), check(Options.audioMic), check(Options.audioApp), check(Options.audioPeriod),
+        check(Options.size), check(Options.fps), check(Options.videoInput), check(Options.videoFormat),
+        check(Options.videoBitrate), check(Options.audioBitrate), check(Options.encoder), check(Options.preset),
+        check(Options.tune), check(Options.rateControl), check(Options.crf), check(Options.keyframeInterval),
+        check(Options.frameRateMode), check(Options.profile), check(Options.threads), check(Options.memoryBudget),
+    ] }
+
+    @Test func nonsenseIsRefusedInEachSpelling() {
+        for (name, parse) in Self.all {
+            do {
+                try parse("no such value!")
+                Issue.record("\(name.flag) accepted 'no such value!'")
+            } catch let error as OptionError {
+                #expect(error.option == name)
+                #expect(error.description.contains(name.flag), "\(error.description)")
+                #expect(!error.configMessage.contains(name.flag), "\(error.configMessage)")
+                #expect(error.configMessage.contains("no such value!"), "\(error.configMessage)")
+            } catch {
+                Issue.record("\(name.flag): \(error) is not an OptionError")
+            }
+        }
+    }
+
+    @Test func defaultsParse() {
+        // The settings' defaults are the specs' default texts, parsed (a bad one would trap here).
+        let sources = SourceSettings()
+        #expect(sources.video == .test(bt601: nil, stallAfter: nil) && sources.audioApp == AudioSourceSpec.none)
+        #expect(sources.frameRate.numerator == 30 && sources.frameRate.denominator == 1)
+        #expect(sources.audioPeriodNanoseconds == 21_000_000)
+        let encoder = EncoderSettings()
+        #expect(encoder.videoBitrate == 3_000_000 && encoder.audioBitrate == 128_000 && encoder.crf == 23)
+        #expect(encoder.tune == "zerolatency" && encoder.preset == "veryfast" && encoder.keyframeInterval.seconds == 2)
+    }
+}
+
+// MARK: Support
+
+/// Warnings and errors only: the daemon's info lines would bury the test output.
+let quietLogger: Logger = {
+    var logger = Logger(label: "test.daemon")
+    logger.logLevel = .warning
+    return logger
+}()
+
+struct TestDirectory {
+    let url: URL
+
+    init() throws {
+        url = FileManager.default.temporaryDirectory.appendingPathComponent("broadcast-daemon-test-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+    }
+
+    func path(_ name: String) -> String { url.appendingPathComponent(name).path }
+
+    /// Removes only this test's own directory.
+    func remove() { try? FileManager.default.removeItem(at: url) }
+}
+
+struct Timeout: Error, CustomStringConvertible {
+    let what: String
+    var description: String { "timed out waiting for \(what)" }
+}
+
+/// Polls `condition` every 100 ms until it gives a value; generous (a busy machine is slow), and
+/// the wait ends as soon as the condition holds.
+func poll<T>(_ what: String, seconds: Double = 300, _ condition: () -> T?) async throws -> T {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if let value = condition() { return value }
+        try await Task.sleep(for: .milliseconds(100))
+    }
+    throw Timeout(what: what)
+}
+
+/// The container's duration in seconds, as ffprobe reads it (0 when it cannot).
+func mediaDuration(_ path: String) throws -> Double {
+    Double(try ffprobe(["-show_entries", "format=duration", "-of", "csv=p=0", path]).trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0
+}
+
+/// Presentation times (s) of every packet of one stream ("v:0" or "a:0"), in order.
+func packetTimes(_ path: String, stream: String) throws -> [Double] {
+    try ffprobe(["-select_streams", stream, "-show_entries", "packet=pts_time", "-of", "csv=p=0", path])
+        .split(separator: "\n").compactMap { Double($0.trimmingCharacters(in: CharacterSet(charactersIn: " ,"))) }.sorted()
+}
+
+/// What ffprobe prints on standard output (errors only on standard error).
+func ffprobe(_ arguments: [String]) throws -> String {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: "/usr/bin/ffprobe")
+    process.arguments = ["-v", "error"] + arguments
+    let pipe = Pipe()
+    process.standardOutput = pipe
+    try process.run()
+    let data = pipe.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    return String(decoding: data, as: UTF8.self)
+}
