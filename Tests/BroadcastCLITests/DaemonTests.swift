@@ -196,14 +196,14 @@ final class NotifyListener: @unchecked Sendable {
         let notify = try NotifyListener(directory: dir)
         let daemon = try startDaemon(dir, config: config(dir, video: "test:stall-after=4s"), notify: notify, watchdogMicroseconds: 1_000_000)
         defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
-        let start = Date()
         let early = notify.wait(for: "READY=1", seconds: 20)
         #expect(early.contains { $0.contains("READY=1") })
         let flowing = notify.receive(for: 2.5).filter { $0 == "WATCHDOG=1" }.count
         #expect(flowing >= 3, "pings while frames flow: \(flowing)")
-        // Capture hangs 4 s in; leave a second for the last ping in flight.
-        let wait = 5.5 - Date().timeIntervalSince(start)
-        if wait > 0 { _ = notify.receive(for: wait) }
+        // Capture hangs 4 s in. Once the daemon has seen it (on a busy host that is later than 4 s
+        // after READY), and the last ping in flight is in, there is none.
+        #expect(daemon.waitForStderr(timeout: 60) { $0.contains("no frames since the last check") }, "the stall was not noticed")
+        _ = notify.receive(for: 0.6)
         let stalled = notify.receive(for: 3).filter { $0 == "WATCHDOG=1" }.count
         #expect(stalled == 0, "pings after capture stalled: \(stalled)")
     }
@@ -237,8 +237,15 @@ final class NotifyListener: @unchecked Sendable {
         // About 4 s recorded around a 2 s pause: no gap between frames, audio continuous.
         let video = try packetTimes(dir.path("rec.mkv"), stream: "v:0")
         #expect(video.count > 90, "\(video.count) frames")
+        // At the resume the next frame is between one and two periods after the last one before the
+        // pause (Matroska keeps milliseconds: 66.7 can read 67). A longer gap is a frame missing,
+        // which only a drop the daemon counted (a busy host: the source had no free buffer) explains.
+        daemon.signal(SIGTERM)
+        let exited = daemon.wait(timeout: 30)
         let gaps = zip(video, video.dropFirst()).map { $1 - $0 }
-        #expect((gaps.max() ?? 1) < 2 * Self.frame, "a gap of \(gaps.max() ?? 0) s")
+        let missing = gaps.filter { $0 > 2 * Self.frame + 0.0015 }.map { Int(($0 / Self.frame).rounded()) - 1 }.reduce(0, +)
+        let counted = countedVideoDrops(exited.stderr)
+        #expect(missing <= counted, "\(missing) frames missing in gaps up to \(gaps.max() ?? 0) s; \(counted) dropped by the daemon's count")
         try expectDecodesCleanly(dir.path("rec.mkv"))
     }
 
@@ -403,9 +410,10 @@ func waitUntilRecording(_ socket: String) throws -> String {
         let rec = try packetTimes(dir.path("rec.mkv"), stream: "v:0")
         let archive = try packetTimes(dir.path("archive.mkv"), stream: "v:0")
         let recGaps = zip(rec, rec.dropFirst()).map { $1 - $0 }
-        #expect((recGaps.max() ?? 1) < 2 * Self.frame, "the paused recording has a gap of \(recGaps.max() ?? 0) s")
+        // Under two periods (Matroska keeps milliseconds: 66.7 can read 67).
+        #expect((recGaps.max() ?? 1) < 2 * Self.frame + 0.0015, "the paused recording has a gap of \(recGaps.max() ?? 0) s")
         let archiveGaps = zip(archive, archive.dropFirst()).map { $1 - $0 }
-        #expect((archiveGaps.max() ?? 1) < 2 * Self.frame)
+        #expect((archiveGaps.max() ?? 1) < 2 * Self.frame + 0.0015)
         // The paused one lacks the pause (up to a keyframe interval, 2 s, more: it resumes on a
         // keyframe), the other has it all.
         let seconds = { (d: Duration) in Double(d.components.seconds) + Double(d.components.attoseconds) * 1e-18 }

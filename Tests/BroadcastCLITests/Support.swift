@@ -232,3 +232,18 @@ func mp4TopLevelBoxes(_ path: String) throws -> [String] {
     }
     return boxes
 }
+
+/// Video frames the session said it dropped before the handler (no free buffer at the source, a full
+/// queue): the sum over the "video: N delivered, ...; dropped: A queue full, B by the source" lines
+/// of a log.
+func countedVideoDrops(_ log: String) -> Int {
+    var total = 0
+    for line in log.split(separator: "\n") {
+        guard let at = line.range(of: "video: "), let dropped = line[at.upperBound...].range(of: "dropped: ") else { continue }
+        let counts = line[dropped.upperBound...].components(separatedBy: ", ")
+        for (count, reason) in zip(counts, ["queue full", "by the source"]) where count.hasSuffix(reason) {
+            total += Int(count.split(separator: " ").first ?? "") ?? 0
+        }
+    }
+    return total
+}
