@@ -95,7 +95,9 @@ struct DaemonConfig {
     /// Where each flag came from, to point errors found by the shared option parsing at the config.
     private var flagOrigins: [String: (key: String, line: Int, value: String)] = [:]
 
-    static func load(path: String, environment: [String: String]) throws -> DaemonConfig {
+    /// `openingDevices: false` (a reload while a broadcast holds the devices): the sources' values
+    /// are checked but nothing is opened; `SourceReload` opens what changed.
+    static func load(path: String, environment: [String: String], openingDevices: Bool = true) throws -> DaemonConfig {
         let text: String
         switch readFile(path) {
         case .success(let contents): text = contents
@@ -114,7 +116,7 @@ struct DaemonConfig {
                 file: path, line: tcp, key: "control.tcp",
                 message: "a TCP control listener needs a token: set control.token (at least 16 characters, e.g. \"${credential:control-token}\")")
         }
-        try config.check()
+        try config.check(openingDevices: openingDevices)
         // Nothing to do is a mistake, not a service: refuse before any socket or file exists.
         if config.outputs.isEmpty {
             let lines = text.split(omittingEmptySubsequences: false, whereSeparator: { $0 == "\n" || $0 == "\r\n" })
@@ -369,10 +371,10 @@ struct DaemonConfig {
     /// or cannot do what the config asks. Not the ScreenCast portal: asking it is a Start (a prompt
     /// on a desktop with a chooser, a restore token spent), so it is asked once, when the broadcast
     /// starts; a refusal there is exit 2 too.
-    private func check() throws {
-        let sources = try parse(SourceOptions.self, sourceArguments, openDevices: true)
+    private func check(openingDevices: Bool = true) throws {
+        let sources = try parse(SourceOptions.self, sourceArguments, openDevices: openingDevices)
         let encoder = try encoderOptions()
-        try checkMemory(sources: sources, encoder: encoder)
+        try checkMemory(sources: sources, encoder: encoder, openingDevices: openingDevices)
     }
 
     /// The budget the broadcast runs within: [limits] memory, else the default.
@@ -383,8 +385,8 @@ struct DaemonConfig {
 
     /// Refuses a config whose broadcast cannot fit its memory budget, naming [limits] memory (or
     /// the video size when the budget is the default) with what it needs.
-    private func checkMemory(sources: SourceOptions, encoder: EncoderOptions) throws {
-        let opened = (try? sources.makeSources(openingPortal: false)) ?? []
+    private func checkMemory(sources: SourceOptions, encoder: EncoderOptions, openingDevices: Bool = true) throws {
+        let opened = openingDevices ? (try? sources.makeSources(openingPortal: false)) ?? [] : []
         let size = try sources.videoSize()
         let outputs = self.outputs.map { output -> OutputConfiguration in
             switch output.kind {

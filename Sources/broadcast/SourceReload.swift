@@ -1,0 +1,144 @@
+import BroadcastCapture
+import BroadcastKit
+import Logging
+
+/// What a reload does to a running broadcast's sources.
+///
+/// A source whose spec did not change is not opened again: a V4L2 device or an ALSA `hw:` PCM the
+/// running broadcast holds would refuse (EBUSY). A changed source is validated before anything
+/// changes: opened at once when it names another device than the running one (an error refuses the
+/// whole reload), or, when it names the same device (another input, format or period of
+/// `/dev/video0`), only its values are checked, and it is opened after the old one stopped (a
+/// failure there puts the old settings back). A change the encoder cannot take live (video size or
+/// rate) or one that adds or removes a type waits for the next start.
+struct SourceReload {
+    struct Replacement {
+        var type: SampleBufferType
+        var was: String
+        var now: String
+        /// Opened at validation (a device the running broadcast does not hold); nil: opened after
+        /// the old source stopped.
+        var opened: (any CaptureSource)?
+    }
+
+    var replacements: [Replacement] = []
+    /// Changes a running broadcast cannot take, one sentence each: they apply at its next start.
+    var deferred: [String] = []
+    let running: SourceOptions
+    let fresh: SourceOptions
+
+    /// Compares what runs (`running`, capturing `types`) with the reloaded config's `fresh`, and
+    /// opens what changed where it can. Throws (the reload is refused) when a changed source
+    /// cannot be opened.
+    init(running: SourceOptions, types: Set<SampleBufferType>, fresh: SourceOptions, logger: Logger) throws {
+        self.running = running
+        self.fresh = fresh
+        let oldSize = try running.videoSize(), newSize = try fresh.videoSize()
+        let oldRate = try running.frameRate(), newRate = try fresh.frameRate()
+        let geometryChanged = oldSize != newSize || oldRate != newRate
+        if geometryChanged {
+            deferred.append(
+                "[video] size/fps \(oldSize.width)x\(oldSize.height) @ \(oldRate.numerator)/\(oldRate.denominator) → \(newSize.width)x\(newSize.height) @ \(newRate.numerator)/\(newRate.denominator): the encoder's size and rate cannot change while it runs; this applies at the next start")
+        }
+        for type in [SampleBufferType.video, .audioMic, .audioApp] {
+            let was = Self.spec(running, type), now = Self.spec(fresh, type)
+            guard was != now else { continue }
+            let wasValue = Self.value(running, type), nowValue = Self.value(fresh, type)
+            if type == .video && geometryChanged {
+                deferred.append("[video] source \(was) → \(now): waits for the size/fps change, at the next start")
+            } else if !types.contains(type) || nowValue == "none" || wasValue == "none" {
+                deferred.append("\(Self.key(type)) \(was) → \(now): a running broadcast's kinds of media are fixed; this applies at the next start")
+            } else if nowValue == wasValue || Self.isPortalOrPipeWire(nowValue) {
+                // The same device (another input, format or period): it is free only once the old
+                // source stopped. (The portal is asked only when the source is made: each ask is a Start.)
+                replacements.append(Replacement(type: type, was: was, now: now, opened: nil))
+            } else {
+                do {
+                    replacements.append(Replacement(type: type, was: was, now: now, opened: try Self.build(type, from: fresh, logger: logger)))
+                } catch {
+                    throw ValueError("\(Self.key(type)) \(now): \(error)")
+                }
+            }
+        }
+    }
+
+    /// Swaps each changed source in the running session, one at a time (the others and the
+    /// outputs go on); returns the source options the broadcast then runs with.
+    func apply(to session: BroadcastSession, logger: Logger) -> SourceOptions {
+        var applied = running
+        for replacement in replacements {
+            let (type, fresh, running) = (replacement.type, self.fresh, self.running)
+            do {
+                try session.replaceSource(
+                    of: type,
+                    with: { try replacement.opened ?? Self.build(type, from: fresh, logger: logger) },
+                    fallback: { try Self.build(type, from: running, logger: logger) })
+                Self.copy(type, from: fresh, into: &applied)
+                logger.notice("reload: \(type) source now \(replacement.now) (was \(replacement.was)); the other sources and the outputs went on")
+            } catch {
+                logger.error("reload: \(type) source not changed to \(replacement.now): \(error)")
+            }
+        }
+        for sentence in deferred { logger.warning("reload: \(sentence)") }
+        return applied
+    }
+
+    /// The config key a type comes from.
+    static func key(_ type: SampleBufferType) -> String {
+        switch type {
+        case .video: "[video] source"
+        case .audioMic: "[audio] mic"
+        case .audioApp: "[audio] app"
+        }
+    }
+
+    static func value(_ options: SourceOptions, _ type: SampleBufferType) -> String {
+        switch type {
+        case .video: options.video
+        case .audioMic: options.audioMic
+        case .audioApp: options.audioApp
+        }
+    }
+
+    /// What a type's source is made from, as one comparable line (the period matters only to a device).
+    static func spec(_ options: SourceOptions, _ type: SampleBufferType) -> String {
+        let value = value(options, type)
+        switch type {
+        case .video:
+            return value + (options.videoInput.map { " input \($0)" } ?? "") + (options.videoFormat.map { " format \($0)" } ?? "")
+        case .audioMic, .audioApp:
+            return value == "none" || value.hasPrefix("test") ? value : "\(value) period \(options.audioPeriod)"
+        }
+    }
+
+    static func isPortalOrPipeWire(_ value: String) -> Bool {
+        PipeWireVideoSpec.matches(value) || value.hasPrefix("pipewire:") || value == "desktop" || value.hasPrefix("app:") || value == "default"
+    }
+
+    /// Opens the source of `type` alone, as `options` describe it.
+    static func build(_ type: SampleBufferType, from options: SourceOptions, logger: Logger) throws -> any CaptureSource {
+        var single = options
+        if type != .video { single.video = "none" }
+        if type != .audioMic { single.audioMic = "none" }
+        if type != .audioApp { single.audioApp = "none" }
+        guard let source = try single.makeSources(logger: logger).first(where: { $0.type == type })?.source else {
+            throw ValueError("\(key(type)) \(value(options, type)): no source to capture")
+        }
+        return source
+    }
+
+    static func copy(_ type: SampleBufferType, from options: SourceOptions, into applied: inout SourceOptions) {
+        switch type {
+        case .video:
+            applied.video = options.video
+            applied.videoInput = options.videoInput
+            applied.videoFormat = options.videoFormat
+        case .audioMic:
+            applied.audioMic = options.audioMic
+            applied.audioPeriod = options.audioPeriod
+        case .audioApp:
+            applied.audioApp = options.audioApp
+            applied.audioPeriod = options.audioPeriod
+        }
+    }
+}
