@@ -313,12 +313,15 @@ check "daemon: a tone playing into hw:Loopback,0,0" wait_playback 0
 check "daemon: another playing into hw:Loopback,0,1" wait_playback 1
 mkdir -p /run/bc
 S=/run/bc/d.sock
-# $1: the microphone; $2: "extra" for a second recording.
+# $1: the microphone; $2: "extra" for a second recording; $3: the video format, if any.
 daemon_config() {
+    format_line=""
+    [ -n "${3:-}" ] && format_line="format = \"$3\""
     cat > daemon.toml <<CONF
 [video]
 source = "/dev/video0"
 input = 0
+$format_line
 size = "320x180"
 fps = $FPS
 [audio]
@@ -342,6 +345,7 @@ daemon_config hw:Loopback,1,0
 daemon=$!
 check "daemon: started capturing vivid and hw:Loopback,1,0" wait_log daemon.log 'broadcast started'
 sleep 4
+echo "before the reloads: $(curl -s --unix-socket $S http://localhost/v1/status | jq -c '.types')"
 daemon_config hw:Loopback,1,0 extra
 kill -HUP $daemon
 check "daemon: reload adds an output while the devices capture" wait_log daemon.log 'outputs now rec, extra'
@@ -352,6 +356,7 @@ wait_log daemon.log 'output extra removed'
 check "daemon: reload removes it again" wait_log daemon.log 'config reloaded; outputs now rec$'
 sleep 2
 before=$(video_delivered)
+echo "before the swap: $(curl -s --unix-socket $S http://localhost/v1/status | jq -c '.types')"
 daemon_config hw:Loopback,1,1
 kill -HUP $daemon
 check "daemon: reload swaps the microphone to hw:Loopback,1,1 alone" wait_log daemon.log 'audioMic source now hw:Loopback,1,1'
@@ -365,11 +370,22 @@ echo "video delivered: $before before the swap, $after $(echo "$t1 - $t0" | bc) 
 # driver runs late on a starved guest, which its own figures at the end show).
 check "daemon: video goes on across the microphone swap ($before -> $after)" \
     sh -c "[ $((${after:-0} - ${before:-0})) -ge $(echo "($t1 - $t0) * $FPS / 2" | bc) ]"
+# The same device with another pixel format: it can only be opened once the old capture stopped.
+daemon_config hw:Loopback,1,1 "" YU12
+kill -HUP $daemon
+check "daemon: reload changes vivid's format to YU12 (stopped, reopened)" wait_log daemon.log 'video source now /dev/video0 input 0 format YU12'
+before=$(video_delivered)
+t0=$(cut -d' ' -f1 /proc/uptime)
+sleep 3
+after=$(video_delivered)
+t1=$(cut -d' ' -f1 /proc/uptime)
+check "daemon: video captured in YU12 after the change ($before -> $after)" \
+    sh -c "[ $((${after:-0} - ${before:-0})) -ge $(echo "($t1 - $t0) * $FPS / 2" | bc) ]"
 kill -TERM $daemon; wait $daemon; rc=$?
 kill $player $player2 2>/dev/null; wait $player $player2 2>/dev/null
 # Recorded in guest RAM (the daemon locks its directories; 9p is not the place), copied out to check.
 cp /run/bc/daemon-rec.mp4 /run/bc/daemon-extra.mp4 . 2>/dev/null
-grep -E 'reload|SIGHUP|output|capturing|error|delivered|encoded' daemon.log | sed 's/^[^]]*\] //' | head -30
+grep -E 'reload|SIGHUP|output|capturing|error|delivered|encoded' daemon.log | head -30
 check "daemon: exits 0" [ "$rc" = 0 ]
 check "daemon: no reload refused" sh -c "! grep -q 'config not reloaded' daemon.log"
 # No frame lost in the running recording: every frame the session delivered is in the file, and the
@@ -383,8 +399,12 @@ captured=$(sed -n 's/.*\/dev\/video0: \([0-9]*\) frames delivered.*/\1/p' daemon
 figures daemon.log
 echo "daemon-rec.mp4: $n frames; the session delivered ${delivered:-?}, dropped ${queue_full:-?} (queue full); the source captured ${captured:-?}; intervals $(intervals daemon-rec.mp4)"
 check "daemon: every frame the session delivered is in the recording ($n of ${delivered:-?})" [ "${n:-0}" = "${delivered:-x}" ]
-check "daemon: the session took every frame captured (${delivered:-?} + ${queue_full:-?} counted >= ${captured:-?} - 3)" \
-    sh -c "[ $((${delivered:-0} + ${queue_full:-0} + 3)) -ge ${captured:-999999} ]"
+# What the source handed over and the session neither delivered nor counted dropped is what was still
+# in its queue when SIGTERM finished the broadcast (a finish does not wait for the queue): at most the
+# queue's 64 buffers. Anything beyond would be frames lost unaccounted, e.g. by a reload.
+residue=$((${captured:-0} - ${delivered:-0} - ${queue_full:-0}))
+check "daemon: the session delivered or counted every frame captured, but the queue at the stop (${captured:-?} - ${delivered:-?} - ${queue_full:-?} = $residue <= 64)" \
+    sh -c "[ -n '${captured:-}' ] && [ $residue -ge 0 ] && [ $residue -le 64 ]"
 check "daemon: the driver produced >= $STARVED% of the recording's slots (else too starved to judge)" \
     sh -c "[ ${captured:-0} -ge $(echo "$(ffprobe -v error -show_entries format=duration -of csv=p=0 daemon-rec.mp4) * $FPS * $STARVED / 100" | bc) ]"
 check "daemon: the recording is ffprobe-clean" clean daemon-rec.mp4
