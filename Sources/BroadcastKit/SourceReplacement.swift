@@ -24,9 +24,13 @@ extension BroadcastSession {
     /// The handler sees the new source's buffers on the same timeline; nothing tells it of the
     /// change but a new format, if any (a handler converts per buffer).
     ///
-    /// `make` runs after the old source stopped, so it may open the device the old one held. When
-    /// `make` or the start fails, `fallback` (the old settings, built anew) is tried, and the
-    /// error is thrown either way; when the fallback fails too, the type has no source any more
+    /// `make` runs after the old source stopped and the session delivered what it had queued (at
+    /// most `patience`: a V4L2 device is busy until its buffers come back; 10 s covers a starved
+    /// machine's queue of 64 frames), so it may open the device the old one
+    /// held; a failure is retried for up to `patience` (the device may still be closing; the
+    /// fallback gets as long again). When `make` or
+    /// the start still fails, `fallback` (the old settings, built anew) is tried, and the error is
+    /// thrown either way; when the fallback fails too, the type has no source any more
     /// (its sink ends: the session goes on without it).
     ///
     /// Throws `illegalTransition` unless the broadcast runs (started or paused), and
@@ -35,8 +39,10 @@ extension BroadcastSession {
     public func replaceSource(
         of type: SampleBufferType,
         with make: () throws -> any CaptureSource,
-        fallback: (() throws -> any CaptureSource)? = nil
+        fallback: (() throws -> any CaptureSource)? = nil,
+        patience: Duration = .seconds(10)
     ) throws {
+        let patienceNanoseconds = patience.components.seconds * 1_000_000_000 + patience.components.attoseconds / 1_000_000_000
         try liveSources.withLock { live throws in
             guard live.started, !live.closed, state != .finished else {
                 throw BroadcastError(.illegalTransition, "cannot replace the \(type) source: the broadcast is \(state == .finished ? "finished" : "not running")")
@@ -54,22 +60,39 @@ extension BroadcastSession {
             old.stop()
             live.retiredDrops[type, default: 0] += old.droppedCount
             live.retiredLosses[type, default: 0] += old.health.deviceLosses
-            func startReplacement(_ build: () throws -> any CaptureSource) throws -> any CaptureSource {
-                let source = try build()
-                guard source.isRealtime == old.isRealtime else {
-                    throw BroadcastError(.invalidArgument, "cannot replace the \(type) source \(old.name) with \(source.name): one is realtime, the other not")
+            // A device stays busy while the session still holds buffers of the old capture (a V4L2
+            // stream is closed when its last buffer comes back): wait until the queue is delivered,
+            // and try again meanwhile, for up to `replacementPatience`.
+            let clock = MonotonicClock()
+            let drained = clock.now() + patienceNanoseconds
+            while !sink.ring.isEmpty && clock.now() < drained && state != .finished {
+                MonotonicClock.sleep(until: clock.now() + 2_000_000)
+            }
+            func startReplacement(_ build: () throws -> any CaptureSource, until deadline: Int64) throws -> any CaptureSource {
+                while true {
+                    do {
+                        let source = try build()
+                        guard source.isRealtime == old.isRealtime else {
+                            throw BroadcastError(.invalidArgument, "cannot replace the \(type) source \(old.name) with \(source.name): one is realtime, the other not")
+                        }
+                        try source.start(into: sink)
+                        return source
+                    } catch let error as BroadcastError where error.code == .invalidArgument && error.message.contains("realtime") {
+                        throw error
+                    } catch {
+                        if clock.now() >= deadline || state == .finished { throw error }
+                        MonotonicClock.sleep(until: clock.now() + 50_000_000)
+                    }
                 }
-                try source.start(into: sink)
-                return source
             }
             do {
-                live.entries[index].source = try startReplacement(make)
+                live.entries[index].source = try startReplacement(make, until: drained)
                 sourceGeneration.wrappingIncrement(ordering: .releasing)
             } catch {
                 logger.error("\(type) source: the replacement for \(old.name) failed: \(error)")
                 if let fallback {
                     do {
-                        live.entries[index].source = try startReplacement(fallback)
+                        live.entries[index].source = try startReplacement(fallback, until: clock.now() + patienceNanoseconds)
                         sourceGeneration.wrappingIncrement(ordering: .releasing)
                         logger.notice("\(type) source: back on \(live.entries[index].source.name)")
                     } catch {

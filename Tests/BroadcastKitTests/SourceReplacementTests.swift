@@ -115,7 +115,9 @@ final class ThreadedSource: CaptureSource, @unchecked Sendable {
         let session = BroadcastSession(handler: handler, sources: [(.video, video), (.audioMic, first)])
         let runner = SessionRunner(session)
         #expect(waitUntil { first.pushed.load(ordering: .relaxed) > 100 })
-        let error = #expect(throws: BroadcastError.self) { try session.replaceSource(of: .audioMic, with: { broken }, fallback: { again }) }
+        let error = #expect(throws: BroadcastError.self) {
+            try session.replaceSource(of: .audioMic, with: { broken }, fallback: { again }, patience: .zero)
+        }
         #expect(error?.message.contains("broken cannot start") == true)
         #expect(waitUntil { again.pushed.load(ordering: .relaxed) > 100 })
         // A type the session was not started with cannot be added by a replacement.
