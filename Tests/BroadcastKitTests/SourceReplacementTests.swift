@@ -62,7 +62,95 @@ final class ThreadedSource: CaptureSource, @unchecked Sendable {
     }
 }
 
+/// A device that, like a V4L2 node, is busy while buffers of an earlier capture are still out.
+final class ExclusiveDevice: Sendable {
+    let outstanding = ManagedAtomic<Int>(0)
+}
+
+/// A buffer's backing that gives the device's buffer back when the session releases it.
+final class DeviceBuffer: SampleBufferBacking, @unchecked Sendable {
+    let device: ExclusiveDevice
+    init(_ device: ExclusiveDevice) {
+        self.device = device
+        device.outstanding.wrappingIncrement(ordering: .relaxed)
+    }
+    func release() { device.outstanding.wrappingDecrement(ordering: .releasing) }
+}
+
+/// A source on an `ExclusiveDevice`: it cannot start while the device has buffers out.
+final class DeviceSource: CaptureSource, @unchecked Sendable {
+    let name: String
+    let isRealtime = false
+    let device: ExclusiveDevice
+    let producers: ProducerGuard
+    let pushed = ManagedAtomic<Int>(0)
+    private let running = ManagedAtomic<Bool>(false)
+    private var thread: OSThread?
+    private let bytes = Bytes(count: 64)
+
+    init(name: String, device: ExclusiveDevice, producers: ProducerGuard) {
+        self.name = name
+        self.device = device
+        self.producers = producers
+    }
+
+    func start(into sink: SourceSink) throws {
+        if device.outstanding.load(ordering: .acquiring) > 0 {
+            throw BroadcastError(.sourceFailed, "\(name): busy, \(device.outstanding.load(ordering: .relaxed)) buffers of the last capture still out")
+        }
+        running.store(true, ordering: .releasing)
+        let (device, producers, bytes, pushed, running) = (device, producers, bytes, pushed, running)
+        thread = OSThread(name: "test-fake") {
+            while running.load(ordering: .acquiring) && !sink.isStopping {
+                let time = sink.startTime + producers.nextCapture.loadThenWrappingIncrement(by: 33_333, ordering: .relaxed)
+                let ok = sink.push(
+                    CapturedBuffer(
+                        format: videoFormat, captureTime: time, duration: MediaTime(nanoseconds: 33_333),
+                        planes: [Plane(base: bytes.pointer, count: 16, bytesPerRow: 16)], backing: DeviceBuffer(device)))
+                if ok { pushed.wrappingIncrement(ordering: .relaxed) }
+            }
+        }
+    }
+
+    func stop() {
+        running.store(false, ordering: .releasing)
+        thread?.join()
+        thread = nil
+    }
+}
+
+/// A handler that takes its time over each buffer (an encoder on a slow machine).
+final class SlowHandler: BroadcastSampleHandler, @unchecked Sendable {
+    let delivered = ManagedAtomic<Int>(0)
+    func broadcastStarted(setupInfo: SetupInfo) throws {}
+    func processSampleBuffer(_ buffer: borrowing SampleBuffer, of type: SampleBufferType) throws {
+        MonotonicClock.sleep(until: MonotonicClock().now() + 1_000_000)
+        delivered.wrappingIncrement(ordering: .relaxed)
+    }
+    func broadcastFinished() {}
+}
+
 @Suite struct SourceReplacementTests {
+    /// The same device with other settings: it is busy until the session has delivered (and so
+    /// released) the old capture's queued buffers. The replacement waits for them instead of
+    /// failing (what the VM showed with vivid: EBUSY, the fallback busy too, no video any more).
+    @Test func aReplacementOnTheSameDeviceWaitsForItsBuffers() throws {
+        let device = ExclusiveDevice()
+        let producers = ProducerGuard()
+        let first = DeviceSource(name: "camera YUYV", device: device, producers: producers)
+        let second = DeviceSource(name: "camera YU12", device: device, producers: producers)
+        let handler = SlowHandler()
+        let session = BroadcastSession(handler: handler, sources: [(.video, first)], options: SessionOptions(queueCapacity: 16))
+        let runner = SessionRunner(session)
+        #expect(waitUntil { first.pushed.load(ordering: .relaxed) > 40 })
+        // The queue is full of the first capture's buffers now (the handler is slow).
+        try session.replaceSource(of: .video, with: { second })
+        #expect(waitUntil { second.pushed.load(ordering: .relaxed) > 20 })
+        try session.finish()
+        let summary = try runner.result().get()
+        #expect(summary.statistics[.video]?.droppedOutOfOrder == 0)
+        #expect(session.currentSources.first?.source === second)
+    }
     /// Video and microphone run; the microphone source is replaced twice while video goes on:
     /// every video buffer produced is delivered (none lost, none out of order), the new audio
     /// source feeds the same type on the same timeline, and the two audio producers never overlap.
