@@ -371,17 +371,17 @@ echo "video delivered: $before before the swap, $after $(echo "$t1 - $t0" | bc) 
 # of media against 7.6 before the first reload; a quiet one 57, as before it. Not judged here.)
 check "daemon: video goes on across the microphone swap ($before -> $after delivered)" \
     sh -c "[ ${after:-0} -gt ${before:-0} ] && curl -s --unix-socket $S http://localhost/v1/status | jq -e '.types.video.source_state == \"capturing\"' > /dev/null"
-# The same device with another pixel format: it can only be opened once the old capture stopped.
+# The same device with another pixel format: not reopened while it captures (a loaded run showed
+# vivid busy for 20 s after the old capture stopped, and then no video at all); it waits for the next
+# start, with a line saying so, and video goes on as it was.
 daemon_config hw:Loopback,1,1 "" YU12
-kill -HUP $daemon
-check "daemon: reload changes vivid's format to YU12 (stopped, reopened)" wait_log daemon.log 'video source now /dev/video0 input 0 format YU12'
 before=$(video_delivered)
-t0=$(cut -d' ' -f1 /proc/uptime)
+kill -HUP $daemon
+check "daemon: a format change of the capturing vivid waits for the next start" wait_log daemon.log 'format YU12: the same V4L2 device with other settings is not reopened'
 sleep 3
 after=$(video_delivered)
-t1=$(cut -d' ' -f1 /proc/uptime)
-check "daemon: video captured in YU12 after the change ($before -> $after delivered in $(echo "$t1 - $t0" | bc) s)" \
-    sh -c "[ ${after:-0} -gt ${before:-0} ] && grep -q 'capturing YU12 320x180' daemon.log"
+check "daemon: video goes on after it ($before -> $after delivered)" \
+    sh -c "[ ${after:-0} -gt ${before:-0} ] && ! grep -q 'capturing YU12' daemon.log"
 kill -TERM $daemon; wait $daemon; rc=$?
 kill $player $player2 2>/dev/null; wait $player $player2 2>/dev/null
 # Recorded in guest RAM (the daemon locks its directories; 9p is not the place), copied out to check.
