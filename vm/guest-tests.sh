@@ -299,6 +299,152 @@ check "drift: audio and video end together (${ad:-?} s, ${vd:-?} s)" awk -v a="$
 check "drift: ffprobe-clean" clean drift.mp4
 check "drift: audio is not silent ($v dB)" sh -c "[ -n '$v' ] && echo '$v > -30' | bc | grep -q 1"
 
+# ---------------------------------------------------------------------------------------------
+ts "8. daemon reload while capturing vivid + snd-aloop: an output added and removed, the microphone swapped"
+# Issue 14: a reload used to open every source again to validate the config, and a device the running
+# broadcast holds refuses (vivid: EBUSY; an ALSA hw: PCM: exclusive): "config not reloaded".
+[ -f tone.wav ] || ffmpeg -hide_banner -nostdin -loglevel error -f lavfi -i "sine=frequency=1000:sample_rate=48000:duration=60" -ac 2 -c:a pcm_s16le tone.wav
+[ -f tone440.wav ] || ffmpeg -nostdin -v error -f lavfi -i "sine=frequency=440:sample_rate=48000:duration=60" -ac 2 -y tone440.wav
+aplay -q -D hw:Loopback,0,0 tone.wav &
+player=$!
+aplay -q -D hw:Loopback,0,1 tone440.wav &
+player2=$!
+check "daemon: a tone playing into hw:Loopback,0,0" wait_playback 0
+check "daemon: another playing into hw:Loopback,0,1" wait_playback 1
+mkdir -p /run/bc
+S=/run/bc/d.sock
+# $1: the microphone; $2: "extra" for a second recording; $3: the video format, if any.
+daemon_config() {
+    format_line=""
+    [ -n "${3:-}" ] && format_line="format = \"$3\""
+    cat > daemon.toml <<CONF
+[video]
+source = "/dev/video0"
+input = 0
+$format_line
+size = "320x180"
+fps = $FPS
+[audio]
+mic = "$1"
+[encoder]
+preset = "ultrafast"
+keyframe_interval = "1s"
+[control]
+socket = "$S"
+[[output]]
+name = "rec"
+path = "/run/bc/daemon-rec.mp4"
+CONF
+    [ "${2:-}" = extra ] && printf '[[output]]\nname = "extra"\npath = "/run/bc/daemon-extra.mp4"\n' >> daemon.toml
+    return 0
+}
+# The session's video figures now: "delivered".
+video_delivered() { curl -s --unix-socket $S http://localhost/v1/status | jq -r '.types.video.delivered // 0'; }
+daemon_config hw:Loopback,1,0
+"$B" daemon --config daemon.toml --log-level info > daemon.log 2>&1 &
+daemon=$!
+check "daemon: started capturing vivid and hw:Loopback,1,0" wait_log daemon.log 'broadcast started'
+sleep 4
+echo "before the reloads: $(curl -s --unix-socket $S http://localhost/v1/status | jq -c '.types')"
+daemon_config hw:Loopback,1,0 extra
+kill -HUP $daemon
+check "daemon: reload adds an output while the devices capture" wait_log daemon.log 'outputs now rec, extra'
+sleep 5
+daemon_config hw:Loopback,1,0
+kill -HUP $daemon
+wait_log daemon.log 'output extra removed'
+check "daemon: reload removes it again" wait_log daemon.log 'config reloaded; outputs now rec$'
+sleep 2
+before=$(video_delivered)
+echo "before the swap: $(curl -s --unix-socket $S http://localhost/v1/status | jq -c '.types')"
+daemon_config hw:Loopback,1,1
+kill -HUP $daemon
+check "daemon: reload swaps the microphone to hw:Loopback,1,1 alone" wait_log daemon.log 'audioMic source now hw:Loopback,1,1'
+t0=$(cut -d' ' -f1 /proc/uptime)
+sleep 4
+after=$(video_delivered)
+t1=$(cut -d' ' -f1 /proc/uptime)
+late_now=$(curl -s --unix-socket $S http://localhost/v1/status | jq -c '.types')
+echo "video delivered: $before before the swap, $after $(echo "$t1 - $t0" | bc) s after it; $late_now"
+# Video keeps running across the swap: frames keep coming, from the same capture. (How many a
+# starved guest delivers is the emulator's: a loaded run delivered 9 in those seconds, 2.5 a second
+# of media against 7.6 before the first reload; a quiet one 57, as before it. Not judged here.)
+check "daemon: video goes on across the microphone swap ($before -> $after delivered)" \
+    sh -c "[ ${after:-0} -gt ${before:-0} ] && curl -s --unix-socket $S http://localhost/v1/status | jq -e '.types.video.source_state == \"capturing\"' > /dev/null"
+# The same device with another pixel format: not reopened while it captures (a loaded run showed
+# vivid busy for 20 s after the old capture stopped, and then no video at all); it waits for the next
+# start, with a line saying so, and video goes on as it was.
+daemon_config hw:Loopback,1,1 "" YU12
+before=$(video_delivered)
+kill -HUP $daemon
+check "daemon: a format change of the capturing vivid waits for the next start" wait_log daemon.log 'format YU12: the same V4L2 device with other settings is not reopened'
+sleep 3
+after=$(video_delivered)
+check "daemon: video goes on after it ($before -> $after delivered)" \
+    sh -c "[ ${after:-0} -gt ${before:-0} ] && ! grep -q 'capturing YU12' daemon.log"
+kill -TERM $daemon; wait $daemon; rc=$?
+kill $player $player2 2>/dev/null; wait $player $player2 2>/dev/null
+# Recorded in guest RAM (the daemon locks its directories; 9p is not the place), copied out to check.
+cp /run/bc/daemon-rec.mp4 /run/bc/daemon-extra.mp4 . 2>/dev/null
+grep -E 'reload|SIGHUP|output|capturing|error|delivered|encoded' daemon.log | head -30
+check "daemon: exits 0" [ "$rc" = 0 ]
+check "daemon: no reload refused" sh -c "! grep -q 'config not reloaded' daemon.log"
+# No frame lost in the running recording: every frame the session delivered is in the file, and the
+# session delivered every frame the source captured but those it counted dropped (its queue full),
+# up to what was still queued at the stop. The driver's own losses (running late on a starved guest)
+# are the emulator's, shown in its figures.
+n=$(frames daemon-rec.mp4)
+delivered=$(sed -n 's/.*video: \([0-9]*\) delivered.*/\1/p' daemon.log | tail -1)
+queue_full=$(sed -n 's/.*video: .*dropped: \([0-9]*\) queue full.*/\1/p' daemon.log | tail -1)
+captured=$(sed -n 's/.*\/dev\/video0: \([0-9]*\) frames delivered.*/\1/p' daemon.log | tail -1)
+figures daemon.log
+echo "daemon-rec.mp4: $n frames; the session delivered ${delivered:-?}, dropped ${queue_full:-?} (queue full); the source captured ${captured:-?}; intervals $(intervals daemon-rec.mp4)"
+check "daemon: every frame the session delivered is in the recording ($n of ${delivered:-?})" [ "${n:-0}" = "${delivered:-x}" ]
+# What the source handed over and the session neither delivered nor counted dropped is what was still
+# in its queue when SIGTERM finished the broadcast (a finish does not wait for the queue): at most the
+# queue's 64 buffers. Anything beyond would be frames lost unaccounted, e.g. by a reload.
+residue=$((${captured:-0} - ${delivered:-0} - ${queue_full:-0}))
+check "daemon: the session delivered or counted every frame captured, but the queue at the stop (${captured:-?} - ${delivered:-?} - ${queue_full:-?} = $residue <= 64)" \
+    sh -c "[ -n '${captured:-}' ] && [ $residue -ge 0 ] && [ $residue -le 64 ]"
+# As in section 2: the driver's frames are the slots less those it skipped running late; below
+# $STARVED % the guest was too starved to judge. (What the source gave back for want of a buffer, the
+# session counted as dropped by the source: the starved guest's encoder, not lost unaccounted.)
+slots=$(echo "$(ffprobe -v error -show_entries format=duration -of csv=p=0 daemon-rec.mp4) * $FPS / 1" | bc)
+late=$(late_frames daemon.log)
+check "daemon: the driver produced >= $STARVED% of the recording's $slots slots ($((${slots:-0} - ${late:-0})); else too starved to judge)" \
+    ge "$((${slots:-0} - ${late:-0}))" "$((${slots:-0} * STARVED / 100))"
+check "daemon: the recording is ffprobe-clean" clean daemon-rec.mp4
+ne=$(frames daemon-extra.mp4)
+echo "daemon-extra.mp4: ${ne:-0} frames, intervals $(intervals daemon-extra.mp4)"
+check "daemon: the added output recorded ${ne:-0} frames" ge "${ne:-0}" 1
+check "daemon: the added output's file is ffprobe-clean" clean daemon-extra.mp4
+v=$(loudness daemon-rec.mp4)
+check "daemon: audio is not silent ($v dB)" sh -c "[ -n '$v' ] && echo '$v > -30' | bc | grep -q 1"
+
+# ---------------------------------------------------------------------------------------------
+ts "9. daemon events: vivid unbound and bound again while the daemon captures: device lost, then back"
+sed -i 's/^mic = .*/mic = "none"/' daemon.toml
+sed -i 's|daemon-rec.mp4|daemon-events.mp4|' daemon.toml
+"$B" daemon --config daemon.toml --log-level info > events-daemon.log 2>&1 &
+daemon=$!
+wait_log events-daemon.log 'broadcast started'
+curl -sN --unix-socket $S http://localhost/v1/events > events.txt 2>&1 &
+watcher=$!
+sleep 3
+echo vivid.0 > /sys/bus/platform/drivers/vivid/unbind; echo "unbound vivid.0 (rc=$?)"
+wait_log events.txt '"state":"lost"'
+sleep 2
+echo vivid.0 > /sys/bus/platform/drivers/vivid/bind; echo "bound vivid.0 (rc=$?)"
+wait_log events-daemon.log 'back, capturing'
+wait_log events.txt '"state":"back"'
+kill -TERM $daemon; wait $daemon; rc=$?
+sleep 1; kill $watcher 2>/dev/null
+grep -A1 '^event: device' events.txt | grep '^data' | head
+# The device events in order: lost, then back.
+order=$(grep -A1 '^event: device' events.txt | sed -n 's/^data: .*"state":"\([a-z]*\)".*/\1/p' | tr '\n' ' ')
+check "events: daemon exits 0" [ "$rc" = 0 ]
+check "events: /v1/events shows the video device lost, then back ($order)" sh -c "echo '$order' | grep -q '^lost back'"
+
 echo
 ts "done"
 echo "$passed passed, $failed failed"

@@ -292,7 +292,9 @@ final class BroadcastController: Sendable {
         /// The config entries the running outputs were made from, by name (for SIGHUP's comparison).
         var definitions: [String: DaemonConfiguration.Output]
         /// ALSA sources, whose clock drift against the monotonic clock the status reports.
-        let audioDevices: [ALSASource]
+        var audioDevices: [ALSASource]
+        /// What the running sources were made from (a reload compares; see `SourceReload`).
+        var sourceSettings: SourceSettings
         /// The sizes the memory budget gave; outputs added by SIGHUP get them too.
         let memoryPlan: MemoryPlan
     }
@@ -377,6 +379,7 @@ final class BroadcastController: Sendable {
             outputControl: handler.outputControl,
             definitions: Dictionary(config.outputs.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first }),
             audioDevices: captureSources.compactMap { $0.source as? ALSASource },
+            sourceSettings: sources,
             memoryPlan: plan
         )
         state.withLock { $0.running = running }
@@ -464,11 +467,19 @@ final class BroadcastController: Sendable {
 
     /// SIGHUP: re-reads the config. The outputs apply to the running broadcast at once: an output
     /// whose settings did not change goes on untouched (a recording is not interrupted), removed ones
-    /// end, new ones start on a fresh keyframe. Sources and encoder settings apply from the next start.
+    /// end, new ones start on a fresh keyframe. A changed source is swapped alone (`SourceReload`);
+    /// the sources the running broadcast holds are not opened again. Encoder settings, the video
+    /// size and rate apply from the next start.
     func reload(path: String, environment: [String: String]) {
         let fresh: DaemonConfiguration
+        let sourceReload: SourceReload?
         do {
-            fresh = try DaemonConfiguration.load(path: path, environment: environment)
+            let holding = state.withLock { $0.running }.flatMap { $0.session.state == .finished ? nil : $0 }
+            fresh = try DaemonConfiguration.load(path: path, environment: environment, openingDevices: holding == nil)
+            sourceReload = try holding.map {
+                try SourceReload(
+                    running: $0.sourceSettings, types: Set($0.session.currentSources.map(\.type)), fresh: fresh.sources, logger: logger)
+            }
         } catch {
             logger.error("SIGHUP: config not reloaded: \(error)")
             return
@@ -504,8 +515,13 @@ final class BroadcastController: Sendable {
             }
         }
         running.outputControl.reconfigure(desired)
+        let applied = sourceReload?.apply(to: running.session, logger: logger)
         state.withLock { state in
             state.running?.definitions = Dictionary(fresh.outputs.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
+            if let applied, state.running?.session === running.session {
+                state.running?.sourceSettings = applied
+                state.running?.audioDevices = running.session.currentSources.compactMap { $0.source as? ALSASource }
+            }
         }
         logger.notice("SIGHUP: config reloaded; outputs now \(desired.map(\.name).joined(separator: ", "))")
     }
@@ -578,7 +594,11 @@ final class BroadcastController: Sendable {
                 let state = output.isPaused ? "paused" : output.state == .paused ? "resuming" : "\(output.state)"
                 return .init(name: output.name, state: state, files: files.count, lastFile: files.last)
             },
-            devices: stats.sorted { $0.key.rawValue < $1.key.rawValue }.map { ($0.key.rawValue, $0.value.sourceHealth.state == .deviceLost) }
+            devices: stats.sorted { $0.key.rawValue < $1.key.rawValue }.map { ($0.key.rawValue, $0.value.sourceHealth.state == .deviceLost) },
+            drops: running.outputs.map { .init(scope: "output", name: $0.name, count: $0.statistics().drops.values.reduce(0, +)) }
+                + stats.sorted { $0.key.rawValue < $1.key.rawValue }.map {
+                    .init(scope: "type", name: $0.key.rawValue, count: $0.value.droppedQueueFull + $0.value.droppedBySource + $0.value.droppedOutOfOrder)
+                }
         )
     }
 

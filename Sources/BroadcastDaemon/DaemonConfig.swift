@@ -122,11 +122,12 @@ public struct DaemonConfiguration: Sendable {
         }
     }
 
-    /// Reads, parses and checks the config at `path` (devices opened once to check them); throws
-    /// `ConfigError` naming file:line: key.
-    public static func load(path: String, environment: [String: String]) throws(ConfigError) -> DaemonConfiguration {
+    /// Reads, parses and checks the config at `path` (devices opened once to check them, unless
+    /// `openingDevices` is false: a reload while a broadcast holds them); throws `ConfigError`
+    /// naming file:line: key.
+    public static func load(path: String, environment: [String: String], openingDevices: Bool = true) throws(ConfigError) -> DaemonConfiguration {
         do {
-            return try loadChecked(path: path, environment: environment)
+            return try loadChecked(path: path, environment: environment, openingDevices: openingDevices)
         } catch let error as ConfigError {
             throw error
         } catch {
@@ -134,7 +135,7 @@ public struct DaemonConfiguration: Sendable {
         }
     }
 
-    private static func loadChecked(path: String, environment: [String: String]) throws -> DaemonConfiguration {
+    private static func loadChecked(path: String, environment: [String: String], openingDevices: Bool) throws -> DaemonConfiguration {
         let text: String
         switch readFile(path) {
         case .success(let contents): text = contents
@@ -153,7 +154,7 @@ public struct DaemonConfiguration: Sendable {
                 file: path, line: config.lines["control.tcp"] ?? 0, key: "control.tcp",
                 message: "a TCP control listener needs a token: set control.token (at least 16 characters, e.g. \"${credential:control-token}\")")
         }
-        try config.check()
+        try config.check(openingDevices: openingDevices)
         // Nothing to do is a mistake, not a service: refuse before any socket or file exists.
         if config.outputs.isEmpty {
             let lines = text.split(omittingEmptySubsequences: false, whereSeparator: { $0 == "\n" || $0 == "\r\n" })
@@ -403,13 +404,17 @@ public struct DaemonConfiguration: Sendable {
     /// missing or cannot do what the config asks, and the memory plan. Not the ScreenCast portal:
     /// asking it is a Start (a prompt on a desktop with a chooser, a restore token spent), so it is
     /// asked once, when the broadcast starts; a refusal there is exit 2 too.
-    private func check() throws {
-        let opened: [(type: SampleBufferType, source: any CaptureSource)]
-        do {
-            opened = try sources.makeSources(logger: nil, openingPortal: false, blame: { option, error in self.error(option, error) })
-        } catch let error as OptionError {
-            // A check across the sources ("nothing to capture").
-            throw self.error(error.option, error)
+    /// `openingDevices: false` (a reload while a broadcast holds the devices): the values were
+    /// checked as they were read and nothing is opened; `SourceReload` opens what changed.
+    private func check(openingDevices: Bool) throws {
+        var opened: [(type: SampleBufferType, source: any CaptureSource)] = []
+        if openingDevices {
+            do {
+                opened = try sources.makeSources(logger: nil, openingPortal: false, blame: { option, error in self.error(option, error) })
+            } catch let error as OptionError {
+                // A check across the sources ("nothing to capture").
+                throw self.error(error.option, error)
+            }
         }
         try checkMemory(opened: opened)
     }

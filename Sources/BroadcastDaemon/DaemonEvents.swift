@@ -22,6 +22,22 @@ struct EventSnapshot {
     var outputs: [Output] = []
     /// Per sample-buffer type, whether its device is lost.
     var devices: [(String, Bool)] = []
+    /// What was dropped so far, per output and per sample-buffer type of the session.
+    var drops: [Drops] = []
+
+    struct Drops: Equatable {
+        /// "output" (an output's drops, every reason) or "type" (the session's, of one buffer type:
+        /// its queue full, lost at the source, out of order; not what a pause leaves out).
+        var scope: String
+        var name: String
+        var count: Int
+    }
+
+    /// The threshold band `count` is in: 0 for none, then one band per power of two (1, 2-3, 4-7,
+    /// ...). A `drops` event says a count entered a higher band: the first drop at once, a steady
+    /// loss ever less often (a drop a second: 1, 2, 4, ... s, then every 17 min after 9 h), a
+    /// burst as one event, and at most 63 per count in all.
+    static func dropBand(_ count: Int) -> Int { count <= 0 ? 0 : Int.bitWidth - count.leadingZeroBitCount }
 
     /// The events that lead from `before` to this state.
     func changes(since before: EventSnapshot) -> [(String, [(String, JSONValue)])] {
@@ -54,6 +70,10 @@ struct EventSnapshot {
         let previousDevices = sameSession ? Dictionary(before.devices, uniquingKeysWith: { a, _ in a }) : [:]
         for (type, lost) in devices where lost != (previousDevices[type] ?? false) {
             events.append(("device", [("type", .string(type)), ("state", .string(lost ? "lost" : "back"))]))
+        }
+        let previousDrops = sameSession ? Dictionary(before.drops.map { ("\($0.scope) \($0.name)", $0.count) }, uniquingKeysWith: { a, _ in a }) : [:]
+        for drop in drops where Self.dropBand(drop.count) > Self.dropBand(previousDrops["\(drop.scope) \(drop.name)"] ?? 0) {
+            events.append(("drops", [(drop.scope, .string(drop.name)), ("dropped", .number(Double(drop.count)))]))
         }
         return events
     }

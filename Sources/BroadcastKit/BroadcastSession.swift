@@ -1,5 +1,6 @@
 import Atomics
 public import Logging
+import Synchronization
 
 /// Settings of a session.
 public struct SessionOptions: Sendable {
@@ -86,7 +87,7 @@ public final class BroadcastSession: @unchecked Sendable {
     private let handler: any BroadcastSampleHandler
     private let sources: [(type: SampleBufferType, source: any CaptureSource)]
     private let options: SessionOptions
-    private let logger: Logger
+    let logger: Logger
     private let clock: any BroadcastClock
     /// Sequence number << 8 | lifecycle state: a transition is one compare-and-swap.
     private let stateWord = ManagedAtomic<UInt64>(UInt64(SessionLifecycle.State.idle.rawValue))
@@ -95,7 +96,12 @@ public final class BroadcastSession: @unchecked Sendable {
     private let counters: [SampleBufferType: Counters]
     /// Set once the sinks exist; read by `statistics()` from other threads.
     private let sinksReady = ManagedAtomic<Bool>(false)
-    private var sinks: [SourceSink] = []
+    private(set) var sinks: [SourceSink] = []
+    /// The sources capturing now (`replaceSource` swaps one); the control plane's lock. The
+    /// session thread takes it only when `sourceGeneration` moved, and never waits for it.
+    let liveSources: Mutex<LiveSources>
+    /// Bumped after each replacement, so the session thread knows to look at `liveSources` again.
+    let sourceGeneration = ManagedAtomic<Int>(0)
 
     /// Creates a session; nothing is captured until ``run(setupInfo:)``.
     ///
@@ -122,6 +128,7 @@ public final class BroadcastSession: @unchecked Sendable {
         var counters: [SampleBufferType: Counters] = [:]
         for type in SampleBufferType.allCases { counters[type] = Counters() }
         self.counters = counters
+        self.liveSources = Mutex(LiveSources(entries: sources))
     }
 
     public var state: SessionLifecycle.State {
@@ -188,6 +195,7 @@ public final class BroadcastSession: @unchecked Sendable {
     /// A snapshot of the per-type figures.
     public func statistics() -> [SampleBufferType: SampleBufferStatistics] {
         let ready = sinksReady.load(ordering: .acquiring)
+        let live = liveSources.withLock { $0 }
         var result: [SampleBufferType: SampleBufferStatistics] = [:]
         for (type, c) in counters {
             guard sources.contains(where: { $0.type == type }) else { continue }
@@ -199,9 +207,11 @@ public final class BroadcastSession: @unchecked Sendable {
             if ready, let sink = sinks.first(where: { $0.type == type }) {
                 s.droppedQueueFull = sink.droppedFull.load(ordering: .relaxed)
             }
-            if let source = sources.first(where: { $0.type == type })?.source {
-                s.droppedBySource = source.droppedCount
+            if let source = live.entries.first(where: { $0.type == type })?.source {
+                // Replaced sources' figures stay counted: a replacement does not take drops back.
+                s.droppedBySource = source.droppedCount + live.retiredDrops[type, default: 0]
                 s.sourceHealth = source.health
+                s.sourceHealth.deviceLosses += live.retiredLosses[type, default: 0]
             }
             result[type] = s
         }
@@ -246,10 +256,13 @@ public final class BroadcastSession: @unchecked Sendable {
                 for sink in sinks { sink.requestStop() }
                 for s in started { s.stop() }
                 forceFinished()
+                liveSources.withLock { $0.closed = true }
                 handler.broadcastFinished()
                 throw error
             }
         }
+        // From here `replaceSource` may swap one (the sinks exist and every source runs).
+        liveSources.withLock { $0.started = true }
 
         var loop = DeliveryLoop(
             session: self,
@@ -260,7 +273,12 @@ public final class BroadcastSession: @unchecked Sendable {
         forceFinished()
 
         for sink in sinks { sink.requestStop() }
-        for entry in sources { entry.source.stop() }
+        // Waits for a replacement under way; none starts after this.
+        let running = liveSources.withLock { live in
+            live.closed = true
+            return live.entries
+        }
+        for entry in running { entry.source.stop() }
         for sink in sinks {
             while let buffer = sink.ring.pop() { buffer.backing?.release() }
         }
@@ -306,12 +324,27 @@ public final class BroadcastSession: @unchecked Sendable {
         let durationNanoseconds: Int64?
         /// The health each source last reported to the handler.
         var reportedHealth: [SampleBufferType: CaptureHealth] = [:]
+        /// The sources whose health is watched, as of `sourceGeneration` = `sourcesSeen`.
+        var sources: [(type: SampleBufferType, source: any CaptureSource)]
+        var sourcesSeen = 0
 
         init(session: BroadcastSession, startTime: Int64, realtime: Bool) {
             self.session = session
             self.startTime = startTime
             self.realtime = realtime
             self.durationNanoseconds = session.options.duration.flatMap { $0.isNumeric ? $0.nanoseconds : nil }
+            self.sources = session.sources
+        }
+
+        /// Takes a replaced source's place in the health watch: one atomic load per turn, the
+        /// lock only after a replacement, and only if no replacement holds it right now.
+        private mutating func refreshSources() {
+            let generation = session.sourceGeneration.load(ordering: .acquiring)
+            guard generation != sourcesSeen else { return }
+            if let entries = session.liveSources.withLockIfAvailable({ $0.entries }) {
+                sources = entries
+                sourcesSeen = generation
+            }
         }
 
         mutating func run() -> Result<SessionSummary.Reason, BroadcastError> {
@@ -349,7 +382,8 @@ public final class BroadcastSession: @unchecked Sendable {
                 }
 
                 // Device loss and return reach the handler between two buffers, like control.
-                for (type, source) in session.sources {
+                refreshSources()
+                for (type, source) in sources {
                     let health = source.health
                     if health != reportedHealth[type, default: CaptureHealth()] {
                         reportedHealth[type] = health
