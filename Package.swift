@@ -38,7 +38,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
         // `swift package generate-documentation --target BroadcastKit` (run by make test, so the docs cannot rot).
         .package(url: "https://github.com/swiftlang/swift-docc-plugin.git", from: "1.5.0"),
-        // Tests only: counts allocations, so the capture path's steady state is held to none.
+        // Tests only: counts allocations, so the capture and audio paths' steady state is held to none.
         .package(url: "https://github.com/ordo-one/malloc-interposer.git", from: "1.6.1"),
         // Tests only: property-based checks of the value parsers.
         .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.1"),
@@ -146,17 +146,24 @@ let package = Package(
             exclude: ["CompileChecks"],
             swiftSettings: swiftSettings
         ),
+        // Tests only: the allocation counting that the steady-state allocation tests share.
+        .target(
+            name: "AllocationCounting",
+            dependencies: [.product(name: "MallocInterposerSwift", package: "malloc-interposer")],
+            path: "Tests/AllocationCounting",
+            swiftSettings: swiftSettings
+        ),
         .testTarget(
             name: "BroadcastCaptureTests",
-            dependencies: [
-                "BroadcastKit", "BroadcastCapture", "CPipeWireShim",
-                .product(name: "MallocInterposerSwift", package: "malloc-interposer"),
-            ],
+            dependencies: ["BroadcastKit", "BroadcastCapture", "CPipeWireShim", "AllocationCounting"],
             swiftSettings: swiftSettings
         ),
         .testTarget(
             name: "BroadcastMediaTests",
-            dependencies: ["BroadcastKit", "BroadcastMedia", "BroadcastOutputs", .product(name: "Logging", package: "swift-log")],
+            dependencies: [
+                "BroadcastKit", "BroadcastMedia", "BroadcastOutputs", "AllocationCounting",
+                .product(name: "Logging", package: "swift-log"),
+            ],
             swiftSettings: swiftSettings
         ),
         .testTarget(
