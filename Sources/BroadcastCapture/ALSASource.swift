@@ -264,13 +264,18 @@ public final class ALSASource: CaptureSource, @unchecked Sendable {
         usleep(20_000)
     }
 
-    /// Opens the device again, if it is back with the same format and period, and starts it.
+    /// Opens the device again, if it is back with the same format and period, and starts it. A
+    /// device that opens but will not do (another format, or it does not start) is closed again:
+    /// left open, it would hold a `hw:` device busy against every later try.
     private func reopen(_ state: inout CaptureState) -> Bool {
         guard
             let reopened = try? Self.open(
-                pcmName, options: ALSAOptions(sampleRate: format.sampleRate, channels: format.channels, periodFrames: periodFrames)),
-            reopened.format == format, reopened.periodFrames == periodFrames, snd_pcm_start(reopened.pcm) >= 0
+                pcmName, options: ALSAOptions(sampleRate: format.sampleRate, channels: format.channels, periodFrames: periodFrames))
         else { return false }
+        guard reopened.format == format, reopened.periodFrames == periodFrames, snd_pcm_start(reopened.pcm) >= 0 else {
+            snd_pcm_close(reopened.pcm)
+            return false
+        }
         state.pcm = reopened.pcm
         state.timeline.restart()
         gone.store(false, ordering: .relaxed)
