@@ -99,14 +99,23 @@ public final class Wakeup: @unchecked Sendable {
 
     public func cancelSleep() { sleeping.store(false, ordering: .relaxed) }
 
-    /// Sleeps until woken or `timeoutNanoseconds` pass (nil: no limit). Spurious wake-ups are allowed.
+    /// Sleeps until woken or `timeout` passes (nil: no limit). Spurious wake-ups are allowed.
     /// Returns true when woken by a signal, false on the timeout.
     @discardableResult
-    public func sleep(timeoutNanoseconds: Int64?) -> Bool {
+    public func sleep(timeout: Duration?) -> Bool {
         var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
         let ms: Int32
-        if let t = timeoutNanoseconds {
-            ms = Int32(clamping: max(0, (t + 999_999) / 1_000_000))
+        if let timeout {
+            // poll's milliseconds, rounded up: a sleep never ends before its timeout.
+            let (seconds, attoseconds) = timeout.components
+            let attosecondsPerMillisecond: Int64 = 1_000_000_000_000_000
+            let whole = seconds.multipliedReportingOverflow(by: 1000)
+            let milliseconds =
+                whole.overflow
+                ? (seconds < 0 ? 0 : Int64.max)
+                : whole.partialValue + attoseconds / attosecondsPerMillisecond
+                    + (attoseconds % attosecondsPerMillisecond > 0 ? 1 : 0)
+            ms = Int32(clamping: max(0, milliseconds))
         } else {
             ms = -1
         }
@@ -137,6 +146,12 @@ public final class Wakeup: @unchecked Sendable {
         if sleeping.load(ordering: .relaxed), sleeping.exchange(false, ordering: .relaxed) {
             signal()
         }
+    }
+
+    /// `sleep(timeout:)` in nanoseconds, for the callers not moved to `Duration` yet (the session).
+    @discardableResult
+    public func sleep(timeoutNanoseconds: Int64?) -> Bool {
+        sleep(timeout: timeoutNanoseconds.map { .nanoseconds($0) })
     }
 
     // MARK: For a thread that polls other descriptors too
