@@ -27,6 +27,8 @@ let package = Package(
     dependencies: [
         .package(url: "https://github.com/apple/swift-atomics.git", from: "1.3.0"),
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        // FileDescriptor and Errno where descriptors cross our own APIs (docs/DESIGN.md says where).
+        .package(url: "https://github.com/apple/swift-system.git", from: "1.8.1"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
@@ -39,7 +41,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
         // `swift package generate-documentation --target BroadcastKit` (run by make test, so the docs cannot rot).
         .package(url: "https://github.com/swiftlang/swift-docc-plugin.git", from: "1.5.0"),
-        // Tests only: counts allocations, so the capture path's steady state is held to none.
+        // Tests only: counts allocations, so the capture and audio paths' steady state is held to none.
         .package(url: "https://github.com/ordo-one/malloc-interposer.git", from: "1.6.1"),
         // Tests only: property-based checks of the value parsers.
         .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.1"),
@@ -75,6 +77,7 @@ let package = Package(
             dependencies: [
                 .product(name: "Atomics", package: "swift-atomics"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "SystemPackage", package: "swift-system"),
             ],
             swiftSettings: swiftSettings
         ),
@@ -101,6 +104,7 @@ let package = Package(
                 "BroadcastKit", "BroadcastMedia",
                 .product(name: "Atomics", package: "swift-atomics"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "SystemPackage", package: "swift-system"),
             ],
             swiftSettings: swiftSettings
         ),
@@ -116,6 +120,7 @@ let package = Package(
                 .product(name: "NIOHTTPTypes", package: "swift-nio-extras"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "SystemPackage", package: "swift-system"),
             ],
             swiftSettings: swiftSettings
         ),
@@ -141,6 +146,7 @@ let package = Package(
                 .product(name: "Atomics", package: "swift-atomics"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "SystemPackage", package: "swift-system"),
             ],
             swiftSettings: swiftSettings
         ),
@@ -159,17 +165,24 @@ let package = Package(
             exclude: ["CompileChecks"],
             swiftSettings: swiftSettings
         ),
+        // Tests only: the allocation counting that the steady-state allocation tests share.
+        .target(
+            name: "AllocationCounting",
+            dependencies: [.product(name: "MallocInterposerSwift", package: "malloc-interposer")],
+            path: "Tests/AllocationCounting",
+            swiftSettings: swiftSettings
+        ),
         .testTarget(
             name: "BroadcastCaptureTests",
-            dependencies: [
-                "BroadcastKit", "BroadcastCapture", "CPipeWireShim",
-                .product(name: "MallocInterposerSwift", package: "malloc-interposer"),
-            ],
+            dependencies: ["BroadcastKit", "BroadcastCapture", "CPipeWireShim", "AllocationCounting"],
             swiftSettings: swiftSettings
         ),
         .testTarget(
             name: "BroadcastMediaTests",
-            dependencies: ["BroadcastKit", "BroadcastMedia", "BroadcastOutputs", .product(name: "Logging", package: "swift-log")],
+            dependencies: [
+                "BroadcastKit", "BroadcastMedia", "BroadcastOutputs", "AllocationCounting",
+                .product(name: "Logging", package: "swift-log"),
+            ],
             swiftSettings: swiftSettings
         ),
         .testTarget(

@@ -202,138 +202,204 @@ public final class ALSASource: CaptureSource, @unchecked Sendable {
         init(_ pointer: OpaquePointer) { self.pointer = pointer }
     }
 
+    /// The capture thread's state from one period to the next.
+    private struct CaptureState {
+        /// nil while the device is gone.
+        var pcm: OpaquePointer?
+        var timeline: AudioTimeline
+        /// While the device is gone: capture time of the next silent period.
+        var nextSilence: Int64 = 0
+        /// While the device is gone: when to try to open it again.
+        var nextReopen: Int64 = 0
+    }
+
+    /// The capture thread's buffers: the pool the periods are read into, and where a period the
+    /// session has no room for is read to be dropped.
+    private struct PeriodBuffers {
+        let pool: BufferPool
+        let scratch: UnsafeMutableRawPointer
+    }
+
+    /// Bytes of a whole period.
+    private var periodBytes: Int { periodFrames * format.bytesPerFrame }
+    private var periodNanoseconds: Int64 { Int64(periodFrames) * 1_000_000_000 / Int64(format.sampleRate) }
+
+    /// The capture thread: a period at a time from the device, or silence while it is gone.
     private func capture(_ handle: PCMHandle, into sink: SourceSink) {
-        var pcm: OpaquePointer? = handle.pointer
-        let bytes = periodFrames * format.bytesPerFrame
+        let bytes = periodBytes
         // More buffers than the session's queue holds: when the session falls behind, its queue
         // fills (and drops) first, and the read loop never has to leave periods in the device.
         let pool = BufferPool(count: 96, byteCount: bytes, planeLayout: [(0, bytes, bytes)])
         let scratch = UnsafeMutableRawPointer.allocate(byteCount: max(bytes, 1), alignment: 64)
         defer { scratch.deallocate() }
-        let periodNanoseconds = Int64(periodFrames) * 1_000_000_000 / Int64(format.sampleRate)
-        /// While the device is gone: capture time of the next silent period.
-        var nextSilence: Int64 = 0
-        var timeline = AudioTimeline(sampleRate: format.sampleRate)
-        let mediaFormat = MediaFormat.audio(format)
-        var nextReopen: Int64 = 0
+        let buffers = PeriodBuffers(pool: pool, scratch: scratch)
+        var state = CaptureState(pcm: handle.pointer, timeline: AudioTimeline(sampleRate: format.sampleRate))
 
         while running.load(ordering: .acquiring) && !sink.isStopping {
-            guard let device = pcm else {
-                // The device went away: silence at the nominal rate (audio stays continuous), and
-                // a try to get it back twice a second.
-                let now = sink.clock.now()
-                if now >= nextReopen {
-                    nextReopen = now + 500_000_000
-                    if let reopened = try? Self.open(pcmName, options: ALSAOptions(sampleRate: format.sampleRate, channels: format.channels, periodFrames: periodFrames)),
-                        reopened.format == format, reopened.periodFrames == periodFrames, snd_pcm_start(reopened.pcm) >= 0
-                    {
-                        pcm = reopened.pcm
-                        timeline.restart()
-                        gone.store(false, ordering: .relaxed)
-                        logger.notice("\(pcmName): back")
-                        continue
-                    }
-                }
-                if now - nextSilence > 1_000_000_000 { nextSilence = now - periodNanoseconds }
-                while nextSilence + periodNanoseconds <= now, let buffer = pool.acquire(wait: false, shouldStop: { false }) {
-                    buffer.memory.initializeMemory(as: UInt8.self, repeating: 0, count: bytes)
-                    sink.offer(
-                        CapturedBuffer(
-                            format: mediaFormat, captureTime: nextSilence,
-                            duration: MediaTime(value: Int64(periodFrames), timescale: Int32(format.sampleRate)),
-                            planes: buffer.planes, frameCount: periodFrames, backing: buffer
-                        )
-                    )
-                    silentPeriods.wrappingIncrement(ordering: .relaxed)
-                    nextSilence += periodNanoseconds
-                }
-                usleep(20_000)
-                continue
+            if let device = state.pcm {
+                readPeriod(from: device, &state, buffers, into: sink)
+            } else {
+                whileGone(&state, buffers, into: sink)
             }
-            let waited = snd_pcm_wait(device, 200)
-            if waited == 0 { continue }
-            guard let buffer = pool.acquire(wait: false, shouldStop: { false }) else {
-                // Every buffer is still with the session: read the period anyway and drop it, so
-                // the device does not overrun (which would cost a recovery and more samples).
-                let read = snd_pcm_readi(device, scratch, snd_pcm_uframes_t(periodFrames))
-                if read > 0 {
-                    droppedPeriods.wrappingIncrement(ordering: .relaxed)
-                    // The next period comes after this one, not in its place.
-                    timeline.skip(frames: Int(read))
-                }
-                else if read < 0 { _ = snd_pcm_recover(device, Int32(read), 1) }
-                continue
-            }
-            let read = snd_pcm_readi(device, buffer.memory, snd_pcm_uframes_t(periodFrames))
-            if read < 0 {
-                buffer.release()
-                let code = Int32(read)
-                if code == -EAGAIN { continue }
-                if code == -EPIPE || code == -ESTRPIPE {
-                    xruns.wrappingIncrement(ordering: .relaxed)
-                    logger.debug("\(pcmName): overrun, recovering")
-                }
-                if snd_pcm_recover(device, code, 1) < 0 || code == -ENODEV {
-                    logger.warning("\(pcmName): device lost (\(Self.message(code))); sending silence and retrying")
-                    snd_pcm_close(device)
-                    pcm = nil
-                    deviceLosses.wrappingIncrement(ordering: .relaxed)
-                    gone.store(true, ordering: .relaxed)
-                    nextSilence = sink.clock.now()
-                } else {
-                    snd_pcm_start(device)
-                    // Samples were lost: the next period starts where the device says it does.
-                    timeline.restart()
-                }
-                continue
-            }
-            let frames = Int(read)
-            if frames == 0 {
-                buffer.release()
-                continue
-            }
-            var available: snd_pcm_uframes_t = 0
-            var stamp = timespec()
-            let now = sink.clock.now()
-            var observed = now - Int64(frames) * 1_000_000_000 / Int64(format.sampleRate)
-            if sink.clock is MonotonicClock, snd_pcm_htimestamp(device, &available, &stamp) == 0, stamp.tv_sec > 0 {
-                let statusTime = Int64(stamp.tv_sec) * 1_000_000_000 + Int64(stamp.tv_nsec)
-                if abs(statusTime - now) < 1_000_000_000 {
-                    observed = DeviceTimestamps.audioCaptureTime(
-                        statusTime: statusTime, framesRead: frames, framesAvailable: Int(available), sampleRate: format.sampleRate
-                    )
-                }
-            }
-            let reanchors = timeline.reanchorCount
-            let captureTime = timeline.place(frames: frames, observedTime: observed)
-            if timeline.reanchorCount != reanchors {
-                reanchorCount.wrappingIncrement(ordering: .relaxed)
-                logger.info("\(pcmName): timestamps moved by \(Double(timeline.lastReanchorNanoseconds / 10_000) / 100) ms (the device's time stayed that far from the sample count; \(available) frames were waiting)")
-            }
-            if let drift = timeline.driftPPM { driftMicroPPM.store(Int(drift * 1e6), ordering: .relaxed) }
-            periodsCaptured.wrappingIncrement(ordering: .relaxed)
-            // A whole period (every read but a short one): the pool buffer's own plane array, so
-            // the steady state allocates nothing; a short read needs a plane of its own length.
-            let planes =
-                frames == periodFrames
-                ? buffer.planes
-                : [Plane(base: UnsafeRawPointer(buffer.memory), count: frames * format.bytesPerFrame, bytesPerRow: frames * format.bytesPerFrame)]
-            sink.offer(
-                CapturedBuffer(
-                    format: mediaFormat,
-                    captureTime: captureTime,
-                    duration: MediaTime(value: Int64(frames), timescale: Int32(format.sampleRate)),
-                    planes: planes,
-                    frameCount: frames,
-                    backing: buffer
-                )
-            )
         }
+        let pcm = state.pcm
+        let timeline = state.timeline
         if let pcm {
             snd_pcm_drop(pcm)
             snd_pcm_close(pcm)
         }
         let stats = statistics
         logger.info("\(pcmName): \(stats.periodsCaptured) periods, \(stats.xruns) overruns, \(stats.droppedPeriods) dropped (session behind), \(stats.silentPeriods) silent while lost, \(reanchorCount.load(ordering: .relaxed)) re-anchored, \(timeline.strayCount) stamps counted through a stall, drift \(stats.driftPPM.map { "\(($0 * 10).rounded() / 10) ppm" } ?? "not measured")")
+    }
+
+    /// The device went away: silence at the nominal rate (audio stays continuous), and a try to
+    /// get it back twice a second.
+    private func whileGone(_ state: inout CaptureState, _ buffers: PeriodBuffers, into sink: SourceSink) {
+        let now = sink.clock.now()
+        if now >= state.nextReopen {
+            state.nextReopen = now + 500_000_000
+            if reopen(&state) { return }
+        }
+        fillSilence(&state, until: now, buffers, into: sink)
+        usleep(20_000)
+    }
+
+    /// Opens the device again, if it is back with the same format and period, and starts it. A
+    /// device that opens but will not do (another format, or it does not start) is closed again:
+    /// left open, it would hold a `hw:` device busy against every later try.
+    private func reopen(_ state: inout CaptureState) -> Bool {
+        guard
+            let reopened = try? Self.open(
+                pcmName, options: ALSAOptions(sampleRate: format.sampleRate, channels: format.channels, periodFrames: periodFrames))
+        else { return false }
+        guard reopened.format == format, reopened.periodFrames == periodFrames, snd_pcm_start(reopened.pcm) >= 0 else {
+            snd_pcm_close(reopened.pcm)
+            return false
+        }
+        state.pcm = reopened.pcm
+        state.timeline.restart()
+        gone.store(false, ordering: .relaxed)
+        logger.notice("\(pcmName): back")
+        return true
+    }
+
+    /// Delivers the silent periods due by `now` (as many as there are free buffers), catching up
+    /// at most a second.
+    private func fillSilence(_ state: inout CaptureState, until now: Int64, _ buffers: PeriodBuffers, into sink: SourceSink) {
+        let bytes = periodBytes
+        let periodNanoseconds = self.periodNanoseconds
+        if now - state.nextSilence > 1_000_000_000 { state.nextSilence = now - periodNanoseconds }
+        while state.nextSilence + periodNanoseconds <= now, let buffer = buffers.pool.acquire(wait: false, shouldStop: { false }) {
+            buffer.memory.initializeMemory(as: UInt8.self, repeating: 0, count: bytes)
+            sink.offer(
+                CapturedBuffer(
+                    format: .audio(format), captureTime: state.nextSilence,
+                    duration: MediaTime(value: Int64(periodFrames), timescale: Int32(format.sampleRate)),
+                    planes: buffer.planes, frameCount: periodFrames, backing: buffer
+                )
+            )
+            silentPeriods.wrappingIncrement(ordering: .relaxed)
+            state.nextSilence += periodNanoseconds
+        }
+    }
+
+    /// Waits for a period, reads it into a pool buffer, stamps it and hands it on.
+    private func readPeriod(from device: OpaquePointer, _ state: inout CaptureState, _ buffers: PeriodBuffers, into sink: SourceSink) {
+        let waited = snd_pcm_wait(device, 200)
+        if waited == 0 { return }
+        guard let buffer = buffers.pool.acquire(wait: false, shouldStop: { false }) else {
+            dropPeriod(from: device, &state, into: buffers.scratch)
+            return
+        }
+        let read = snd_pcm_readi(device, buffer.memory, snd_pcm_uframes_t(periodFrames))
+        if read < 0 {
+            buffer.release()
+            recover(device, from: Int32(read), &state, sink: sink)
+            return
+        }
+        let frames = Int(read)
+        if frames == 0 {
+            buffer.release()
+            return
+        }
+        let captureTime = stamp(frames: frames, from: device, &state, sink: sink)
+        periodsCaptured.wrappingIncrement(ordering: .relaxed)
+        // A whole period (every read but a short one): the pool buffer's own plane array, so
+        // the steady state allocates nothing; a short read needs a plane of its own length.
+        let planes =
+            frames == periodFrames
+            ? buffer.planes
+            : [Plane(base: UnsafeRawPointer(buffer.memory), count: frames * format.bytesPerFrame, bytesPerRow: frames * format.bytesPerFrame)]
+        sink.offer(
+            CapturedBuffer(
+                format: .audio(format),
+                captureTime: captureTime,
+                duration: MediaTime(value: Int64(frames), timescale: Int32(format.sampleRate)),
+                planes: planes,
+                frameCount: frames,
+                backing: buffer
+            )
+        )
+    }
+
+    /// Every buffer is still with the session: reads the period anyway and drops it, so the
+    /// device does not overrun (which would cost a recovery and more samples).
+    private func dropPeriod(from device: OpaquePointer, _ state: inout CaptureState, into scratch: UnsafeMutableRawPointer) {
+        let read = snd_pcm_readi(device, scratch, snd_pcm_uframes_t(periodFrames))
+        if read > 0 {
+            droppedPeriods.wrappingIncrement(ordering: .relaxed)
+            // The next period comes after this one, not in its place.
+            state.timeline.skip(frames: Int(read))
+        }
+        else if read < 0 { _ = snd_pcm_recover(device, Int32(read), 1) }
+    }
+
+    /// A read failed with `code`: an overrun is recovered (and the timeline restarted where the
+    /// device says, samples were lost); a device that cannot be recovered is closed, and silence
+    /// follows until it is back.
+    private func recover(_ device: OpaquePointer, from code: Int32, _ state: inout CaptureState, sink: SourceSink) {
+        if code == -EAGAIN { return }
+        if code == -EPIPE || code == -ESTRPIPE {
+            xruns.wrappingIncrement(ordering: .relaxed)
+            logger.debug("\(pcmName): overrun, recovering")
+        }
+        if snd_pcm_recover(device, code, 1) < 0 || code == -ENODEV {
+            logger.warning("\(pcmName): device lost (\(Self.message(code))); sending silence and retrying")
+            snd_pcm_close(device)
+            state.pcm = nil
+            deviceLosses.wrappingIncrement(ordering: .relaxed)
+            gone.store(true, ordering: .relaxed)
+            state.nextSilence = sink.clock.now()
+        } else {
+            snd_pcm_start(device)
+            // Samples were lost: the next period starts where the device says it does.
+            state.timeline.restart()
+        }
+    }
+
+    /// The capture time of the `frames` just read: when the device's status timestamp says its
+    /// first sample came in (on the monotonic clock; else the time now less the period), placed on
+    /// the timeline by sample count (re-anchored when the two part). Updates the drift measured.
+    private func stamp(frames: Int, from device: OpaquePointer, _ state: inout CaptureState, sink: SourceSink) -> Int64 {
+        var available: snd_pcm_uframes_t = 0
+        var stamp = timespec()
+        let now = sink.clock.now()
+        var observed = now - Int64(frames) * 1_000_000_000 / Int64(format.sampleRate)
+        if sink.clock is MonotonicClock, snd_pcm_htimestamp(device, &available, &stamp) == 0, stamp.tv_sec > 0 {
+            let statusTime = Int64(stamp.tv_sec) * 1_000_000_000 + Int64(stamp.tv_nsec)
+            if abs(statusTime - now) < 1_000_000_000 {
+                observed = DeviceTimestamps.audioCaptureTime(
+                    statusTime: statusTime, framesRead: frames, framesAvailable: Int(available), sampleRate: format.sampleRate
+                )
+            }
+        }
+        let reanchors = state.timeline.reanchorCount
+        let captureTime = state.timeline.place(frames: frames, observedTime: observed)
+        if state.timeline.reanchorCount != reanchors {
+            reanchorCount.wrappingIncrement(ordering: .relaxed)
+            logger.info("\(pcmName): timestamps moved by \(Double(state.timeline.lastReanchorNanoseconds / 10_000) / 100) ms (the device's time stayed that far from the sample count; \(available) frames were waiting)")
+        }
+        if let drift = state.timeline.driftPPM { driftMicroPPM.store(Int(drift * 1e6), ordering: .relaxed) }
+        return captureTime
     }
 }

@@ -56,7 +56,7 @@ public final class BufferPool: @unchecked Sendable {
                 wakeup.cancelSleep()
                 continue
             }
-            wakeup.sleep(timeoutNanoseconds: 50_000_000)
+            wakeup.sleep(timeout: .milliseconds(50))
         }
     }
 }

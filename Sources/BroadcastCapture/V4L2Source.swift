@@ -462,12 +462,35 @@ struct V4L2Negotiation: Sendable, CustomStringConvertible {
     /// Selects the input, format, size and rate `options` ask for, checking each against what the
     /// device offers; every error names the device and what it supports.
     static func configure(_ device: V4L2Device, options: V4L2Options, logger: Logger) throws(BroadcastError) -> V4L2Negotiation {
-        let path = device.path
-        func fail(_ error: SystemCallError) -> BroadcastError {
-            error.errno == EBUSY ? busy(path) : BroadcastError(.invalidArgument, "\(error)")
+        try checkCapabilities(of: device)
+        let input = try selectInput(of: device, options: options)
+        let fourcc = try choosePixelFormat(of: device, options: options, input: input, logger: logger)
+        let size = try frameSize(of: device, fourcc: fourcc, options: options, input: input, logger: logger)
+        let pix = try setFormat(of: device, fourcc: fourcc, size: size, input: input)
+        guard let pixelFormat = V4L2PixelFormats.pixelFormat(for: fourcc) else {
+            throw BroadcastError(.invalidArgument, "\(device.path): cannot use \(fourcc)")
         }
+        let rate = setFrameRate(of: device, options: options, fourcc: fourcc, size: size, logger: logger)
+        _ = device.subscribeSourceChange(input: input.index)
+        return V4L2Negotiation(
+            pixFormat: pix,
+            pixelFormat: pixelFormat,
+            frameDurationNanoseconds: rate.frameDuration,
+            inputDescription: input.description,
+            rateText: rate.text
+        )
+    }
+
+    /// A failed ioctl as the error `configure` throws: EBUSY says who is to blame.
+    private static func failure(_ error: SystemCallError, path: String) -> BroadcastError {
+        error.errno == EBUSY ? busy(path) : BroadcastError(.invalidArgument, "\(error)")
+    }
+
+    /// The device must capture video and stream it.
+    private static func checkCapabilities(of device: V4L2Device) throws(BroadcastError) {
+        let path = device.path
         let caps: V4L2Device.Capabilities
-        do { caps = try device.capabilities() } catch { throw fail(error) }
+        do { caps = try device.capabilities() } catch { throw failure(error, path: path) }
         guard caps.isVideoCapture else {
             let others = DeviceDiscovery.videoCaptureDevices().map(\.path).filter { $0 != path }
             throw BroadcastError(
@@ -479,7 +502,20 @@ struct V4L2Negotiation: Sendable, CustomStringConvertible {
         guard caps.canStream else {
             throw BroadcastError(.invalidArgument, "\(path) (\(caps.card)) cannot stream (no V4L2_CAP_STREAMING)")
         }
+    }
 
+    /// The input captured from: the one `options` ask for (selected if it is not already), else the current one.
+    private struct SelectedInput {
+        var index: Int
+        var input: V4L2Device.Input?
+        /// "input 0: HDMI", for messages and the negotiation's description.
+        var description: String
+        /// An HDMI-style input, which captures the signal's size and rate.
+        var hasDVTimings: Bool { input?.hasDVTimings == true }
+    }
+
+    private static func selectInput(of device: V4L2Device, options: V4L2Options) throws(BroadcastError) -> SelectedInput {
+        let path = device.path
         let inputs = device.inputs()
         if let wanted = options.input {
             guard inputs.indices.contains(wanted) else {
@@ -487,25 +523,33 @@ struct V4L2Negotiation: Sendable, CustomStringConvertible {
                 throw BroadcastError(.invalidArgument, "\(path) has no input \(wanted): inputs are \(list.isEmpty ? "none" : list)")
             }
             if device.currentInput() != wanted {
-                do { try device.setInput(wanted) } catch { throw fail(error) }
+                do { try device.setInput(wanted) } catch { throw failure(error, path: path) }
             }
         }
         let inputIndex = device.currentInput() ?? 0
         let input = inputs.first { $0.index == inputIndex }
         let inputDescription = input.map { "input \($0.index): \($0.name)" } ?? "input \(inputIndex)"
+        return SelectedInput(index: inputIndex, input: input, description: inputDescription)
+    }
 
+    /// The pixel format `options` ask for, if the device offers it and broadcast can convert it;
+    /// else the usable one that best matches the size and rate asked for.
+    private static func choosePixelFormat(
+        of device: V4L2Device, options: V4L2Options, input: SelectedInput, logger: Logger
+    ) throws(BroadcastError) -> FourCC {
+        let path = device.path
         let offered = device.formats()
         let usable = offered.filter { V4L2PixelFormats.isUsable($0.fourcc) }.map(\.fourcc)
         let usableText = usable.map(\.description).joined(separator: ", ")
         if let wanted = options.pixelFormat {
             guard offered.contains(where: { $0.fourcc == wanted }) else {
-                throw BroadcastError(.invalidArgument, "\(path) (\(inputDescription)) does not offer pixel format \(wanted); usable formats: \(usableText)")
+                throw BroadcastError(.invalidArgument, "\(path) (\(input.description)) does not offer pixel format \(wanted); usable formats: \(usableText)")
             }
             guard V4L2PixelFormats.isUsable(wanted) else {
                 throw BroadcastError(.invalidArgument, "\(path): broadcast cannot convert \(wanted); usable formats: \(usableText)")
             }
         }
-        let hasDVTimings = input?.hasDVTimings == true
+        let hasDVTimings = input.hasDVTimings
         let askedRate = Double(options.frameRate.numerator) / Double(options.frameRate.denominator)
         let chosen = V4L2PixelFormats.choose(offered: usable, wanted: options.pixelFormat) { fourcc in
             // An HDMI-style input captures the signal's size and rate, whatever the format.
@@ -525,48 +569,77 @@ struct V4L2Negotiation: Sendable, CustomStringConvertible {
                 "\(path): capturing \(fourcc) (decoded before encoding): no uncompressed format gives \(options.width)x\(options.height) at \(V4L2Fraction(options.frameRate.denominator, options.frameRate.numerator).rateText) fps"
             )
         }
+        return fourcc
+    }
 
-        var width = options.width
-        var height = options.height
+    /// The size captured, and an HDMI-style input's rate (millihertz) from its timings.
+    private struct FrameSize {
+        var width: Int
+        var height: Int
         var dvRate: Int?
-        if hasDVTimings {
+    }
+
+    /// An HDMI-style input's size is the signal's (the receiver's detected timings, else the ones
+    /// set); any other input's is the one asked for, if the device captures it.
+    private static func frameSize(
+        of device: V4L2Device, fourcc: FourCC, options: V4L2Options, input: SelectedInput, logger: Logger
+    ) throws(BroadcastError) -> FrameSize {
+        let path = device.path
+        var size = FrameSize(width: options.width, height: options.height, dvRate: nil)
+        if input.hasDVTimings {
             // An HDMI-style input: the size is the signal's. Take what the receiver detects.
             let timings: V4L2Device.DVTimings
             do {
                 timings = try device.applyDetectedDVTimings()
             } catch {
                 if error.errno == EBUSY { throw busy(path) }
-                guard let current = device.currentDVTimings() else { throw fail(error) }
+                guard let current = device.currentDVTimings() else { throw failure(error, path: path) }
                 logger.warning("\(path): no stable signal detected (\(error)); using the set timings \(current)")
                 timings = current
             }
-            width = timings.width
-            height = timings.height
-            dvRate = timings.millihertz
+            size.width = timings.width
+            size.height = timings.height
+            size.dvRate = timings.millihertz
         } else {
             let sizes = device.frameSizes(fourcc)
-            if !sizes.isEmpty && !sizes.contains(where: { $0.contains(width: width, height: height) }) {
+            if !sizes.isEmpty && !sizes.contains(where: { $0.contains(width: size.width, height: size.height) }) {
                 throw BroadcastError(
                     .invalidArgument,
-                    "\(path) (\(inputDescription)) does not capture \(fourcc) at \(width)x\(height); sizes: \(sizes.map(\.description).joined(separator: ", "))"
+                    "\(path) (\(input.description)) does not capture \(fourcc) at \(size.width)x\(size.height); sizes: \(sizes.map(\.description).joined(separator: ", "))"
                 )
             }
         }
+        return size
+    }
+
+    /// Sets the format (S_FMT); the device must give exactly what was asked.
+    private static func setFormat(
+        of device: V4L2Device, fourcc: FourCC, size: FrameSize, input: SelectedInput
+    ) throws(BroadcastError) -> V4L2Device.PixFormat {
+        let path = device.path
+        let (width, height) = (size.width, size.height)
         let pix: V4L2Device.PixFormat
-        do { pix = try device.setFormat(fourcc, width: width, height: height) } catch { throw fail(error) }
+        do { pix = try device.setFormat(fourcc, width: width, height: height) } catch { throw failure(error, path: path) }
         guard pix.fourcc == fourcc, pix.width == width, pix.height == height else {
             throw BroadcastError(
                 .invalidArgument,
-                "\(path) (\(inputDescription)) gave \(pix.fourcc) \(pix.width)x\(pix.height) when asked for \(fourcc) \(width)x\(height)"
+                "\(path) (\(input.description)) gave \(pix.fourcc) \(pix.width)x\(pix.height) when asked for \(fourcc) \(width)x\(height)"
             )
         }
-        guard let pixelFormat = V4L2PixelFormats.pixelFormat(for: fourcc) else {
-            throw BroadcastError(.invalidArgument, "\(path): cannot use \(fourcc)")
-        }
+        return pix
+    }
 
+    /// The frame rate: an HDMI-style input's from its timings; else the one asked for, set on the
+    /// device (S_PARM), and what the device says it captures at (a warning when it is more than 1 %
+    /// off); the one asked for when the device does not say.
+    private static func setFrameRate(
+        of device: V4L2Device, options: V4L2Options, fourcc: FourCC, size: FrameSize, logger: Logger
+    ) -> (frameDuration: Int64, text: String) {
+        let path = device.path
+        let (width, height) = (size.width, size.height)
         var frameDuration: Int64
         var rateText: String
-        if let millihertz = dvRate, millihertz > 0 {
+        if let millihertz = size.dvRate, millihertz > 0 {
             frameDuration = 1_000_000_000_000 / Int64(millihertz)
             rateText = millihertz % 1000 == 0 ? "\(millihertz / 1000)" : String(Double(millihertz) / 1000)
         } else {
@@ -587,14 +660,7 @@ struct V4L2Negotiation: Sendable, CustomStringConvertible {
                 rateText = V4L2Fraction(den, num).rateText
             }
         }
-        _ = device.subscribeSourceChange(input: inputIndex)
-        return V4L2Negotiation(
-            pixFormat: pix,
-            pixelFormat: pixelFormat,
-            frameDurationNanoseconds: frameDuration,
-            inputDescription: inputDescription,
-            rateText: rateText
-        )
+        return (frameDuration, rateText)
     }
 }
 

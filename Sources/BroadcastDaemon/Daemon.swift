@@ -439,7 +439,7 @@ final class BroadcastController: Sendable {
                 let segments = output.segment.map {
                     RecordingSegments(
                         pathTemplate: template,
-                        lengthNanoseconds: $0.nanoseconds ?? .max,
+                        length: $0.nanoseconds.map { .nanoseconds($0) },
                         retainSeconds: output.retainFor.map { Int64($0.seconds) },
                         retainBytes: output.retainBytes
                     )

@@ -2,6 +2,8 @@ public import BroadcastKit
 public import BroadcastOutputs
 public import BroadcastService
 
+import SystemPackage
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -173,18 +175,27 @@ public struct DaemonConfiguration: Sendable {
 
     /// The contents of a regular file of at most `maxFileBytes`, or why not.
     static func readFile(_ path: String) -> Result<String, ReadProblem> {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return .failure(ReadProblem(reason: String(cString: strerror(errno)))) }
-        defer { close(fd) }
+        func problem(_ error: Errno) -> ReadProblem { ReadProblem(reason: String(cString: strerror(error.rawValue))) }
+        let fd: FileDescriptor
+        do {
+            fd = try FileDescriptor.open(FilePath(path), .readOnly, options: .closeOnExec)
+        } catch {
+            return .failure(problem(error as? Errno ?? .ioError))
+        }
+        // Closing what was only read: a failure there loses nothing.
+        defer { try? fd.close() }
         var info = stat()
-        guard fstat(fd, &info) == 0 else { return .failure(ReadProblem(reason: String(cString: strerror(errno)))) }
+        guard fstat(fd.rawValue, &info) == 0 else { return .failure(problem(Errno(rawValue: errno))) }
         if info.st_mode & S_IFMT == S_IFDIR { return .failure(ReadProblem(reason: "it is a directory")) }
         var bytes: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 65536)
         while true {
-            let n = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
-            if n < 0 && errno == EINTR { continue }
-            if n < 0 { return .failure(ReadProblem(reason: String(cString: strerror(errno)))) }
+            let n: Int
+            do {
+                n = try chunk.withUnsafeMutableBytes { try fd.read(into: $0, retryOnInterrupt: true) }
+            } catch {
+                return .failure(problem(error as? Errno ?? .ioError))
+            }
             if n == 0 { break }
             bytes.append(contentsOf: chunk[0..<n])
             if bytes.count > maxFileBytes {

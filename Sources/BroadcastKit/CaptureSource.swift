@@ -152,7 +152,7 @@ public final class SourceSink: @unchecked Sendable {
                 spaceWakeup.cancelSleep()
                 continue
             }
-            spaceWakeup.sleep(timeoutNanoseconds: 100_000_000)
+            spaceWakeup.sleep(timeout: .milliseconds(100))
         }
         lostSinceLastHandOver = true
         buffer.backing?.release()

@@ -1,4 +1,5 @@
 import Atomics
+internal import SystemPackage
 
 #if canImport(Glibc)
 import Glibc
@@ -54,9 +55,15 @@ public struct WakeupStatistics: Sendable, Hashable {
 ///
 /// The same type also serves a thread that polls other descriptors too (a V4L2 device):
 /// `descriptor` goes into its poll set, `signal()` writes unconditionally, `drain()` empties it.
+///
+/// The pipe is made with swift-system (`pipe2`, non-blocking and close-on-exec at once: no
+/// `fcntl` whose failure could go unseen); its reads and writes stay plain system calls on the raw
+/// descriptors, because swift-system's throw untyped errors and a drain ends on EAGAIN: the
+/// error's box would be an allocation per wake-up on the frame path.
 public final class Wakeup: @unchecked Sendable {
-    private let fd: Int32
-    private let writeFD: Int32
+    private let readEnd: FileDescriptor
+    private let writeEnd: FileDescriptor
+    private var fd: Int32 { readEnd.rawValue }
     private let sleeping = ManagedAtomic<Bool>(false)
     /// `wake()` calls, for `late`: a sleep that times out after a wake() came in while it slept.
     private let wakeCalls = ManagedAtomic<Int>(0)
@@ -66,21 +73,20 @@ public final class Wakeup: @unchecked Sendable {
     private let lateCount = ManagedAtomic<Int>(0)
     private let writeCount = ManagedAtomic<Int>(0)
 
+    /// Stops the process when no pipe can be made (out of descriptors), as it did before: every
+    /// thread that sleeps needs one, and none can go on without.
     public init() {
-        var fds: [Int32] = [-1, -1]
-        let rc = pipe(&fds)
-        precondition(rc == 0, "pipe failed: errno \(errno)")
-        for end in fds {
-            _ = fcntl(end, F_SETFL, fcntl(end, F_GETFL) | O_NONBLOCK)
-            _ = fcntl(end, F_SETFD, FD_CLOEXEC)
+        do {
+            (readEnd, writeEnd) = try FileDescriptor.pipe(options: [.nonBlocking, .closeOnExec])
+        } catch {
+            preconditionFailure("cannot make a wake-up pipe: \(error)")
         }
-        self.fd = fds[0]
-        self.writeFD = fds[1]
     }
 
     deinit {
-        close(fd)
-        close(writeFD)
+        // close(2) frees the descriptor even when it reports an error; there is nothing to retry.
+        try? readEnd.close()
+        try? writeEnd.close()
     }
 
     /// Sleeper: about to sleep. Then check the condition again, and `sleep` or `cancelSleep`.
@@ -93,14 +99,23 @@ public final class Wakeup: @unchecked Sendable {
 
     public func cancelSleep() { sleeping.store(false, ordering: .relaxed) }
 
-    /// Sleeps until woken or `timeoutNanoseconds` pass (nil: no limit). Spurious wake-ups are allowed.
+    /// Sleeps until woken or `timeout` passes (nil: no limit). Spurious wake-ups are allowed.
     /// Returns true when woken by a signal, false on the timeout.
     @discardableResult
-    public func sleep(timeoutNanoseconds: Int64?) -> Bool {
+    public func sleep(timeout: Duration?) -> Bool {
         var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
         let ms: Int32
-        if let t = timeoutNanoseconds {
-            ms = Int32(clamping: max(0, (t + 999_999) / 1_000_000))
+        if let timeout {
+            // poll's milliseconds, rounded up: a sleep never ends before its timeout.
+            let (seconds, attoseconds) = timeout.components
+            let attosecondsPerMillisecond: Int64 = 1_000_000_000_000_000
+            let whole = seconds.multipliedReportingOverflow(by: 1000)
+            let milliseconds =
+                whole.overflow
+                ? (seconds < 0 ? 0 : Int64.max)
+                : whole.partialValue + attoseconds / attosecondsPerMillisecond
+                    + (attoseconds % attosecondsPerMillisecond > 0 ? 1 : 0)
+            ms = Int32(clamping: max(0, milliseconds))
         } else {
             ms = -1
         }
@@ -133,15 +148,27 @@ public final class Wakeup: @unchecked Sendable {
         }
     }
 
+    /// `sleep(timeout:)` in nanoseconds, for the callers not moved to `Duration` yet (the session).
+    @discardableResult
+    public func sleep(timeoutNanoseconds: Int64?) -> Bool {
+        sleep(timeout: timeoutNanoseconds.map { .nanoseconds($0) })
+    }
+
     // MARK: For a thread that polls other descriptors too
 
     /// The read end, for a poll set: readable after `signal()` (or a `wake()` that wrote).
     public var descriptor: Int32 { fd }
 
-    /// Writes a byte whatever the sleeper is doing.
+    /// Writes a byte whatever the sleeper is doing. A full pipe (EAGAIN) already wakes the
+    /// sleeper; any other failure is a descriptor gone wrong, which no wake-up survives.
     public func signal() {
         var one: UInt8 = 1
-        _ = write(writeFD, &one, 1)
+        var written: Int
+        repeat { written = write(writeEnd.rawValue, &one, 1) } while written < 0 && errno == EINTR
+        if written < 0 {
+            let error = Errno(rawValue: errno)
+            precondition(error == .wouldBlock, "writing to a wake-up pipe: \(error)")
+        }
         writeCount.wrappingIncrement(ordering: .relaxed)
     }
 

@@ -46,7 +46,15 @@ public final class AudioEncoder {
     private var fifoStart: Int64?
     private var flushed = false
     private var resampler: Resampler?
-    private var ownMixer: AudioMixer
+    private let ownMixer: AudioMixer
+    /// The frame every encoded frame is read into, with a buffer for `frameSize` samples.
+    private let frame: Frame
+    /// The FIFO's plane pointers for a write (one per channel), made once.
+    private let channelPointers: UnsafeMutablePointer<UnsafeMutableRawPointer?>
+    /// A frame of silence, written in pieces to fill a gap.
+    private let silence: PlanarStorage
+    /// What an error says the encoder was doing (made once, not per call).
+    private let encoding: String
     public private(set) var framesEncoded = 0
 
     public init(
@@ -97,6 +105,18 @@ public final class AudioEncoder {
         self.streamIndex = streamIndex
         self.logger = logger
         self.ownMixer = AudioMixer(channelCount: settings.channels, sampleRate: settings.sampleRate, expectedInputs: 1)
+        let frame = try Frame()
+        let f = frame.pointer
+        f.pointee.nb_samples = Int32(frameSize)
+        f.pointee.format = AV_SAMPLE_FMT_FLTP.rawValue
+        f.pointee.sample_rate = c.pointee.sample_rate
+        try check(av_channel_layout_copy(&f.pointee.ch_layout, &c.pointee.ch_layout), what)
+        try check(av_frame_get_buffer(f, 0), what)
+        self.frame = frame
+        self.channelPointers = .allocate(capacity: settings.channels)
+        self.channelPointers.initialize(repeating: nil, count: settings.channels)
+        self.silence = PlanarStorage(channels: settings.channels, capacity: frameSize)
+        self.encoding = "encoding audio with \(settings.encoder)"
         logger.debug(
             "opened audio encoder",
             metadata: [
@@ -105,45 +125,56 @@ public final class AudioEncoder {
         )
     }
 
+    deinit { channelPointers.deallocate() }
+
     /// Encodes one audio sample buffer of any format, placed by its presentation time.
     public func encode(_ buffer: borrowing SampleBuffer) throws(FFmpegError) -> [EncodedPacket] {
         guard let format = buffer.audioFormat else {
-            throw FFmpegError.invalidArgument("the buffer holds video", "encoding audio with \(settings.encoder)")
+            throw FFmpegError.invalidArgument("the buffer holds video", encoding)
         }
         if resampler?.input != format {
             resampler = try Resampler(input: format, outputRate: settings.sampleRate, outputChannels: settings.channels)
         }
-        let samples = try resampler!.convert(buffer)
-        let position = buffer.presentationTime.rescaled(to: Int32(settings.sampleRate)).value
-        ownMixer.append(samples, at: position, from: .audioMic)
-        guard let chunk = ownMixer.mix() else { return [] }
-        return try encode(chunk)
+        var samples = try resampler!.resample(buffer)
+        samples.startSample = buffer.presentationTime.rescaled(to: Int32(settings.sampleRate)).value
+        ownMixer.append(samples, from: .audioMic)
+        guard let mixed = ownMixer.mixed() else { return [] }
+        return try encode(mixed)
     }
 
     /// Encodes planar float samples at the encoder's rate and channel count. The first chunk's
     /// position sets the stream's first pts; later chunks should follow on without a gap (a gap is
     /// filled with silence, an overlap dropped).
     public func encode(_ chunk: AudioChunk) throws(FFmpegError) -> [EncodedPacket] {
-        let what = "encoding audio with \(settings.encoder)"
-        guard !flushed else { throw FFmpegError.invalidArgument("the encoder was flushed", what) }
+        guard !flushed else { throw FFmpegError.invalidArgument("the encoder was flushed", encoding) }
         guard chunk.channels.count == settings.channels else {
-            throw FFmpegError.invalidArgument("\(chunk.channels.count) channels, expected \(settings.channels)", what)
+            throw FFmpegError.invalidArgument("\(chunk.channels.count) channels, expected \(settings.channels)", encoding)
         }
-        if fifoStart == nil { fifoStart = chunk.startSample }
+        return try chunk.withPlanarAudio { samples throws(FFmpegError) in try encode(samples) }
+    }
+
+    /// `encode(_: AudioChunk)` of lent samples (`AudioMixer.mixed(final:)`'s): allocates nothing
+    /// of its own; the packets it returns are the encoder's (an `EncodedPacket` and libavcodec's
+    /// packet and frame references for each).
+    public func encode(_ samples: PlanarAudio) throws(FFmpegError) -> [EncodedPacket] {
+        guard !flushed else { throw FFmpegError.invalidArgument("the encoder was flushed", encoding) }
+        guard samples.channelCount == settings.channels else {
+            throw FFmpegError.invalidArgument("\(samples.channelCount) channels, expected \(settings.channels)", encoding)
+        }
+        if fifoStart == nil { fifoStart = samples.startSample }
         let expected = fifoStart! + Int64(fifo.count)
-        var channels = chunk.channels
-        if chunk.startSample > expected {
-            let gap = Int(chunk.startSample - expected)
+        var samples = samples
+        if samples.startSample > expected {
+            let gap = Int(samples.startSample - expected)
             logger.debug("audio gap of \(gap) samples filled with silence")
-            try write(Array(repeating: [Float](repeating: 0, count: gap), count: settings.channels), what)
-        } else if chunk.startSample < expected {
-            let overlap = Int(min(Int64(chunk.frameCount), expected - chunk.startSample))
-            for c in channels.indices { channels[c].removeFirst(overlap) }
+            try writeSilence(gap)
+        } else if samples.startSample < expected {
+            samples = samples.dropping(first: Int(min(Int64(samples.frameCount), expected - samples.startSample)))
         }
-        try write(channels, what)
+        try write(samples)
         var packets: [EncodedPacket] = []
         while Int(fifo.count) >= frameSize {
-            try sendFrame(samples: frameSize, into: &packets, what)
+            try sendFrame(samples: frameSize, into: &packets, encoding)
         }
         return packets
     }
@@ -159,7 +190,7 @@ public final class AudioEncoder {
                 ownMixer.append(rest, at: position, from: .audioMic)
             }
         }
-        if let chunk = ownMixer.mix(final: true) { packets += try encode(chunk) }
+        if let chunk = ownMixer.mixed(final: true) { packets += try encode(chunk) }
         flushed = true
         while fifo.count > 0 {
             try sendFrame(samples: min(Int(fifo.count), frameSize), into: &packets, what)
@@ -168,44 +199,50 @@ public final class AudioEncoder {
         return packets
     }
 
-    private func write(_ channels: [[Float]], _ what: String) throws(FFmpegError) {
-        guard let count = channels.first?.count, count > 0 else { return }
-        let storage = UnsafeMutablePointer<Float>.allocate(capacity: count * channels.count)
-        defer { storage.deallocate() }
-        for (index, channel) in channels.enumerated() {
-            channel.withUnsafeBufferPointer {
-                (storage + index * count).initialize(from: $0.baseAddress!, count: count)
-            }
+    /// Writes the lent samples into the FIFO, by the pointers made once at init.
+    private func write(_ samples: PlanarAudio) throws(FFmpegError) {
+        guard samples.frameCount > 0 else { return }
+        for c in 0..<settings.channels {
+            channelPointers[c] = UnsafeMutableRawPointer(mutating: samples.channel(c).baseAddress!)
         }
-        var pointers: [UnsafeMutableRawPointer?] = channels.indices.map {
-            UnsafeMutableRawPointer(storage + $0 * count)
-        }
-        try check(av_audio_fifo_write(fifo.pointer, &pointers, Int32(count)), what)
+        try check(av_audio_fifo_write(fifo.pointer, channelPointers, Int32(samples.frameCount)), encoding)
     }
 
-    /// Reads `samples` from the FIFO into a frame (padded with silence to a full frame when the
-    /// encoder cannot take a short last one) and sends it.
-    private func sendFrame(samples: Int, into packets: inout [EncodedPacket], _ what: String) throws(FFmpegError) {
+    /// Writes `count` samples of silence into the FIFO, a frame's worth at a time from `silence`.
+    private func writeSilence(_ count: Int) throws(FFmpegError) {
+        var left = count
+        while left > 0 {
+            let n = min(left, frameSize)
+            try write(silence.samples(startSample: 0, frameCount: n))
+            left -= n
+        }
+    }
+
+    /// Reads `samples` from the FIFO into the frame (padded with silence to a full frame when the
+    /// encoder cannot take a short last one) and sends it. The frame and its buffer are made once:
+    /// libavcodec takes its own reference to the data when the frame is sent and lets go of it once
+    /// encoded, so the buffer is writable again by the next frame (`av_frame_make_writable`
+    /// copies only if it is not).
+    private func sendFrame(samples: Int, into packets: inout [EncodedPacket], _ what: @autoclosure () -> String)
+        throws(FFmpegError)
+    {
         let c = context.pointer
-        let frame = try Frame()
         let f = frame.pointer
+        f.pointee.nb_samples = Int32(frameSize)
+        try check(av_frame_make_writable(f), what())
         let length = samples < frameSize && !smallLastFrame ? frameSize : samples
         f.pointee.nb_samples = Int32(length)
-        f.pointee.format = AV_SAMPLE_FMT_FLTP.rawValue
-        f.pointee.sample_rate = c.pointee.sample_rate
-        try check(av_channel_layout_copy(&f.pointee.ch_layout, &c.pointee.ch_layout), what)
-        try check(av_frame_get_buffer(f, 0), what)
         let data = UnsafeMutableRawPointer(f.pointee.extended_data!).assumingMemoryBound(
             to: UnsafeMutableRawPointer?.self)
         if length > samples {
             av_samples_set_silence(
                 f.pointee.extended_data, 0, Int32(length), c.pointee.ch_layout.nb_channels, AV_SAMPLE_FMT_FLTP)
         }
-        try check(av_audio_fifo_read(fifo.pointer, data, Int32(samples)), what)
+        try check(av_audio_fifo_read(fifo.pointer, data, Int32(samples)), what())
         f.pointee.pts = fifoStart!
         fifoStart! += Int64(samples)
         framesEncoded += 1
-        try send(f, into: &packets, what)
+        try send(f, into: &packets, what())
     }
 
     private func send(_ frame: UnsafeMutablePointer<AVFrame>?, into packets: inout [EncodedPacket], _ what: String)

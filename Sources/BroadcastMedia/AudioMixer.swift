@@ -28,7 +28,12 @@ public struct AudioChunk: Sendable, Hashable {
 /// At the start the mixer waits until `lagLimit` of audio has come in (unless `expectedInputs`
 /// inputs have all delivered) so that a second input starting a little later is mixed from its first
 /// sample rather than cut.
-public struct AudioMixer: Sendable {
+///
+/// Each input's pending samples and the mixed output live in storage the mixer owns, grown when a
+/// call needs more and otherwise reused: `append(_:from:)` and `mixed(final:)` allocate nothing
+/// in the steady state (`append(_:at:from:)` and `mix(final:)` are the same with arrays, copied).
+/// A class for that reason: copies would share the storage. Not thread-safe: one thread calls it.
+public final class AudioMixer {
     public let channelCount: Int
     public let sampleRate: Int
     public let expectedInputs: Int
@@ -37,16 +42,28 @@ public struct AudioMixer: Sendable {
     /// Samples of timestamp jitter absorbed between consecutive buffers of one input.
     public let jitterTolerance: Int64
 
-    private struct Lane: Sendable {
-        /// Position of `samples[c][0]`; when empty, where the next buffer is expected.
+    private final class Lane {
+        let input: SampleBufferType
+        /// Position of the first sample held; when empty, where the next buffer is expected.
         var start: Int64
-        var samples: [[Float]]
-        var end: Int64 { start + Int64(samples.first?.count ?? 0) }
+        let samples: PlanarFIFO
+        var end: Int64 { start + Int64(samples.count) }
+        var isEmpty: Bool { samples.count == 0 }
+
+        init(input: SampleBufferType, start: Int64, channels: Int, capacity: Int) {
+            self.input = input
+            self.start = start
+            self.samples = PlanarFIFO(channels: channels, capacity: capacity)
+        }
     }
 
-    private var lanes: [SampleBufferType: Lane] = [:]
+    /// One lane per input that has delivered, in the order they first did (two at most: a list
+    /// searched in place rather than a dictionary, so reaching a lane copies nothing).
+    private var lanes: [Lane] = []
     /// Everything before this position has been mixed and returned.
     private var cursor: Int64?
+    /// What `mixed(final:)` lends.
+    private let output: PlanarStorage
 
     public init(
         channelCount: Int,
@@ -60,49 +77,88 @@ public struct AudioMixer: Sendable {
         self.expectedInputs = expectedInputs
         self.lagLimit = Int64(lagLimitSeconds * Double(sampleRate))
         self.jitterTolerance = Int64(jitterToleranceSeconds * Double(sampleRate))
+        self.output = PlanarStorage(channels: channelCount, capacity: Self.initialCapacity(sampleRate: sampleRate))
+        lanes.reserveCapacity(2)
     }
 
+    /// Samples a channel each lane and the output start with: the lag limit's worth and a little
+    /// (what a lane holds while it waits for the other), grown when a call needs more.
+    private static func initialCapacity(sampleRate: Int) -> Int { max(4096, sampleRate / 2) }
+
     /// Adds `samples` (planar, `channelCount` arrays) of `input` starting at sample `position`.
-    public mutating func append(_ samples: [[Float]], at position: Int64, from input: SampleBufferType) {
+    public func append(_ samples: [[Float]], at position: Int64, from input: SampleBufferType) {
         precondition(samples.count == channelCount, "the mixer takes \(channelCount) channels, got \(samples.count)")
-        let count = samples.first?.count ?? 0
+        AudioChunk(startSample: position, channels: samples).withPlanarAudio { append($0, from: input) }
+    }
+
+    /// Adds lent `samples` of `input`, placed at their `startSample`; they are copied in.
+    public func append(_ samples: PlanarAudio, from input: SampleBufferType) {
+        precondition(
+            samples.channelCount == channelCount, "the mixer takes \(channelCount) channels, got \(samples.channelCount)")
+        let count = samples.frameCount
         guard count > 0 else { return }
         var data = samples
-        var lane = lanes[input] ?? Lane(start: position, samples: Array(repeating: [], count: channelCount))
-        var position = position
+        let lane = lane(for: input, startingAt: data.startSample)
+        var position = data.startSample
         if abs(position - lane.end) <= jitterTolerance { position = lane.end }
         if position > lane.end {
-            if lane.samples[0].isEmpty {
+            if lane.isEmpty {
                 lane.start = position
             } else {
-                let gap = Int(position - lane.end)
-                for c in 0..<channelCount { lane.samples[c].append(contentsOf: repeatElement(0, count: gap)) }
+                lane.samples.appendSilence(Int(position - lane.end))
             }
         } else if position < lane.end {
             let overlap = Int(min(Int64(count), lane.end - position))
-            for c in 0..<channelCount { data[c].removeFirst(overlap) }
+            data = data.dropping(first: overlap)
             position = lane.end
         }
-        for c in 0..<channelCount { lane.samples[c].append(contentsOf: data[c]) }
-        if let cursor, lane.start < cursor { Self.trim(&lane, upTo: cursor) }
-        lanes[input] = lane
+        lane.samples.append(data)
+        if let cursor, lane.start < cursor { Self.trim(lane, upTo: cursor) }
+    }
+
+    private func lane(for input: SampleBufferType, startingAt position: Int64) -> Lane {
+        for i in 0..<lanes.count where lanes[i].input == input { return lanes[i] }
+        let lane = Lane(
+            input: input, start: position, channels: channelCount, capacity: Self.initialCapacity(sampleRate: sampleRate))
+        lanes.append(lane)
+        return lane
     }
 
     /// The next mixed run, or nil when nothing is ready. `final`: the inputs have ended, mix all.
-    public mutating func mix(final: Bool = false) -> AudioChunk? {
-        let active = lanes.values.filter { !$0.samples[0].isEmpty || cursor != nil }
-        guard let maxEnd = active.map(\.end).max() else { return nil }
+    /// A copy of what `mixed(final:)` lends.
+    public func mix(final: Bool = false) -> AudioChunk? {
+        mixed(final: final).map(AudioChunk.init)
+    }
+
+    /// `mix(final:)` without the copy: the samples are lent from the mixer's own storage until
+    /// its next call.
+    public func mixed(final: Bool = false) -> PlanarAudio? {
+        // The lanes that count: those holding samples, or all once mixing has started.
+        var maxEnd: Int64?
+        var first: Int64?
+        for i in 0..<lanes.count {
+            let lane = lanes[i]
+            guard !lane.isEmpty || cursor != nil else { continue }
+            maxEnd = max(maxEnd ?? lane.end, lane.end)
+            if !lane.isEmpty { first = min(first ?? lane.start, lane.start) }
+        }
+        guard let maxEnd else { return nil }
         if cursor == nil {
-            guard let first = active.filter({ !$0.samples[0].isEmpty }).map(\.start).min() else { return nil }
+            guard let first else { return nil }
             if !final, lanes.count < expectedInputs, maxEnd - first < lagLimit { return nil }
             cursor = first
         }
         let from = cursor!
-        let limit = final ? maxEnd : lanes.values.map { max($0.end, maxEnd - lagLimit) }.min()!
+        var limit = maxEnd
+        if !final {
+            for i in 0..<lanes.count { limit = min(limit, max(lanes[i].end, maxEnd - lagLimit)) }
+        }
         guard limit > from else { return nil }
         let length = Int(limit - from)
-        var output = Array(repeating: [Float](repeating: 0, count: length), count: channelCount)
-        for lane in lanes.values {
+        output.reserve(frames: length)
+        for c in 0..<channelCount { output.channel(c).baseAddress!.update(repeating: 0, count: length) }
+        for i in 0..<lanes.count {
+            let lane = lanes[i]
             let overlapStart = max(from, lane.start)
             let overlapEnd = min(limit, lane.end)
             guard overlapEnd > overlapStart else { continue }
@@ -110,36 +166,33 @@ public struct AudioMixer: Sendable {
             let destination = Int(overlapStart - from)
             let n = Int(overlapEnd - overlapStart)
             for c in 0..<channelCount {
-                lane.samples[c].withUnsafeBufferPointer { input in
-                    output[c].withUnsafeMutableBufferPointer { out in
-                        for i in 0..<n { out[destination + i] += input[source + i] }
-                    }
-                }
+                let input = lane.samples.channel(c)
+                let out = output.channel(c)
+                for j in 0..<n { out[destination + j] += input[source + j] }
             }
         }
         if lanes.count > 1 {
             for c in 0..<channelCount {
-                output[c].withUnsafeMutableBufferPointer { out in
-                    for i in out.indices { out[i] = min(1, max(-1, out[i])) }
-                }
+                let out = output.channel(c)
+                for j in 0..<length { out[j] = min(1, max(-1, out[j])) }
             }
         }
-        for key in Array(lanes.keys) { Self.trim(&lanes[key]!, upTo: limit) }
+        for i in 0..<lanes.count { Self.trim(lanes[i], upTo: limit) }
         cursor = limit
-        return AudioChunk(startSample: from, channels: output)
+        return output.samples(startSample: from, frameCount: length)
     }
 
     /// Drops a lane's samples before `position`; an emptied lane keeps its end as the next expected position.
-    private static func trim(_ lane: inout Lane, upTo position: Int64) {
+    private static func trim(_ lane: Lane, upTo position: Int64) {
         guard lane.start < position else { return }
-        let count = lane.samples[0].count
+        let count = lane.samples.count
         let drop = Int(min(Int64(count), position - lane.start))
         if drop == count {
             let end = lane.end
-            for c in lane.samples.indices { lane.samples[c].removeAll(keepingCapacity: true) }
+            lane.samples.dropFirst(count)
             lane.start = end
         } else {
-            for c in lane.samples.indices { lane.samples[c].removeFirst(drop) }
+            lane.samples.dropFirst(drop)
             lane.start += Int64(drop)
         }
     }

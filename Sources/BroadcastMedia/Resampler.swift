@@ -42,6 +42,13 @@ public final class Resampler {
     /// Output samples of timestamp error beyond which the output jumps instead of stretching.
     public let hardLimit: Int64
     private let context: ResampleContext
+    /// Planes of the input format (one when interleaved).
+    private let inputPlanes: Int
+    /// libswresample's input and output plane pointers, and the output's samples: made once,
+    /// reused by every call.
+    private let inputPointers: UnsafeMutablePointer<UnsafePointer<UInt8>?>
+    private let outputPointers: UnsafeMutablePointer<UnsafeMutablePointer<UInt8>?>
+    private let output: PlanarStorage
     /// Position (output samples on the media timeline) of the next sample `convert(_:at:)` returns.
     private var nextOutput: Int64?
     private var compensating = false
@@ -88,12 +95,31 @@ public final class Resampler {
         self.maximumCorrectionPPM = maximumCorrectionPPM
         self.deadband = Int64(deadbandSeconds * Double(outputRate))
         self.hardLimit = Int64(hardLimitSeconds * Double(outputRate))
+        self.inputPlanes = input.sampleFormat.isPlanar ? input.channels : 1
+        self.inputPointers = .allocate(capacity: inputPlanes)
+        self.inputPointers.initialize(repeating: nil, count: inputPlanes)
+        self.outputPointers = .allocate(capacity: outputChannels)
+        self.outputPointers.initialize(repeating: nil, count: outputChannels)
+        // 100 ms of output, more than a capture period; grown if a buffer ever needs more.
+        self.output = PlanarStorage(channels: outputChannels, capacity: max(4096, outputRate / 10))
+    }
+
+    deinit {
+        inputPointers.deallocate()
+        outputPointers.deallocate()
     }
 
     /// Converts one buffer whose first sample belongs at `position` (in output samples on the
     /// media timeline: presentation time × output rate) and returns the output placed on the
     /// timeline: continuous with the previous call's, steered onto the timestamps (see above).
+    /// A copy of what `resample(_:at:)` lends.
     public func convert(_ buffer: borrowing SampleBuffer, at position: Int64) throws(FFmpegError) -> AudioChunk {
+        AudioChunk(try resample(buffer, at: position))
+    }
+
+    /// `convert(_:at:)` without the copy: the samples are lent from the resampler's own storage
+    /// until its next call, so the steady state allocates nothing.
+    public func resample(_ buffer: borrowing SampleBuffer, at position: Int64) throws(FFmpegError) -> PlanarAudio {
         if let nextOutput {
             // Where this buffer's first sample will come out: after what the filter still holds.
             let expected = nextOutput + swr_get_delay(context.pointer, Int64(outputRate))
@@ -107,10 +133,10 @@ public final class Resampler {
         } else {
             nextOutput = position
         }
-        let channels = try convert(buffer)
-        let chunk = AudioChunk(startSample: nextOutput!, channels: channels)
-        nextOutput! += Int64(chunk.frameCount)
-        return chunk
+        var samples = try resample(buffer)
+        samples.startSample = nextOutput!
+        nextOutput! += Int64(samples.frameCount)
+        return samples
     }
 
     /// Sets the compensation that closes `error` output samples over the next half second of
@@ -130,45 +156,43 @@ public final class Resampler {
     /// Converts one buffer; may return fewer samples than a rate change implies (libswresample
     /// keeps some back for its filter until `drain()`).
     public func convert(_ buffer: borrowing SampleBuffer) throws(FFmpegError) -> [[Float]] {
-        let what = "converting audio \(input)"
+        AudioChunk(try resample(buffer)).channels
+    }
+
+    /// `convert(_:)` lent from the resampler's storage (until its next call), at position 0.
+    func resample(_ buffer: borrowing SampleBuffer) throws(FFmpegError) -> PlanarAudio {
         guard let format = buffer.audioFormat, format == input else {
-            throw FFmpegError.invalidArgument("the buffer is \(buffer.format), not audio \(input)", what)
+            throw FFmpegError.invalidArgument("the buffer is \(buffer.format), not audio \(input)", "converting audio \(input)")
         }
-        let planes = format.sampleFormat.isPlanar ? format.channels : 1
-        guard buffer.planes.count >= planes else {
-            throw FFmpegError.invalidArgument("\(format) needs \(planes) planes, got \(buffer.planes.count)", what)
+        guard buffer.planes.count >= inputPlanes else {
+            throw FFmpegError.invalidArgument(
+                "\(format) needs \(inputPlanes) planes, got \(buffer.planes.count)", "converting audio \(input)")
         }
-        var pointers: [UnsafePointer<UInt8>?] = buffer.planes.prefix(planes).map {
-            $0.base.assumingMemoryBound(to: UInt8.self)
+        for p in 0..<inputPlanes {
+            inputPointers[p] = UnsafePointer(buffer.planes[p].base.assumingMemoryBound(to: UInt8.self))
         }
-        return try run(input: &pointers, count: Int32(buffer.frameCount), what)
+        return try run(input: inputPointers, count: Int32(buffer.frameCount), "converting audio \(input)")
     }
 
     /// The samples libswresample still holds, at the end of the stream.
     public func drain() throws(FFmpegError) -> [[Float]] {
-        var none: [UnsafePointer<UInt8>?] = []
-        return try run(input: &none, count: 0, "draining the audio converter for \(input)")
+        AudioChunk(try run(input: nil, count: 0, "draining the audio converter for \(input)")).channels
     }
 
-    private func run(input: inout [UnsafePointer<UInt8>?], count: Int32, _ what: String) throws(FFmpegError)
-        -> [[Float]]
-    {
+    /// Converts `count` samples at `input` (nil: drain) into `output`, and lends them.
+    private func run(
+        input: UnsafeMutablePointer<UnsafePointer<UInt8>?>?, count: Int32, _ what: @autoclosure () -> String
+    ) throws(FFmpegError) -> PlanarAudio {
         let capacity = swr_get_out_samples(context.pointer, count)
-        guard capacity > 0 else { return Array(repeating: [], count: outputChannels) }
-        let storage = UnsafeMutablePointer<Float>.allocate(capacity: Int(capacity) * outputChannels)
-        defer { storage.deallocate() }
-        var outputs: [UnsafeMutablePointer<UInt8>?] = (0..<outputChannels).map {
-            UnsafeMutableRawPointer(storage + $0 * Int(capacity)).assumingMemoryBound(to: UInt8.self)
+        guard capacity > 0 else {
+            return output.samples(startSample: 0, frameCount: 0)
         }
-        let produced: Int32
-        if input.isEmpty {
-            produced = swr_convert(context.pointer, &outputs, capacity, nil, 0)
-        } else {
-            produced = swr_convert(context.pointer, &outputs, capacity, &input, count)
+        output.reserve(frames: Int(capacity))
+        for c in 0..<outputChannels {
+            outputPointers[c] = UnsafeMutableRawPointer(output.channel(c).baseAddress!).assumingMemoryBound(to: UInt8.self)
         }
-        try check(produced, what)
-        return (0..<outputChannels).map {
-            Array(UnsafeBufferPointer(start: storage + $0 * Int(capacity), count: Int(produced)))
-        }
+        let produced = swr_convert(context.pointer, outputPointers, capacity, input, input == nil ? 0 : count)
+        try check(produced, what())
+        return output.samples(startSample: 0, frameCount: Int(produced))
     }
 }

@@ -349,10 +349,12 @@ public final class EncodingHandler: BroadcastSampleHandler {
             let resampler = resamplers[type]!
             let position = buffer.presentationTime.rescaled(to: Int32(audioEncoder.settings.sampleRate)).value
             // Converted and steered onto the timestamps (a device clock's drift is resampled away).
-            let converted = try media { () throws(FFmpegError) in try resampler.convert(buffer, at: position) }
-            mixer!.append(converted.channels, at: converted.startSample, from: type)
-            while let chunk = mixer!.mix() {
-                try route(media { () throws(FFmpegError) in try audioEncoder.encode(chunk) })
+            // Lent from stage to stage (the resampler's storage, then the mixer's): no copies, no
+            // allocation per buffer.
+            let converted = try media { () throws(FFmpegError) in try resampler.resample(buffer, at: position) }
+            mixer!.append(converted, from: type)
+            while let mixed = mixer!.mixed() {
+                try route(media { () throws(FFmpegError) in try audioEncoder.encode(mixed) })
             }
         }
     }
@@ -393,7 +395,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
         }
         do {
             if let audioEncoder, mixer != nil {
-                if let chunk = mixer!.mix(final: true) { try route(audioEncoder.encode(chunk)) }
+                if let mixed = mixer!.mixed(final: true) { try route(audioEncoder.encode(mixed)) }
                 try route(audioEncoder.flush())
             }
             if let videoEncoder {

@@ -60,8 +60,7 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
         loop: while true {
             intake()
             if feed.ended.load(ordering: .acquiring) {
-                let by = output.finishBy.load(ordering: .relaxed)
-                machine.finishRequested(by: by == 0 ? .now() : MonotonicInstant(nanoseconds: by))
+                machine.finishRequested(by: output.finishBy.instant ?? .now())
             }
             publishState()
             let now = MonotonicInstant.now()
@@ -71,7 +70,7 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
                 // Capped, so a missed wake-up costs at most 200 ms.
                 var timeout = Duration.milliseconds(200)
                 if let until { timeout = max(.milliseconds(1), min(now.duration(to: until), timeout)) }
-                feed.waitForPackets(timeoutNanoseconds: Self.nanoseconds(timeout))
+                feed.waitForPackets(timeout: timeout)
             case .connect:
                 publishState()
                 do {
@@ -212,8 +211,7 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
     /// where the backlog policy drops video; after a second the output is "stalled".
     private func shouldInterrupt() -> Bool {
         if machine.finishDeadline == nil, feed.ended.load(ordering: .acquiring) {
-            let by = output.finishBy.load(ordering: .relaxed)
-            if by != 0 { machine.finishRequested(by: MonotonicInstant(nanoseconds: by)) }
+            if let by = output.finishBy.instant { machine.finishRequested(by: by) }
         }
         switch machine.blocked(now: .now()) {
         case .carryOn:
@@ -238,11 +236,6 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
         if let dts = machine.writingDTS {
             status.setBacklog(max(0, feed.newestDTS.load(ordering: .relaxed) - dts))
         }
-    }
-
-    static func nanoseconds(_ d: Duration) -> Int64 {
-        let (s, attoseconds) = d.components
-        return s * 1_000_000_000 + attoseconds / 1_000_000_000
     }
 
     /// Opens the connection and writes the header (blocking, at most `settings.timeout`).

@@ -1,3 +1,4 @@
+import Atomics
 import BroadcastMedia
 
 #if canImport(Glibc)
@@ -27,6 +28,24 @@ struct MonotonicInstant: InstantProtocol, Sendable, Hashable, Comparable, Custom
     func duration(to other: MonotonicInstant) -> Duration { other.sinceOrigin - sinceOrigin }
     static func < (a: MonotonicInstant, b: MonotonicInstant) -> Bool { a.sinceOrigin < b.sinceOrigin }
     var description: String { "\(sinceOrigin)" }
+}
+
+/// A deadline one thread sets and another reads, lock-free: `MonotonicInstant?` at the API, its
+/// nanoseconds in one atomic inside (a `Duration` is 128 bits, which no atomic here holds; the
+/// clock's nanoseconds since boot are never 0, which stands for "not set").
+final class FinishDeadline: Sendable {
+    private let nanoseconds = ManagedAtomic<Int64>(0)
+
+    /// The deadline, nil until set.
+    var instant: MonotonicInstant? {
+        let value = nanoseconds.load(ordering: .relaxed)
+        return value == 0 ? nil : MonotonicInstant(nanoseconds: value)
+    }
+
+    func set(_ instant: MonotonicInstant) {
+        let (seconds, attoseconds) = instant.sinceOrigin.components
+        nanoseconds.store(max(1, seconds * 1_000_000_000 + attoseconds / 1_000_000_000), ordering: .relaxed)
+    }
 }
 
 /// Packets not sent, counted by reason: what one event of the live output dropped.

@@ -1,3 +1,5 @@
+import SystemPackage
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -28,10 +30,13 @@ enum MP4Defragmenter {
     /// Reads `source` (fragmented) and writes the regular file into `destination` (an existing
     /// file, truncated). The destination is left unfinished when this throws.
     static func defragment(source: String, destination: String) throws {
-        let input = try File(path: source, flags: O_RDONLY)
-        defer { input.close() }
-        let output = try File(path: destination, flags: O_WRONLY | O_TRUNC)
-        defer { output.close() }
+        let input = try File(path: source, mode: .readOnly)
+        // Closing what was only read: a failure there loses nothing.
+        defer { try? input.close() }
+        let output = try File(path: destination, mode: .writeOnly, options: .truncate)
+        // On the way out by an error; the way out by the end closes it below, and throws if that fails.
+        var outputClosed = false
+        defer { if !outputClosed { try? output.close() } }
 
         // The top-level layout: ftyp, moov, then moof + mdat pairs (a truncated last pair is left out).
         var ftyp: [UInt8]?
@@ -128,7 +133,9 @@ enum MP4Defragmenter {
                 position += Int64(n)
             }
         }
-        guard ftruncate(output.fd, off_t(cursor.offset)) == 0 else { throw File.error("truncating \(destination)") }
+        do { try output.fd.resize(to: cursor.offset) } catch { throw File.error("truncating \(destination)", error) }
+        outputClosed = true
+        do { try output.close() } catch { throw File.error("closing \(destination)", error) }
     }
 
     /// Calls `body` for every track run of `fragments`, in file order.
@@ -758,23 +765,30 @@ enum MP4Defragmenter {
     }
 
     final class File {
-        let fd: Int32
+        let fd: FileDescriptor
         let size: Int64
         let path: String
 
-        init(path: String, flags: Int32) throws {
-            fd = open(path, flags | O_CLOEXEC)
-            guard fd >= 0 else { throw File.error("opening \(path)") }
+        init(path: String, mode: FileDescriptor.AccessMode, options: FileDescriptor.OpenOptions = []) throws {
+            do {
+                fd = try FileDescriptor.open(FilePath(path), mode, options: options.union(.closeOnExec))
+            } catch {
+                throw File.error("opening \(path)", error)
+            }
             self.path = path
             var info = stat()
-            fstat(fd, &info)
+            guard fstat(fd.rawValue, &info) == 0 else {
+                let error = Errno(rawValue: errno)
+                try? fd.close()
+                throw File.error("reading the size of \(path)", error)
+            }
             size = Int64(info.st_size)
         }
 
-        func close() { _ = Glibc.close(fd) }
+        func close() throws { try fd.close() }
 
-        static func error(_ what: String) -> Unsupported {
-            Unsupported(reason: "\(what): \(String(cString: strerror(errno)))")
+        static func error(_ what: String, _ error: any Error) -> Unsupported {
+            Unsupported(reason: "\(what): \(error)")
         }
 
         func read(at offset: Int64, count: Int) throws -> [UInt8] {
@@ -783,27 +797,32 @@ enum MP4Defragmenter {
             return bytes
         }
 
+        /// Interrupted reads are retried (swift-system's `retryOnInterrupt`); a short one goes on.
         func read(at offset: Int64, into bytes: inout [UInt8], count: Int) throws {
             var done = 0
             try bytes.withUnsafeMutableBytes { raw in
                 while done < count {
-                    let n = pread(fd, raw.baseAddress! + done, count - done, off_t(offset) + off_t(done))
-                    if n < 0 && errno == EINTR { continue }
-                    guard n > 0 else { throw n == 0 ? Unsupported(reason: "\(path) ends early") : File.error("reading \(path)") }
+                    let n: Int
+                    do {
+                        n = try fd.read(
+                            fromAbsoluteOffset: offset + Int64(done),
+                            into: UnsafeMutableRawBufferPointer(rebasing: raw[done..<count]), retryOnInterrupt: true)
+                    } catch {
+                        throw File.error("reading \(path)", error)
+                    }
+                    guard n > 0 else { throw Unsupported(reason: "\(path) ends early") }
                     done += n
                 }
             }
         }
 
         func write(at offset: Int64, _ bytes: [UInt8], count: Int) throws {
-            var done = 0
-            try bytes.withUnsafeBytes { raw in
-                while done < count {
-                    let n = pwrite(fd, raw.baseAddress! + done, count - done, off_t(offset) + off_t(done))
-                    if n < 0 && errno == EINTR { continue }
-                    guard n > 0 else { throw File.error("writing \(path)") }
-                    done += n
+            do {
+                _ = try bytes.withUnsafeBytes {
+                    try fd.writeAll(toAbsoluteOffset: offset, UnsafeRawBufferPointer(rebasing: $0[0..<count]))
                 }
+            } catch {
+                throw File.error("writing \(path)", error)
             }
         }
 

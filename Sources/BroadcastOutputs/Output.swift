@@ -125,14 +125,14 @@ final class PacketFeed: Sendable {
 
     init(capacity: Int) { ring = SPSCRing(capacity: capacity) }
 
-    /// Consumer: waits until a packet is there, the feed ended, or `timeoutNanoseconds` passed.
-    func waitForPackets(timeoutNanoseconds: Int64?) {
+    /// Consumer: waits until a packet is there, the feed ended, or `timeout` passed (nil: no limit).
+    func waitForPackets(timeout: Duration?) {
         dataWakeup.prepareToSleep()
         if !ring.isEmpty || ended.load(ordering: .acquiring) {
             dataWakeup.cancelSleep()
             return
         }
-        dataWakeup.sleep(timeoutNanoseconds: timeoutNanoseconds)
+        dataWakeup.sleep(timeout: timeout)
     }
 
     /// Consumer: the next packet, telling a lossless producer there is room.
@@ -164,9 +164,8 @@ public final class Output: @unchecked Sendable {
     /// checks it on the session's thread before every video frame.
     let keyframeRequest: ManagedAtomic<Bool>
     let paused = ManagedAtomic<Bool>(false)
-    /// Set when the output must give up whatever it is doing (the finish deadline passed).
-    /// When a finishing output must stop sending (CLOCK_MONOTONIC ns), 0: not finishing.
-    let finishBy = ManagedAtomic<Int64>(0)
+    /// When a finishing live output must stop sending; nil until it is finishing.
+    let finishBy = FinishDeadline()
     private let failedOutputs: ManagedAtomic<Int>
     let logger: Logger
     /// Replay outputs: their figures and save requests, and where media time stands for a save.
@@ -299,7 +298,7 @@ public final class Output: @unchecked Sendable {
                 feed.dataWakeup.wake()
                 return
             }
-            feed.spaceWakeup.sleep(timeoutNanoseconds: 100_000_000)
+            feed.spaceWakeup.sleep(timeout: .milliseconds(100))
         }
     }
 
@@ -307,7 +306,7 @@ public final class Output: @unchecked Sendable {
     /// and closes. Returns at once; `join()` waits.
     func end() {
         if case .live = destination {
-            finishBy.store(MonotonicClock().now() + Int64(configuration.live.finishTimeout * 1e9), ordering: .relaxed)
+            finishBy.set(.now() + .nanoseconds(Int64(configuration.live.finishTimeout * 1e9)))
         }
         feed.ended.store(true, ordering: .releasing)
         feed.dataWakeup.wake()

@@ -90,16 +90,17 @@ public struct LiveStreamSettings: Sendable, Hashable {
 public struct RecordingSegments: Sendable, Hashable {
     /// "/var/lib/broadcast/rec-%Y%m%d-%H%M%S.mp4": expanded in local time when each file starts.
     public var pathTemplate: String
-    /// A new file starts at the first keyframe this long after the current one started.
-    public var lengthNanoseconds: Int64
+    /// A new file starts at the first keyframe this long after the current one started (nil: one
+    /// file, however long).
+    public var length: Duration?
     /// Finished files older than this are deleted (nil: kept).
     public var retainSeconds: Int64?
     /// The oldest finished files are deleted while all together exceed this (nil: no limit).
     public var retainBytes: Int64?
 
-    public init(pathTemplate: String, lengthNanoseconds: Int64, retainSeconds: Int64? = nil, retainBytes: Int64? = nil) {
+    public init(pathTemplate: String, length: Duration?, retainSeconds: Int64? = nil, retainBytes: Int64? = nil) {
         self.pathTemplate = pathTemplate
-        self.lengthNanoseconds = lengthNanoseconds
+        self.length = length
         self.retainSeconds = retainSeconds
         self.retainBytes = retainBytes
     }

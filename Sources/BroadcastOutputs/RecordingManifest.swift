@@ -1,3 +1,5 @@
+import SystemPackage
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -71,14 +73,20 @@ public struct RecordingManifest: Sendable, Hashable {
         let lines = kept.map { "+ \(relative($0))\n" }.joined()
         if lines == text { return }
         let temporary = path + ".new"
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-        guard fd >= 0 else { return }
-        let written = Self.writeAll(fd, lines)
-        let synced = fsync(fd) == 0
-        close(fd)
-        if written && synced && rename(temporary, path) == 0 { return }
+        guard
+            let fd = try? FileDescriptor.open(
+                FilePath(temporary), .writeOnly, options: [.create, .truncate, .closeOnExec], permissions: Self.permissions)
+        else { return }
+        let written = (try? fd.writeAll(lines.utf8)) != nil
+        // swift-system has no fsync.
+        let synced = fsync(fd.rawValue) == 0
+        let closed = (try? fd.close()) != nil
+        if written && synced && closed && rename(temporary, path) == 0 { return }
         unlink(temporary)
     }
+
+    /// rw-r--r--
+    private static let permissions = FilePermissions(rawValue: 0o644)
 
     /// `file` relative to the directory when it is under it, else as given (absolute).
     private func relative(_ file: String) -> String {
@@ -93,39 +101,28 @@ public struct RecordingManifest: Sendable, Hashable {
         name.hasPrefix("/") ? name : RecordingTemplate.join(directory, name)
     }
 
+    /// Appends the lines, best effort: a line that cannot be written leaves its file unlisted,
+    /// so never deleted by us (the safe side), and the recording goes on.
     private func append(_ lines: [String]) {
         // A name with a line break cannot be one line: not recorded, so never deleted by us.
         let text = lines.filter { !$0.contains("\n") && !$0.contains("\r") }.map { $0 + "\n" }.joined()
         guard !text.isEmpty else { return }
-        let fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o644)
-        guard fd >= 0 else { return }
-        _ = Self.writeAll(fd, text)
-        close(fd)
-    }
-
-    private static func writeAll(_ fd: Int32, _ text: String) -> Bool {
-        var text = text
-        return text.withUTF8 { bytes in
-            var offset = 0
-            while offset < bytes.count {
-                let n = write(fd, bytes.baseAddress! + offset, bytes.count - offset)
-                if n < 0 && errno == EINTR { continue }
-                if n <= 0 { return false }
-                offset += n
-            }
-            return true
-        }
+        guard
+            let fd = try? FileDescriptor.open(
+                FilePath(path), .writeOnly, options: [.append, .create, .closeOnExec], permissions: Self.permissions)
+        else { return }
+        _ = try? fd.closeAfter { try fd.writeAll(text.utf8) }
     }
 
     private static func read(_ path: String) -> String? {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return nil }
-        defer { close(fd) }
+        guard let fd = try? FileDescriptor.open(FilePath(path), .readOnly, options: .closeOnExec) else { return nil }
+        // Closing what was only read: a failure there loses nothing.
+        defer { try? fd.close() }
         var bytes: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 65536)
         while true {
-            let n = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
-            if n < 0 && errno == EINTR { continue }
+            // Interrupted reads are retried; an error ends the text there, as the end of the file does.
+            let n = (try? chunk.withUnsafeMutableBytes { try fd.read(into: $0, retryOnInterrupt: true) }) ?? 0
             if n <= 0 { break }
             bytes.append(contentsOf: chunk[0..<n])
         }

@@ -72,7 +72,7 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
         while true {
             guard let packet = feed.pop() else {
                 if feed.ended.load(ordering: .acquiring), feed.ring.isEmpty { break }
-                feed.waitForPackets(timeoutNanoseconds: 200_000_000)
+                feed.waitForPackets(timeout: .milliseconds(200))
                 continue
             }
             if output.isPaused {
@@ -103,7 +103,9 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
                 status.set(.recording)
             }
             if segmentStart == nil { segmentStart = dts }
-            if let segments, let start = segmentStart, isStartPoint(packet), dts - start >= segments.lengthNanoseconds {
+            if let segments, let length = segments.length, let start = segmentStart, isStartPoint(packet),
+                .nanoseconds(dts - start) >= length
+            {
                 do {
                     try startNextSegment(segments, at: dts)
                 } catch {

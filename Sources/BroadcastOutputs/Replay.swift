@@ -316,7 +316,7 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
             }
             if took == 0 {
                 let timeout: Int64 = pending.first.map { max(1_000_000, min(200_000_000, $0.waitUntil - now)) } ?? 200_000_000
-                feed.waitForPackets(timeoutNanoseconds: timeout)
+                feed.waitForPackets(timeout: .nanoseconds(timeout))
             }
         }
         buffer.removeAll()
@@ -344,7 +344,7 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
                     for job in last { write(job) }
                     continue
                 }
-                jobWakeup.sleep(timeoutNanoseconds: 200_000_000)
+                jobWakeup.sleep(timeout: .milliseconds(200))
                 continue
             }
             jobWakeup.cancelSleep()

@@ -35,7 +35,7 @@ final class ControlExecutor: TaskExecutor, @unchecked Sendable {
                 if jobs.withLock({ !$0.queue.isEmpty || $0.stopped }) {
                     wakeup.cancelSleep()
                 } else {
-                    _ = wakeup.sleep(timeoutNanoseconds: 1_000_000_000)
+                    _ = wakeup.sleep(timeout: .seconds(1))
                 }
             }
         }

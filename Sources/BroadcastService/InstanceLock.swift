@@ -1,3 +1,5 @@
+internal import SystemPackage
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -14,7 +16,7 @@ public final class InstanceLock: Sendable {
     public static let fileName = ".broadcast.lock"
 
     public let path: String
-    private let fd: Int32
+    private let fd: FileDescriptor
 
     /// Why a lock was not taken: held by another process (its pid when it wrote one), or the file
     /// could not be opened.
@@ -40,32 +42,42 @@ public final class InstanceLock: Sendable {
     /// Locks the file at `path` (created if missing) without waiting.
     public init(path: String, subject: String) throws(Failure) {
         self.path = path
-        let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o644)
-        guard fd >= 0 else { throw Failure(subject: subject, path: path, reason: String(cString: strerror(errno))) }
-        var locked = flock(fd, LOCK_EX | LOCK_NB)
-        while locked != 0 && errno == EINTR { locked = flock(fd, LOCK_EX | LOCK_NB) }
+        let fd: FileDescriptor
+        do {
+            fd = try FileDescriptor.open(
+                FilePath(path), .readWrite, options: [.create, .closeOnExec, .noFollow],
+                permissions: FilePermissions(rawValue: 0o644))
+        } catch {
+            throw Failure(subject: subject, path: path, reason: String(cString: strerror((error as? Errno ?? .ioError).rawValue)))
+        }
+        // swift-system has no flock: the one EINTR loop left here.
+        var locked = flock(fd.rawValue, LOCK_EX | LOCK_NB)
+        while locked != 0 && errno == EINTR { locked = flock(fd.rawValue, LOCK_EX | LOCK_NB) }
         guard locked == 0 else {
             let busy = errno == EWOULDBLOCK
             let reason = String(cString: strerror(errno))
             let holder = busy ? Self.holder(fd) : nil
-            close(fd)
+            try? fd.close()
             throw Failure(subject: subject, path: path, holder: holder, reason: busy ? nil : reason)
         }
         self.fd = fd
+        // The pid is only for a second instance's message ("in use by pid N"): the lock holds
+        // without it, so a failure to write it is not one to stop for.
         let text = Array("\(getpid())\n".utf8)
-        if ftruncate(fd, 0) == 0 {
-            _ = text.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 0) }
+        if (try? fd.resize(to: 0)) != nil {
+            _ = try? fd.writeAll(toAbsoluteOffset: 0, text)
         }
     }
 
-    deinit { close(fd) }
+    // The lock goes with the descriptor; close(2) frees it even when it reports an error.
+    deinit { try? fd.close() }
 
     /// The pid the holder wrote; it writes right after locking, so an empty file is read again
     /// for a moment before giving up.
-    private static func holder(_ fd: Int32) -> Int32? {
+    private static func holder(_ fd: FileDescriptor) -> Int32? {
         for _ in 0..<50 {
             var buffer = [UInt8](repeating: 0, count: 32)
-            let n = buffer.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, 0) }
+            let n = (try? buffer.withUnsafeMutableBytes { try fd.read(fromAbsoluteOffset: 0, into: $0) }) ?? 0
             if n > 0, let pid = Int32(String(decoding: buffer[0..<n], as: UTF8.self).trimmingNewline), pid > 0 {
                 return pid
             }

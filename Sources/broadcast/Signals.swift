@@ -3,6 +3,7 @@
 // session, toggle pause). This works whichever thread the kernel picks to take the signal, which
 // matters because the Swift runtime may have started threads before main runs.
 import BroadcastKit
+import SystemPackage
 
 #if canImport(Glibc)
 import Glibc
@@ -22,12 +23,22 @@ enum Signals {
         // A closed stdout/stderr (`broadcast record x.mp4 2>&1 | head -2`) must not end a recording:
         // writes to it fail with EPIPE, which every writer here ignores.
         signal(SIGPIPE, SIG_IGN)
-        var fds: [Int32] = [-1, -1]
-        guard pipe(&fds) == 0 else { return }
-        for fd in fds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
-        _ = fcntl(fds[1], F_SETFL, fcntl(fds[1], F_GETFL) | O_NONBLOCK)
-        pipeRead = fds[0]
-        signalPipeWrite = fds[1]
+        // Both ends close-on-exec; the write end non-blocking (a full pipe must not block the
+        // handler), the read end blocking (its thread waits in read). A process that cannot make
+        // the pipe (out of descriptors at its start) stops here: without it a signal would end it
+        // without finishing the file.
+        let ends: (readEnd: FileDescriptor, writeEnd: FileDescriptor)
+        do {
+            ends = try FileDescriptor.pipe(options: .closeOnExec)
+        } catch {
+            preconditionFailure("cannot make the signal pipe: \(error)")
+        }
+        let flags = fcntl(ends.writeEnd.rawValue, F_GETFL)
+        guard flags >= 0, fcntl(ends.writeEnd.rawValue, F_SETFL, flags | O_NONBLOCK) == 0 else {
+            preconditionFailure("cannot make the signal pipe non-blocking: \(Errno(rawValue: errno))")
+        }
+        pipeRead = ends.readEnd.rawValue
+        signalPipeWrite = ends.writeEnd.rawValue
         // A parent may hand us these signals blocked (a test runner's thread, a supervisor): the mask
         // is inherited across exec, and a blocked signal would never reach the handler.
         var set = sigset_t()
@@ -38,7 +49,8 @@ enum Signals {
             var action = sigaction()
             action.__sigaction_handler.sa_handler = { number in
                 // The interrupted code may be about to read errno: a failed write here (EAGAIN,
-                // the pipe full) must not change it.
+                // the pipe full) must not change it. A plain write(2): it is async-signal-safe,
+                // swift-system's (which boxes its error, an allocation) would not be.
                 let saved = errno
                 var byte = UInt8(truncatingIfNeeded: number)
                 _ = write(signalPipeWrite, &byte, 1)
@@ -53,18 +65,12 @@ enum Signals {
     /// Calls `react` on a dedicated thread for every signal received, until the process exits.
     @discardableResult
     static func startWatching(_ react: @escaping @Sendable (Int32) -> Void) -> OSThread {
-        let fd = pipeRead
+        let fd = FileDescriptor(rawValue: pipeRead)
         return OSThread(name: "bc-signals") {
             var byte: UInt8 = 0
-            while true {
-                let n = read(fd, &byte, 1)
-                if n == 1 {
-                    react(Int32(byte))
-                } else if n < 0 && errno == EINTR {
-                    continue
-                } else {
-                    return
-                }
+            // Interrupted reads are retried; an error or the end of the pipe ends the thread.
+            while (try? withUnsafeMutableBytes(of: &byte, { try fd.read(into: $0, retryOnInterrupt: true) })) == 1 {
+                react(Int32(byte))
             }
         }
     }

@@ -136,6 +136,20 @@ import Glibc
         #expect(lost == 0, "lost wake-ups in \(played) rounds: \(lost)")
     }
 
+    @Test("a Duration timeout: the same sleep, a wake-up ends it, a zero or negative one returns at once")
+    func durationTimeout() {
+        let wakeup = Wakeup()
+        wakeup.prepareToSleep()
+        #expect(wakeup.sleep(timeout: .zero) == false)
+        wakeup.prepareToSleep()
+        #expect(wakeup.sleep(timeout: .milliseconds(-5)) == false)
+        wakeup.prepareToSleep()
+        wakeup.wake()
+        #expect(wakeup.sleep(timeout: .seconds(10)) == true)
+        #expect(wakeup.statistics.timedOut == 2)
+        #expect(wakeup.statistics.signalled == 1)
+    }
+
     @Test("a sleep without a wake-up times out and says so")
     func timeoutIsCounted() {
         let wakeup = Wakeup()

@@ -498,3 +498,16 @@ import Testing
 
 /// FinalizeTests' seeded generator, for `Double.random(in:using:)`.
 extension SplitMix: RandomNumberGenerator {}
+
+@Suite struct FinishDeadlineTests {
+    @Test("the finish deadline is none until set, then the instant set, to the nanosecond")
+    func finishDeadlineIsTyped() {
+        let deadline = FinishDeadline()
+        #expect(deadline.instant == nil)
+        let instant = MonotonicInstant(nanoseconds: 123_456_789_012)
+        deadline.set(instant)
+        #expect(deadline.instant == instant)
+        deadline.set(instant + .seconds(2))
+        #expect(deadline.instant == MonotonicInstant(nanoseconds: 125_456_789_012))
+    }
+}

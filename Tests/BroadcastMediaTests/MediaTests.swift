@@ -85,7 +85,7 @@ struct AudioMixerTests {
 
     @Test("one input passes through unchanged")
     func passThrough() {
-        var mixer = AudioMixer(channelCount: 1, sampleRate: 1000, expectedInputs: 1)
+        let mixer = AudioMixer(channelCount: 1, sampleRate: 1000, expectedInputs: 1)
         mixer.append([[0.5, -0.25, 1.5]], at: 10, from: .audioMic)
         let out = mixer.mix()
         #expect(out == AudioChunk(startSample: 10, channels: [[0.5, -0.25, 1.5]]))
@@ -94,7 +94,7 @@ struct AudioMixerTests {
 
     @Test("two inputs are summed and clipped over the range both cover")
     func sumAndClip() {
-        var mixer = AudioMixer(channelCount: 1, sampleRate: 1000)
+        let mixer = AudioMixer(channelCount: 1, sampleRate: 1000)
         mixer.append(chunk(0.25, 100), at: 0, from: .audioMic)
         mixer.append(chunk(0.5, 60), at: 0, from: .audioApp)
         let first = mixer.mix()
@@ -108,7 +108,7 @@ struct AudioMixerTests {
 
     @Test("an input lagging more than 200 ms counts as silence; its late samples are dropped")
     func lagIsSilence() {
-        var mixer = AudioMixer(channelCount: 1, sampleRate: 1000)
+        let mixer = AudioMixer(channelCount: 1, sampleRate: 1000)
         mixer.append(chunk(0.1, 50), at: 0, from: .audioApp)
         mixer.append(chunk(0.2, 50), at: 0, from: .audioMic)
         #expect(mixer.mix()?.frameCount == 50)
@@ -127,7 +127,7 @@ struct AudioMixerTests {
 
     @Test("timestamp jitter is absorbed; a real gap becomes silence")
     func jitterAndGaps() {
-        var mixer = AudioMixer(channelCount: 1, sampleRate: 1000, expectedInputs: 1)
+        let mixer = AudioMixer(channelCount: 1, sampleRate: 1000, expectedInputs: 1)
         mixer.append(chunk(0.5, 100), at: 0, from: .audioMic)
         _ = mixer.mix()
         mixer.append(chunk(0.5, 100), at: 103, from: .audioMic)  // 3 ms late: jitter
@@ -141,7 +141,7 @@ struct AudioMixerTests {
 
     @Test("at the start the mixer waits for a second input before mixing")
     func startupGrace() {
-        var mixer = AudioMixer(channelCount: 1, sampleRate: 1000)
+        let mixer = AudioMixer(channelCount: 1, sampleRate: 1000)
         mixer.append(chunk(0.1, 20), at: 0, from: .audioMic)
         #expect(mixer.mix() == nil)
         mixer.append(chunk(0.2, 20), at: 0, from: .audioApp)
