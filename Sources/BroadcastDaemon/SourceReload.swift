@@ -119,18 +119,43 @@ struct SourceReload {
         }
     }
 
-    /// What a type's source is made from, as one comparable line (the period matters only to a device).
+    /// What a type's source is made from, as one comparable line in the config's words (the period
+    /// matters only to a device).
     static func spec(_ settings: SourceSettings, _ type: SampleBufferType) -> String {
         switch type {
         case .video:
-            return "\(settings.video)" + (settings.videoInput.map { " input \($0)" } ?? "") + (settings.videoFormat.map { " format \($0)" } ?? "")
+            return label(settings.video) + (settings.videoInput.map { " input \($0)" } ?? "") + (settings.videoFormat.map { " format \($0)" } ?? "")
         case .audioMic, .audioApp:
             let source = type == .audioMic ? settings.audioMic : settings.audioApp
             switch source {
-            case .none, .test: return "\(source)"
-            default: return "\(source) period \(settings.audioPeriodNanoseconds / 1_000_000) ms"
+            case .none, .test: return label(source)
+            default: return "\(label(source)) period \(milliseconds(settings.audioPeriodNanoseconds))"
             }
         }
+    }
+
+    static func label(_ video: VideoSourceSpec) -> String {
+        switch video {
+        case .test(let bt601, _): bt601.map { "test:colour=\($0 ? "bt601" : "bt709")" } ?? "test"
+        case .x11(let spec): "\(spec)"
+        case .pipeWire(let spec): "\(spec)"
+        case .v4l2(let path): path
+        case .none: "none"
+        }
+    }
+
+    static func label(_ audio: AudioSourceSpec) -> String {
+        switch audio {
+        case .test(let period): period.map { "test:period=\(milliseconds($0.nanoseconds ?? 0))" } ?? "test"
+        case .pipeWire(let target): "\(target)"
+        case .alsa(let name): name
+        case .systemDefault: "default"
+        case .none: "none"
+        }
+    }
+
+    static func milliseconds(_ nanoseconds: Int64) -> String {
+        nanoseconds % 1_000_000 == 0 ? "\(nanoseconds / 1_000_000)ms" : "\(Double(nanoseconds) / 1e6)ms"
     }
 
     static func isPortalOrPipeWire(_ settings: SourceSettings, _ type: SampleBufferType) -> Bool {

@@ -15,13 +15,17 @@ import Testing
 
     func typecheck(_ snippet: String) throws -> (status: Int32, errors: String) {
         let scratch = Self.buildDirectory.deletingLastPathComponent().deletingLastPathComponent()
+        // The C modules BroadcastKit's own imports bring (atomics' shims, swift-system's CSystem): a
+        // handler package gets them from its resolved dependencies.
         let atomicsShims = scratch.appendingPathComponent("checkouts/swift-atomics/Sources/_AtomicsShims/include/module.modulemap")
+        let systemShims = scratch.appendingPathComponent("checkouts/swift-system/Sources/CSystem/include/module.modulemap")
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         process.arguments = [
             "swiftc", "-typecheck", "-swift-version", "6",
             "-I", Self.buildDirectory.appendingPathComponent("Modules").path,
             "-Xcc", "-fmodule-map-file=\(atomicsShims.path)",
+            "-Xcc", "-fmodule-map-file=\(systemShims.path)",
             Self.checks.appendingPathComponent(snippet).path,
         ]
         let errors = Pipe()
