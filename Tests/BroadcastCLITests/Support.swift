@@ -45,6 +45,8 @@ final class Child: @unchecked Sendable {
 
     func signal(_ s: Int32) { kill(process.processIdentifier, s) }
 
+    var pid: Int32 { process.processIdentifier }
+
     /// What the child has written to stderr so far (it keeps running).
     var stderrSoFar: String { (try? String(contentsOf: errURL, encoding: .utf8)) ?? "" }
 
