@@ -29,11 +29,12 @@ final class SocketConnection: @unchecked Sendable {
         _ = Array(request.utf8).withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
     }
 
-    /// Reads until everything read contains `needle`, the connection ends, or 30 s pass without a byte.
+    /// Reads until everything read contains `needle` (`occurrences` times), the connection ends, or
+    /// 30 s pass without a byte.
     @discardableResult
-    func read(until needle: String) -> Bool {
+    func read(until needle: String, occurrences: Int = 1) -> Bool {
         var chunk = [UInt8](repeating: 0, count: 16384)
-        while !text.contains(needle) {
+        while occurrences == 1 ? !text.contains(needle) : text.components(separatedBy: needle).count - 1 < occurrences {
             var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
             guard poll(&pfd, 1, 30_000) > 0 else { return false }
             let n = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
