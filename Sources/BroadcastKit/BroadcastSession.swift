@@ -348,122 +348,152 @@ public final class BroadcastSession: @unchecked Sendable {
         }
 
         mutating func run() -> Result<SessionSummary.Reason, BroadcastError> {
-            let handler = session.handler
             /// Commands taken but not applied yet: they wait while a pause is pending.
             var queued: [Command] = []
             while true {
                 // Control first: the handler hears of pause/resume/finish between two buffers.
-                commandsTakenAt = session.clock.now()
-                queued += session.commands.takeAll().sorted(by: { $0.sequence < $1.sequence }).map(\.command)
-                while pendingPause == nil, !queued.isEmpty {
-                    switch queued.removeFirst() {
-                    case .pause(let at):
-                        if realtime {
-                            // First deliver what was captured before the pause (audio up to its sample).
-                            pendingPause = at
-                        } else {
-                            pausedAt = at
-                            handler.broadcastPaused()
-                        }
-                    case .resume(let at):
-                        if let start = pausedAt, realtime { pauses.append((start, max(start, at))) }
-                        pausedAt = nil
-                        handler.broadcastResumed()
-                    case .finish(let error):
-                        if let error { return .failure(error) }
-                        return .success(.finished)
-                    }
-                }
-                if let pause = pendingPause, everythingBeforeDelivered(pause) {
-                    pendingPause = nil
-                    pausedAt = pause
-                    handler.broadcastPaused()
-                    continue
-                }
-
+                if let end = applyCommands(&queued) { return end }
+                if beginPendingPause() { continue }
                 // Device loss and return reach the handler between two buffers, like control.
-                refreshSources()
-                for (type, source) in sources {
-                    let health = source.health
-                    if health != reportedHealth[type, default: CaptureHealth()] {
-                        reportedHealth[type] = health
-                        handler.sourceHealthChanged(health, of: type)
-                    }
-                }
-
+                reportHealthChanges()
                 if let pausedAt {
                     // Non-realtime sources simply wait; realtime capture goes on and is dropped.
                     if realtime { dropCapturedWhilePaused(since: pausedAt) }
                     sleep(timeout: nil)
                     continue
                 }
+                switch nextInCaptureOrder() {
+                case .finished(let reason):
+                    return .success(reason)
+                case .wait(let timeout):
+                    sleep(timeout: timeout)
+                case .ready(let sink):
+                    if let failure = deliverNext(from: sink) { return .failure(failure) }
+                }
+            }
+        }
 
-                // The next buffer in capture order across types.
-                var best: SourceSink?
-                var bestTime = Int64.max
-                // The earliest capture time an empty queue's next buffer can have.
-                var earliestFromEmpty = Int64.max
-                for sink in session.sinks where !done.contains(sink.type) {
-                    if let head = sink.ring.peek() {
-                        // While a pause is pending only what was captured before it goes out.
-                        if let pause = pendingPause, head.captureTime >= pause { continue }
-                        if head.captureTime < bestTime {
-                            best = sink
-                            bestTime = head.captureTime
-                        }
-                    } else if sink.hasEnded {
-                        done.insert(sink.type)
+        /// Takes the commands sent since the last turn and applies them in order, up to a pause that
+        /// must wait for what was captured before it. Returns how the run ends, if a command ends it.
+        private mutating func applyCommands(_ queued: inout [Command]) -> Result<SessionSummary.Reason, BroadcastError>? {
+            commandsTakenAt = session.clock.now()
+            queued += session.commands.takeAll().sorted(by: { $0.sequence < $1.sequence }).map(\.command)
+            while pendingPause == nil, !queued.isEmpty {
+                switch queued.removeFirst() {
+                case .pause(let at):
+                    if realtime {
+                        // First deliver what was captured before the pause (audio up to its sample).
+                        pendingPause = at
                     } else {
-                        earliestFromEmpty = min(earliestFromEmpty, nextCapture[sink.type] ?? .min)
+                        pausedAt = at
+                        session.handler.broadcastPaused()
                     }
+                case .resume(let at):
+                    if let start = pausedAt, realtime { pauses.append((start, max(start, at))) }
+                    pausedAt = nil
+                    session.handler.broadcastResumed()
+                case .finish(let error):
+                    if let error { return .failure(error) }
+                    return .success(.finished)
                 }
-                // An empty queue holds the best buffer back only if its next buffer could come first:
-                // a video frame captured in the middle of an audio period waits for that period, not
-                // for the one after it.
-                let waitingOnEmpty = earliestFromEmpty <= bestTime
-                guard let sink = best else {
-                    if done.count == session.sinks.count {
-                        return .success(durationNanoseconds != nil ? .durationReached : .sourcesEnded)
-                    }
-                    if let pause = pendingPause {
-                        // Wait for the rest captured before the pause, within the reorder window.
-                        sleep(timeout: max(1_000_000, pause + session.options.reorderWindowNanoseconds - session.clock.now()))
-                    } else {
-                        sleep(timeout: nil)
-                    }
-                    continue
+            }
+            return nil
+        }
+
+        /// A pending pause begins once what was captured before it went out: true when it did now.
+        private mutating func beginPendingPause() -> Bool {
+            guard let pause = pendingPause, everythingBeforeDelivered(pause) else { return false }
+            pendingPause = nil
+            pausedAt = pause
+            session.handler.broadcastPaused()
+            return true
+        }
+
+        /// Tells the handler of each source whose health changed since it last heard.
+        private mutating func reportHealthChanges() {
+            refreshSources()
+            for (type, source) in sources {
+                let health = source.health
+                if health != reportedHealth[type, default: CaptureHealth()] {
+                    reportedHealth[type] = health
+                    session.handler.sourceHealthChanged(health, of: type)
                 }
-                if waitingOnEmpty {
-                    // Another source may still deliver something captured earlier: wait for it,
-                    // without limit when nothing is realtime, within the reorder window otherwise.
-                    if !realtime {
-                        sleep(timeout: nil)
-                        continue
+            }
+        }
+
+        /// What the delivery loop does next.
+        enum Next {
+            /// Every source ended (or the duration was reached).
+            case finished(SessionSummary.Reason)
+            /// Sleep until woken, or at most this long (nil: no limit).
+            case wait(Int64?)
+            /// This queue's head is the next buffer in capture order.
+            case ready(SourceSink)
+        }
+
+        /// The next buffer in capture order across types, or how long to wait for one: an empty
+        /// queue whose next buffer could have been captured earlier holds the others back (without
+        /// limit when nothing is realtime, within the reorder window otherwise).
+        private mutating func nextInCaptureOrder() -> Next {
+            var best: SourceSink?
+            var bestTime = Int64.max
+            // The earliest capture time an empty queue's next buffer can have.
+            var earliestFromEmpty = Int64.max
+            for sink in session.sinks where !done.contains(sink.type) {
+                if let head = sink.ring.peek() {
+                    // While a pause is pending only what was captured before it goes out.
+                    if let pause = pendingPause, head.captureTime >= pause { continue }
+                    if head.captureTime < bestTime {
+                        best = sink
+                        bestTime = head.captureTime
                     }
-                    let age = session.clock.now() - bestTime
-                    if age < session.options.reorderWindowNanoseconds {
-                        sleep(timeout: session.options.reorderWindowNanoseconds - age)
-                        continue
-                    }
-                }
-                let buffer = sink.ring.pop()!
-                sink.tookBuffer()
-                let length = buffer.duration.nanoseconds ?? 0
-                if case .audio = buffer.format {
-                    nextCapture[sink.type] = buffer.captureTime + length
+                } else if sink.hasEnded {
+                    done.insert(sink.type)
                 } else {
-                    nextCapture[sink.type] = buffer.captureTime + length / 2
+                    earliestFromEmpty = min(earliestFromEmpty, nextCapture[sink.type] ?? .min)
                 }
-                do {
-                    try deliver(buffer, of: sink.type, cutAt: pendingPause)
-                } catch let error as BroadcastError {
-                    buffer.backing?.release()
-                    return .failure(error)
-                } catch {
-                    buffer.backing?.release()
-                    return .failure(BroadcastError(.handlerAborted, "the handler aborted: \(error)"))
+            }
+            guard let sink = best else {
+                if done.count == session.sinks.count {
+                    return .finished(durationNanoseconds != nil ? .durationReached : .sourcesEnded)
                 }
-                buffer.backing?.release()
+                if let pause = pendingPause {
+                    // Wait for the rest captured before the pause, within the reorder window.
+                    return .wait(max(1_000_000, pause + session.options.reorderWindowNanoseconds - session.clock.now()))
+                }
+                return .wait(nil)
+            }
+            // An empty queue holds the best buffer back only if its next buffer could come first:
+            // a video frame captured in the middle of an audio period waits for that period, not
+            // for the one after it.
+            if earliestFromEmpty <= bestTime {
+                if !realtime { return .wait(nil) }
+                let age = session.clock.now() - bestTime
+                if age < session.options.reorderWindowNanoseconds {
+                    return .wait(session.options.reorderWindowNanoseconds - age)
+                }
+            }
+            return .ready(sink)
+        }
+
+        /// Takes `sink`'s head and hands it to the handler; returns the error that ends the run.
+        private mutating func deliverNext(from sink: SourceSink) -> BroadcastError? {
+            let buffer = sink.ring.pop()!
+            sink.tookBuffer()
+            defer { buffer.backing?.release() }
+            let length = buffer.duration.nanoseconds ?? 0
+            if case .audio = buffer.format {
+                nextCapture[sink.type] = buffer.captureTime + length
+            } else {
+                nextCapture[sink.type] = buffer.captureTime + length / 2
+            }
+            do {
+                try deliver(buffer, of: sink.type, cutAt: pendingPause)
+                return nil
+            } catch let error as BroadcastError {
+                return error
+            } catch {
+                return BroadcastError(.handlerAborted, "the handler aborted: \(error)")
             }
         }
 
