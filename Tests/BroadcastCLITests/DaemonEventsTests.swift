@@ -164,10 +164,7 @@ final class SocketConnection: @unchecked Sendable {
         let daemon = try startDaemon(dir)
         defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
         _ = try waitUntilRecording(socket)
-        let stuck = try #require(SocketConnection(socket))
-        var small: Int32 = 2048
-        setsockopt(stuck.fd, SOL_SOCKET, SO_RCVBUF, &small, socklen_t(MemoryLayout<Int32>.size))
-        stuck.send("GET /v1/events HTTP/1.1\r\n\r\n")
+        let stuck = try Self.eventsClientThatNeverReads(socket)
         let reader = try #require(SocketConnection(socket))
         reader.send("GET /v1/events HTTP/1.1\r\n\r\n")
         #expect(reader.read(until: "event: state"))
@@ -180,12 +177,7 @@ final class SocketConnection: @unchecked Sendable {
         readerEnded.start()
         // 1000 changes (rec paused and resumed 500 times): far more than the stuck client's queue
         // (256 events) and its socket buffers hold.
-        var refused = 0
-        for _ in 0..<500 {
-            if SocketConnection.request(socket, "POST", "/v1/outputs/rec/pause") != 200 { refused += 1 }
-            if SocketConnection.request(socket, "POST", "/v1/outputs/rec/resume") != 200 { refused += 1 }
-        }
-        #expect(refused == 0)
+        #expect(Self.pauseAndResumeRec(socket, times: 500) == 0)
         // The stuck client was told to go: its stream ends.
         #expect(stuck.readToEnd(), "the client that never read is still connected")
         #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/stop") == 200)
@@ -225,10 +217,7 @@ final class SocketConnection: @unchecked Sendable {
         let daemon = try startDaemon(dir)
         defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
         _ = try waitUntilRecording(socket)
-        let stuck = try #require(SocketConnection(socket))
-        var small: Int32 = 2048
-        setsockopt(stuck.fd, SOL_SOCKET, SO_RCVBUF, &small, socklen_t(MemoryLayout<Int32>.size))
-        stuck.send("GET /v1/events HTTP/1.1\r\n\r\n")
+        let stuck = try Self.eventsClientThatNeverReads(socket)
         var readers: [SocketConnection] = []
         for _ in 0..<50 {
             let reader = try #require(SocketConnection(socket))
@@ -242,12 +231,7 @@ final class SocketConnection: @unchecked Sendable {
             Thread { reader.read(until: "\"state\":\"finished\"}"); done.leave() }.start()
         }
         let residentBefore = Self.residentKilobytes(daemon.pid)
-        var refused = 0
-        for _ in 0..<200 {
-            if SocketConnection.request(socket, "POST", "/v1/outputs/rec/pause") != 200 { refused += 1 }
-            if SocketConnection.request(socket, "POST", "/v1/outputs/rec/resume") != 200 { refused += 1 }
-        }
-        #expect(refused == 0)
+        #expect(Self.pauseAndResumeRec(socket, times: 200) == 0)
         #expect(stuck.readToEnd(), "the client that never read is still connected")
         let residentAfter = Self.residentKilobytes(daemon.pid)
         #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/stop") == 200)
@@ -260,6 +244,26 @@ final class SocketConnection: @unchecked Sendable {
         // 51 clients at most 256 queued events of ~150 bytes each: about 2 MB if every queue filled.
         #expect(residentAfter - residentBefore < 16 * 1024, "resident memory \(residentBefore) → \(residentAfter) kB")
         try Self.expectEveryFrame(dir.path("archive.mkv"), daemon: daemon)
+    }
+
+    /// An events client with a 2 KiB receive buffer that never reads: it falls behind at once.
+    static func eventsClientThatNeverReads(_ socket: String) throws -> SocketConnection {
+        let stuck = try #require(SocketConnection(socket))
+        var small: Int32 = 2048
+        setsockopt(stuck.fd, SOL_SOCKET, SO_RCVBUF, &small, socklen_t(MemoryLayout<Int32>.size))
+        stuck.send("GET /v1/events HTTP/1.1\r\n\r\n")
+        return stuck
+    }
+
+    /// Pauses and resumes the output "rec" `times` times (two events each); returns how many
+    /// requests were not answered 200.
+    static func pauseAndResumeRec(_ socket: String, times: Int) -> Int {
+        var refused = 0
+        for _ in 0..<times {
+            if SocketConnection.request(socket, "POST", "/v1/outputs/rec/pause") != 200 { refused += 1 }
+            if SocketConnection.request(socket, "POST", "/v1/outputs/rec/resume") != 200 { refused += 1 }
+        }
+        return refused
     }
 
     /// Resident memory of a process (kB).
