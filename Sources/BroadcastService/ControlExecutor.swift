@@ -6,46 +6,51 @@ import Synchronization
 /// threads on a 2-core machine and which other work (the daemon's services, a host's tests) may
 /// keep busy. Jobs run one at a time, in order; blocking work is not done here (the handler runs
 /// on dispatch queues).
+///
+/// One for the process (`shared`), never stopped: a task that prefers it can outlive the server
+/// that started it. Hummingbird's graceful shutdown awaits its quiescing promise in an unstructured
+/// `Task`, which inherits the preference; when the server's `run` returned first and its own
+/// executor was stopped and freed, that task's resumption was enqueued on freed memory: the daemon
+/// crashed (SIGSEGV in `enqueue`) after finishing its files, about once in 15 stops with an event
+/// stream open (VM section 9, then reproduced on the host).
 final class ControlExecutor: TaskExecutor, @unchecked Sendable {
-    private let jobs = Mutex<(queue: [UnownedJob], stopped: Bool)>(([], false))
-    private let wakeup = Wakeup()
-    private var thread: OSThread?
+    static let shared = ControlExecutor()
 
-    init(name: String = "bc-control") {
-        thread = OSThread(name: name) { [self] in loop() }
+    private let jobs = Mutex<[UnownedJob]>([])
+    private let wakeup = Wakeup()
+    /// Jobs run so far (a test reads it to see the thread alive).
+    private let ran = Mutex(0)
+
+    private init(name: String = "bc-control") {
+        OSThread(name: name) { [self] in loop() }.detach()
     }
 
     func enqueue(_ job: consuming ExecutorJob) {
         let unowned = UnownedJob(job)
-        jobs.withLock { $0.queue.append(unowned) }
+        jobs.withLock { $0.append(unowned) }
         wakeup.wake()
     }
+
+    var jobsRun: Int { ran.withLock { $0 } }
 
     private func loop() {
         while true {
-            let (batch, stopped) = jobs.withLock { state -> ([UnownedJob], Bool) in
-                defer { state.queue.removeAll(keepingCapacity: true) }
-                return (state.queue, state.stopped)
+            let batch = jobs.withLock { queue -> [UnownedJob] in
+                defer { queue.removeAll(keepingCapacity: true) }
+                return queue
             }
             for job in batch { job.runSynchronously(on: asUnownedTaskExecutor()) }
             if batch.isEmpty {
-                if stopped { return }
                 // Wakeup's protocol: say we sleep, look once more, then sleep (or not).
                 wakeup.prepareToSleep()
-                if jobs.withLock({ !$0.queue.isEmpty || $0.stopped }) {
+                if jobs.withLock({ !$0.isEmpty }) {
                     wakeup.cancelSleep()
                 } else {
-                    _ = wakeup.sleep(timeout: .seconds(1))
+                    _ = wakeup.sleep(timeout: nil)
                 }
+            } else {
+                ran.withLock { $0 += batch.count }
             }
         }
-    }
-
-    /// Ends the thread once the jobs queued so far have run.
-    func stop() {
-        jobs.withLock { $0.stopped = true }
-        wakeup.wake()
-        thread?.join()
-        thread = nil
     }
 }

@@ -200,9 +200,9 @@ public final class ControlServer: Service, Sendable {
             )
         }
         // Every task of the server (one per connection, made by Hummingbird's task group) runs on
-        // the server's own thread, whatever keeps the cooperative pool busy.
-        let executor = ControlExecutor()
-        defer { executor.stop() }
+        // the control thread, whatever keeps the cooperative pool busy. The process's one: tasks
+        // that prefer it may outlive this run (see `ControlExecutor`).
+        let executor = ControlExecutor.shared
         do {
             try await withTaskExecutorPreference(executor) {
                 try await withGracefulShutdownHandler {
