@@ -97,10 +97,14 @@ public final class BroadcastSession: @unchecked Sendable {
     /// Set once the sinks exist; read by `statistics()` from other threads.
     private let sinksReady = ManagedAtomic<Bool>(false)
     private(set) var sinks: [SourceSink] = []
-    /// The sources capturing now (`replaceSource` swaps one); the control plane's lock. The
-    /// session thread takes it only when `sourceGeneration` moved, and never waits for it.
+    /// The sources capturing now (`replaceSource` swaps one): the control plane's lock, which
+    /// serialises replacements against start and stop. The session thread never takes it: it
+    /// reads `publishedSources`.
     let liveSources: Mutex<LiveSources>
-    /// Bumped after each replacement, so the session thread knows to look at `liveSources` again.
+    /// The sources as of the last replacement, an immutable list published whole (release) and
+    /// read by the session thread (acquire) when `sourceGeneration` moved: no lock on its side.
+    let publishedSources: ManagedAtomic<SourceList>
+    /// Bumped after each replacement is published, so the session thread looks again.
     let sourceGeneration = ManagedAtomic<Int>(0)
 
     /// Creates a session; nothing is captured until ``run(setupInfo:)``.
@@ -129,6 +133,7 @@ public final class BroadcastSession: @unchecked Sendable {
         for type in SampleBufferType.allCases { counters[type] = Counters() }
         self.counters = counters
         self.liveSources = Mutex(LiveSources(entries: sources))
+        self.publishedSources = ManagedAtomic(SourceList(sources))
     }
 
     public var state: SessionLifecycle.State {
@@ -336,15 +341,13 @@ public final class BroadcastSession: @unchecked Sendable {
             self.sources = session.sources
         }
 
-        /// Takes a replaced source's place in the health watch: one atomic load per turn, the
-        /// lock only after a replacement, and only if no replacement holds it right now.
+        /// Takes a replaced source's place in the health watch: one atomic load per turn, and
+        /// after a replacement the published list (an atomic reference; no lock).
         private mutating func refreshSources() {
             let generation = session.sourceGeneration.load(ordering: .acquiring)
             guard generation != sourcesSeen else { return }
-            if let entries = session.liveSources.withLockIfAvailable({ $0.entries }) {
-                sources = entries
-                sourcesSeen = generation
-            }
+            sources = session.publishedSources.load(ordering: .acquiring).entries
+            sourcesSeen = generation
         }
 
         mutating func run() -> Result<SessionSummary.Reason, BroadcastError> {

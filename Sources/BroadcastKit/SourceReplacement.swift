@@ -12,7 +12,24 @@ struct LiveSources: Sendable {
     var retiredLosses: [SampleBufferType: Int] = [:]
 }
 
+/// An immutable snapshot of the sources a session runs: `replaceSource` publishes a new one
+/// whole through an atomic reference, so the session thread reads it without a lock.
+final class SourceList: AtomicReference, Sendable {
+    let entries: [(type: SampleBufferType, source: any CaptureSource)]
+
+    init(_ entries: [(type: SampleBufferType, source: any CaptureSource)]) {
+        self.entries = entries
+    }
+}
+
 extension BroadcastSession {
+    /// Publishes the sources as they are now, for the session thread (release, then the
+    /// generation it watches).
+    fileprivate func publish(_ entries: [(type: SampleBufferType, source: any CaptureSource)]) {
+        publishedSources.store(SourceList(entries), ordering: .releasing)
+        sourceGeneration.wrappingIncrement(ordering: .releasing)
+    }
+
     /// Replaces the running source of `type` (a reload that changed one device) while the
     /// broadcast, the other sources and the handler go on.
     ///
@@ -87,13 +104,13 @@ extension BroadcastSession {
             }
             do {
                 live.entries[index].source = try startReplacement(make, until: drained)
-                sourceGeneration.wrappingIncrement(ordering: .releasing)
+                publish(live.entries)
             } catch {
                 logger.error("\(type) source: the replacement for \(old.name) failed: \(error)")
                 if let fallback {
                     do {
                         live.entries[index].source = try startReplacement(fallback, until: clock.now() + patienceNanoseconds)
-                        sourceGeneration.wrappingIncrement(ordering: .releasing)
+                        publish(live.entries)
                         logger.notice("\(type) source: back on \(live.entries[index].source.name)")
                     } catch {
                         logger.error("\(type) source: \(old.name) could not be restarted either (\(error)); the broadcast goes on without \(type)")
