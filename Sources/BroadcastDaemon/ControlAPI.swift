@@ -7,7 +7,9 @@ import Synchronization
 
 /// The control API's routes, on top of `BroadcastController`.
 enum ControlAPI {
-    static func handle(_ request: ControlRequest, controller: BroadcastController, metrics: DaemonMetrics) -> ControlResponse {
+    static func handle(
+        _ request: ControlRequest, controller: BroadcastController, metrics: DaemonMetrics, reload: () -> ReloadOutcome
+    ) -> ControlResponse {
         switch (request.method, request.path) {
         case ("GET", "/v1/status"), ("HEAD", "/v1/status"):
             return .json(200, controller.status())
@@ -29,6 +31,19 @@ enum ControlAPI {
                 return .error(400, "\(error)")
             }
             return .json(200, controller.status())
+        case ("POST", "/v1/reload"):
+            // Answered when the reload is done (a swapped device can take seconds): 200 with what
+            // applies now, or 400 with the config's file:line error (nothing changed then).
+            switch reload() {
+            case .refused(let message):
+                return .error(400, "config not reloaded: \(message)")
+            case .nextStart:
+                return .json(200, .object([("reloaded", .bool(true)), ("applies", .string("from the next start"))]))
+            case .applied(let outputs):
+                return .json(200, .object([
+                    ("reloaded", .bool(true)), ("applies", .string("now")), ("outputs", .array(outputs.map { .string($0) })),
+                ]))
+            }
         case ("POST", "/v1/replay/save"):
             return ReplayAPI.save(name: nil, request: request, controller: controller)
         case ("POST", let path) where path.hasPrefix("/v1/outputs/") && path.hasSuffix("/save"):
@@ -51,10 +66,10 @@ enum ControlAPI {
             return .json(200, controller.status())
         case (_, "/v1/status"), (_, "/metrics"):
             return .error(405, "\(request.method) is not allowed on \(request.path): use GET")
-        case (_, let path) where path.hasPrefix("/v1/broadcast/") || path.hasPrefix("/v1/outputs/") || path == "/v1/replay/save":
+        case (_, let path) where path.hasPrefix("/v1/broadcast/") || path.hasPrefix("/v1/outputs/") || path == "/v1/replay/save" || path == "/v1/reload":
             return .error(405, "\(request.method) is not allowed on \(path): use POST")
         default:
-            return .error(404, "no such endpoint: \(request.path) (see /v1/status, /v1/broadcast/{start,pause,resume,stop}, /v1/outputs/{name}/{pause,resume,save}, /v1/replay/save, /metrics)")
+            return .error(404, "no such endpoint: \(request.path) (see /v1/status, /v1/broadcast/{start,pause,resume,stop}, /v1/outputs/{name}/{pause,resume,save}, /v1/replay/save, /v1/reload, /metrics)")
         }
     }
 }

@@ -51,7 +51,8 @@ public final class Daemon: Sendable {
     /// The status document `GET /v1/status` answers; nil before `run()` made the controller.
     public func status() -> JSONValue? { controllerState.withLock { $0 }?.status() }
 
-    /// Re-reads the config file: outputs apply to the running broadcast at once (see `BroadcastController.reload`).
+    /// Re-reads the config file (SIGHUP): outputs apply to the running broadcast at once (see
+    /// `BroadcastController.reload`); `POST /v1/reload` does the same and answers what it did.
     public func reload() {
         controllerState.withLock { $0 }?.reload(path: configPath, environment: environment())
     }
@@ -90,7 +91,11 @@ public final class Daemon: Sendable {
         }
         let controller = BroadcastController(config: configuration, locks: locks, events: events, logger: logger)
         controllerState.withLock { $0 = controller }
-        let server = try Self.controlServer(configuration, controller: controller, events: events, metrics: metrics, logger: logger)
+        let environment = self.environment
+        let configPath = self.configPath
+        let server = try Self.controlServer(
+            configuration, controller: controller, events: events, metrics: metrics,
+            reload: { controller.reload(path: configPath, environment: environment(), trigger: "POST /v1/reload") }, logger: logger)
         let service = DaemonService(
             controller: controller, notifier: notifier, server: server, autostart: configuration.autostart, configPath: configPath, logger: logger)
         // Shut down in reverse: the broadcast finishes first (its last events published), then the
@@ -123,6 +128,14 @@ public final class Daemon: Sendable {
             logger.error("the broadcast ended with an error: \(failure)")
         }
     }
+}
+
+/// What a reload did: refused (the running broadcast and config untouched), taken for the next
+/// start (no broadcast runs), or applied to the running broadcast (its outputs now).
+enum ReloadOutcome: Equatable {
+    case refused(String)
+    case nextStart
+    case applied(outputs: [String])
 }
 
 /// The daemon could not go on: exit 1, with one line when `message` is set (else it was logged).
@@ -161,6 +174,7 @@ extension Daemon {
         controller: BroadcastController,
         events: ControlEvents,
         metrics: DaemonMetrics,
+        reload: @escaping @Sendable () -> ReloadOutcome,
         logger: Logger
     ) throws -> ControlServer {
         do {
@@ -173,7 +187,7 @@ extension Daemon {
                 snapshot: { controller.status() },
                 logger: logger
             ) { request in
-                let response = ControlAPI.handle(request, controller: controller, metrics: metrics)
+                let response = ControlAPI.handle(request, controller: controller, metrics: metrics, reload: reload)
                 // What the request changed is published before it is answered.
                 if request.method == "POST" { controller.publishChanges() }
                 return response
@@ -309,6 +323,8 @@ final class BroadcastController: Sendable {
     let events: ControlEvents
     /// What the last look published from (see `publishChanges`).
     private let published = Mutex(PublishedState())
+    /// Held for a whole reload: SIGHUP and `POST /v1/reload` apply one after the other.
+    private let reloading = Mutex(())
 
     init(config: DaemonConfiguration, locks: DirectoryLocks, events: ControlEvents = ControlEvents(), logger: Logger) {
         self.state = Mutex((config, nil, false))
@@ -465,12 +481,27 @@ final class BroadcastController: Sendable {
         }
     }
 
-    /// SIGHUP: re-reads the config. The outputs apply to the running broadcast at once: an output
-    /// whose settings did not change goes on untouched (a recording is not interrupted), removed ones
-    /// end, new ones start on a fresh keyframe. A changed source is swapped alone (`SourceReload`);
-    /// the sources the running broadcast holds are not opened again. Encoder settings, the video
-    /// size and rate apply from the next start.
-    func reload(path: String, environment: [String: String]) {
+    /// SIGHUP or `POST /v1/reload`: re-reads the config. The outputs apply to the running broadcast
+    /// at once: an output whose settings did not change goes on untouched (a recording is not
+    /// interrupted), removed ones end, new ones start on a fresh keyframe. A changed source is
+    /// swapped alone (`SourceReload`); the sources the running broadcast holds are not opened
+    /// again. Encoder settings, the video size and rate apply from the next start. One reload at a
+    /// time (a SIGHUP during an API reload waits for it); `trigger` starts its log lines.
+    @discardableResult
+    func reload(path: String, environment: [String: String], trigger: String = "SIGHUP") -> ReloadOutcome {
+        let outcome = reloading.withLock { _ in reloadAlone(path: path, environment: environment, trigger: trigger) }
+        // Watchers (`status --watch`, a dashboard) see every reload, a SIGHUP's too.
+        var fields: [(String, JSONValue)] = [("trigger", .string(trigger))]
+        switch outcome {
+        case .refused(let message): fields += [("result", .string("refused")), ("message", .string(message))]
+        case .nextStart: fields += [("result", .string("next start"))]
+        case .applied(let outputs): fields += [("result", .string("applied")), ("outputs", .array(outputs.map { .string($0) }))]
+        }
+        _ = events.publish("reload", fields)
+        return outcome
+    }
+
+    private func reloadAlone(path: String, environment: [String: String], trigger: String) -> ReloadOutcome {
         let fresh: DaemonConfiguration
         let sourceReload: SourceReload?
         do {
@@ -481,8 +512,8 @@ final class BroadcastController: Sendable {
                     running: $0.sourceSettings, types: Set($0.session.currentSources.map(\.type)), fresh: fresh.sources, logger: logger)
             }
         } catch {
-            logger.error("SIGHUP: config not reloaded: \(error)")
-            return
+            logger.error("\(trigger): config not reloaded: \(error)")
+            return .refused("\(error)")
         }
         // New directories are locked like the first ones; one held by another daemon refuses the reload.
         do {
@@ -491,16 +522,16 @@ final class BroadcastController: Sendable {
             }
             try locks.acquire(directories: fresh.manifests.map(\.directory))
         } catch {
-            logger.error("SIGHUP: config not reloaded: \(error)")
-            return
+            logger.error("\(trigger): config not reloaded: \(error)")
+            return .refused("\(error)")
         }
         let running = state.withLock { state -> Running? in
             state.config = fresh
             return state.running
         }
         guard let running, running.session.state != .finished else {
-            logger.notice("SIGHUP: config reloaded; it applies from the next start")
-            return
+            logger.notice("\(trigger): config reloaded; it applies from the next start")
+            return .nextStart
         }
         // Unchanged outputs keep their configuration (a recording keeps the file it writes).
         var desired: [OutputConfiguration] = []
@@ -523,7 +554,8 @@ final class BroadcastController: Sendable {
                 state.running?.audioDevices = running.session.currentSources.compactMap { $0.source as? ALSASource }
             }
         }
-        logger.notice("SIGHUP: config reloaded; outputs now \(desired.map(\.name).joined(separator: ", "))")
+        logger.notice("\(trigger): config reloaded; outputs now \(desired.map(\.name).joined(separator: ", "))")
+        return .applied(outputs: desired.map(\.name))
     }
 
     /// Whether two config entries describe the same output (their lines may differ).

@@ -125,6 +125,10 @@ struct WatchView {
         case "file":
             lastFile = data["path"]?.stringValue
             lastEvent = "\(data["output"]?.stringValue ?? "?") finished a file"
+        case "reload":
+            let result = data["result"]?.stringValue ?? "?"
+            lastEvent = "config reload (\(data["trigger"]?.stringValue ?? "?")): \(result)"
+                + (result == "refused" ? ": \(data["message"]?.stringValue ?? "")" : "")
         default:
             lastEvent = type
         }
@@ -168,6 +172,20 @@ struct Stop: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Stop a running daemon's broadcast (files are finalized; the daemon stays up).")
     @OptionGroup var control: ControlOptions
     func run() throws { try control.call("POST", "/v1/broadcast/stop") }
+}
+
+struct Reload: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Make a running daemon re-read its config, and say what it did.",
+        discussion: """
+            The same as SIGHUP (systemctl reload), but answered: outputs added, removed or changed \
+            apply at once (an unchanged recording goes on in the same file), a changed device is \
+            swapped alone, encoder settings wait for the next start. A config with an error is \
+            refused with its file:line and key (exit 1) and the broadcast goes on as it was.
+            """
+    )
+    @OptionGroup var control: ControlOptions
+    func run() throws { try control.call("POST", "/v1/reload") }
 }
 
 struct Start: ParsableCommand {

@@ -210,11 +210,19 @@ import Testing
             usleep(100_000)
         }
         #expect(status.contains("\"state\":\"failed\""), "the output did not fail: \(status)")
-        // Reload without it (written as the whole config launchDaemon writes, minus the output).
+        // Reload without it (written as the whole config launchDaemon writes, minus the output),
+        // with `broadcast reload` (SIGHUP's twin that answers).
         let config = try String(contentsOfFile: dir.path("d.toml"), encoding: .utf8).replacingOccurrences(of: doomed, with: "")
+        // A config with an error first: `broadcast reload` says where (exit 1) and nothing changes.
+        try config.replacingOccurrences(of: "keyframe_interval = \"1s\"", with: "keyframe_interval = \"1 fortnight\"")
+            .write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
+        let refused = try broadcast(["reload", "--socket", socket])
+        #expect(refused.status == 1 && refused.stderr.contains("config not reloaded: \(dir.path("d.toml")):4: encoder.keyframe_interval"),
+            "exit \(refused.status): \(refused.stderr)")
+        // Then the good one: answered once applied (no sleep needed), with the outputs now.
         try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
-        daemon.signal(SIGHUP)
-        usleep(3_000_000)
+        let reloaded = try broadcast(["reload", "--socket", socket])
+        #expect(reloaded.status == 0 && reloaded.stdout.contains("\"outputs\":[\"rec\"]"), "exit \(reloaded.status): \(reloaded.stdout) \(reloaded.stderr)")
         let after = try broadcast(["status", "--socket", socket])
         #expect(after.stdout.contains("\"state\":\"started\""), "the broadcast ended: \(after.stdout) \(after.stderr)")
         #expect(!after.stdout.contains("\"name\":\"doomed\""), "\(after.stdout)")

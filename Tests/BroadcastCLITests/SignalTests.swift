@@ -117,6 +117,59 @@ import Testing
         }
     }
 
+    /// `broadcast daemon` with SIGTERM at moments spread over its start-up (before its signal
+    /// handlers, during recovery and the control socket, while the broadcast opens, around the
+    /// first frame): it always ends; once its handlers are up it exits 0 (a clean finish), and it
+    /// leaves no recording or one that plays, with no half-written file beside it.
+    @Test func daemonStopDuringStartupAlwaysEnds() throws {
+        func config(_ dir: TemporaryDirectory) -> String {
+            """
+            [video]
+            size = "320x180"
+            [control]
+            socket = "\(dir.path("c.sock"))"
+            [[output]]
+            name = "rec"
+            path = "\(dir.path("rec.mp4"))"
+            """
+        }
+        // How long this machine takes from the spawn to "broadcast started" now.
+        let probeDir = try TemporaryDirectory()
+        defer { probeDir.cleanup() }
+        let started = Date()
+        let first = try spawnDaemon(config: config(probeDir), in: probeDir)
+        #expect(first.waitForStderr(timeout: 60) { $0.contains("broadcast started") }, "\(first.stderrSoFar)")
+        let startup = Date().timeIntervalSince(started)
+        first.signal(SIGTERM)
+        #expect(first.wait(timeout: 60).status == 0)
+
+        for step in 0..<12 {
+            let dir = try TemporaryDirectory()
+            defer { dir.cleanup() }
+            let daemon = try spawnDaemon(config: config(dir), in: dir)
+            let at = startup * Double(step) / 10
+            usleep(UInt32(at * 1e6))
+            daemon.signal(SIGTERM)
+            let r = daemon.wait(timeout: 60)
+            let moment = "SIGTERM \(String(format: "%.2f", at)) s after the spawn (start-up \(String(format: "%.2f", startup)) s)"
+            #expect(!(r.reason == .uncaughtSignal && r.status == SIGKILL), "still running 60 s after a \(moment): \(r.stderr)")
+            let handled = r.reason == .exit
+            if handled {
+                #expect(r.status == 0, "exit \(r.status) after a \(moment): \(r.stderr)")
+            }
+            let file = dir.path("rec.mp4")
+            if FileManager.default.fileExists(atPath: file) {
+                // Before the handlers were installed the default action ends the process: nothing
+                // may have been recorded then.
+                #expect(handled, "killed by a \(moment) with a recording begun: \(r.stderr)")
+                #expect((try? probe(file))?.video?.frames ?? 0 >= 1, "an unplayable recording after a \(moment): \(r.stderr)")
+                try expectDecodesCleanly(file)
+            }
+            let leftovers = dir.contents.filter { $0.contains("finalizing") || $0.contains("partial") }
+            #expect(leftovers.isEmpty, "half-written files \(leftovers) after a \(moment): \(r.stderr)")
+        }
+    }
+
     /// 50 SIGUSR1 toggles in about 2 s: every video frame stays at least a frame period after the
     /// one before, so players and transcoders that count in frames see increasing timestamps
     /// (before: "non monotonically increasing dts" decoding the file with ffmpeg's defaults).

@@ -54,9 +54,14 @@ import Testing
         let pausedStatus = try #require(Self.status(client))
         #expect(Self.outputPaused(pausedStatus) == ["old": true, "rec": false], "\(pausedStatus.serialized())")
 
-        // Reload: "extra" added, "old" removed, "rec" untouched.
+        // Reload over the socket (`broadcast reload`): "extra" added, "old" removed, "rec"
+        // untouched; answered when it is done, with the outputs that run now.
+        let watch = daemon.events.subscribe(lastEventID: nil)
         try write(outputs: ["rec", "extra"])
-        daemon.reload()
+        let reloaded = try client.send(method: "POST", path: "/v1/reload")
+        let answer = JSONValue.parse(String(decoding: reloaded.body, as: UTF8.self))
+        #expect(reloaded.status == 200, "\(String(decoding: reloaded.body, as: UTF8.self))")
+        #expect(answer?["outputs"] == .array([.string("rec"), .string("extra")]), "\(answer?.serialized() ?? "")")
         _ = try await poll("extra added and old removed") { () -> Bool? in
             guard let status = Self.status(client), Self.outputStates(status) == ["extra": "recording", "rec": "recording"] else { return nil }
             return true
@@ -66,11 +71,27 @@ import Testing
             return media
         }
 
-        // A reload of a broken config changes nothing: the outputs go on as they were.
+        // A reload of a broken config changes nothing: the outputs go on as they were, and the
+        // answer names the file, line and key.
         let good = try String(contentsOfFile: file, encoding: .utf8)
         try good.replacingOccurrences(of: "size = \"320x180\"", with: "size = \"320x181\"").write(toFile: file, atomically: true, encoding: .utf8)
+        let refused = try client.send(method: "POST", path: "/v1/reload")
+        let refusal = String(decoding: refused.body, as: UTF8.self)
+        #expect(refused.status == 400 && refusal.contains("config not reloaded") && refusal.contains("daemon.toml:3") && refusal.contains("video.size"), "\(refused.status): \(refusal)")
+        #expect(Self.status(client).map(Self.outputStates) == ["extra": "recording", "rec": "recording"])
+        // A SIGHUP's reload (here the library's `reload()`) of the same broken file: refused too.
         daemon.reload()
         #expect(Self.status(client).map(Self.outputStates) == ["extra": "recording", "rec": "recording"])
+        // Each reload is an event, with what it did.
+        var reloads: [String] = []
+        while (daemon.events.queued(watch) ?? 0) > 0, case .event(let event) = await daemon.events.next(watch) {
+            if event.type == "reload" {
+                let fields = Dictionary(event.fields, uniquingKeysWith: { a, _ in a })
+                reloads.append("\(fields["trigger"]?.stringValue ?? "?") \(fields["result"]?.stringValue ?? "?")")
+            }
+        }
+        #expect(reloads == ["POST /v1/reload applied", "POST /v1/reload refused", "SIGHUP refused"], "\(reloads)")
+        daemon.events.unsubscribe(watch)
 
         // Stop: run() returns once the files are finished.
         await daemon.shutdown()
