@@ -358,7 +358,11 @@ sleep 2
 before=$(video_delivered)
 echo "before the swap: $(curl -s --unix-socket $S http://localhost/v1/status | jq -c '.types')"
 daemon_config hw:Loopback,1,1
-kill -HUP $daemon
+# This reload through the control API (`broadcast reload`, POST /v1/reload): answered once the swap
+# is done, with what applies now.
+"$B" reload --socket $S > reload-answer.json 2> reload-answer.err; reload_rc=$?
+check "daemon: broadcast reload answers the swap applied (exit $reload_rc: $(cat reload-answer.json reload-answer.err | tr -d '\n'))" \
+    sh -c "[ $reload_rc = 0 ] && grep -q '\"applies\":\"now\"' reload-answer.json && grep -q '\"outputs\":\[\"rec\"\]' reload-answer.json"
 check "daemon: reload swaps the microphone to hw:Loopback,1,1 alone" wait_log daemon.log 'audioMic source now hw:Loopback,1,1'
 t0=$(cut -d' ' -f1 /proc/uptime)
 sleep 4
