@@ -1,6 +1,8 @@
 import Foundation
 import Testing
 
+@testable import BroadcastCapture
+
 /// An Xvfb server on a free display number, with X clients drawing known content; everything
 /// started here is stopped by its PID in `stop()`.
 ///
@@ -67,8 +69,22 @@ final class VirtualDisplay: @unchecked Sendable {
         let process = try client(
             "/usr/bin/xlogo",
             ["-bw", "0", "-bg", colour, "-fg", colour, "-geometry", "\(width)x\(height)+\(x)+\(y)", "-title", title, "-name", title])
-        // Mapped and painted: xlogo draws at once; give the server a moment.
-        usleep(500_000)
+        // Wait until the server has it mapped under its title (a fixed 0.5 s was too short on a
+        // busy host: "no window titled"); its background is the colour, painted by the server at
+        // the map, so mapped is painted.
+        let deadline = Date().addingTimeInterval(30)
+        while true {
+            if let connection = try? X11Connection(display: name), let window = connection.findWindow(titled: title),
+                connection.title(of: window) == title
+            {
+                break
+            }
+            guard process.isRunning, Date() < deadline else {
+                throw VirtualDisplayError("xlogo did not map a window titled \"\(title)\" on \(name) within 30 s")
+            }
+            usleep(20_000)
+        }
+        usleep(50_000)
         return process
     }
 
