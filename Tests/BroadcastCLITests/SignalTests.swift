@@ -122,22 +122,14 @@ import Testing
     /// first frame): it always ends; once its handlers are up it exits 0 (a clean finish), and it
     /// leaves no recording or one that plays, with no half-written file beside it.
     @Test func daemonStopDuringStartupAlwaysEnds() throws {
-        func config(_ dir: TemporaryDirectory) -> String {
-            """
-            [video]
-            size = "320x180"
-            [control]
-            socket = "\(dir.path("c.sock"))"
-            [[output]]
-            name = "rec"
-            path = "\(dir.path("rec.mp4"))"
-            """
+        func spawn(_ dir: TemporaryDirectory) throws -> Child {
+            try launchDaemon(dir, outputs: "[[output]]\nname = \"rec\"\npath = \"\(dir.path("rec.mp4"))\"\n").daemon
         }
         // How long this machine takes from the spawn to "broadcast started" now.
         let probeDir = try TemporaryDirectory()
         defer { probeDir.cleanup() }
         let started = Date()
-        let first = try spawnDaemon(config: config(probeDir), in: probeDir)
+        let first = try spawn(probeDir)
         #expect(first.waitForStderr(timeout: 60) { $0.contains("broadcast started") }, "\(first.stderrSoFar)")
         let startup = Date().timeIntervalSince(started)
         first.signal(SIGTERM)
@@ -146,7 +138,7 @@ import Testing
         for step in 0..<12 {
             let dir = try TemporaryDirectory()
             defer { dir.cleanup() }
-            let daemon = try spawnDaemon(config: config(dir), in: dir)
+            let daemon = try spawn(dir)
             let at = startup * Double(step) / 10
             usleep(UInt32(at * 1e6))
             daemon.signal(SIGTERM)
