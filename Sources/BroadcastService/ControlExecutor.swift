@@ -19,7 +19,7 @@ final class ControlExecutor: TaskExecutor, @unchecked Sendable {
     private let jobs = Mutex<[UnownedJob]>([])
     private let wakeup = Wakeup()
     /// Jobs run so far (a test reads it to see the thread alive).
-    private let ran = Mutex(0)
+    private let ran = Atomic<Int>(0)
 
     private init(name: String = "bc-control") {
         OSThread(name: name) { [self] in loop() }.detach()
@@ -31,7 +31,7 @@ final class ControlExecutor: TaskExecutor, @unchecked Sendable {
         wakeup.wake()
     }
 
-    var jobsRun: Int { ran.withLock { $0 } }
+    var jobsRun: Int { ran.load(ordering: .relaxed) }
 
     private func loop() {
         while true {
@@ -49,7 +49,7 @@ final class ControlExecutor: TaskExecutor, @unchecked Sendable {
                     _ = wakeup.sleep(timeout: nil)
                 }
             } else {
-                ran.withLock { $0 += batch.count }
+                ran.wrappingAdd(batch.count, ordering: .relaxed)
             }
         }
     }
