@@ -89,6 +89,13 @@ public final class Daemon: Sendable {
             // Finalizing a long recording takes a while: ask systemd for more time to start.
             notifier.send("EXTEND_TIMEOUT_USEC=\(Self.recoveryTimeoutMicroseconds)\nSTATUS=recovering \(path)")
         }
+        // Files whose on_file_finished command an earlier run queued and never ran (cut short at its
+        // end, or a crash): run now, on their hooks' own threads.
+        for output in configuration.outputs {
+            guard let argv = output.onFileFinished, !argv.isEmpty, case .recording(let template) = output.kind else { continue }
+            FileFinishedHook(arguments: argv, outputName: output.name, timeout: output.hookTimeout,
+                             manifest: RecordingManifest(template: template), logger: logger).runPendingCommands()
+        }
         let controller = BroadcastController(config: configuration, locks: locks, events: events, logger: logger)
         controllerState.withLock { $0 = controller }
         let environment = self.environment
@@ -127,6 +134,8 @@ public final class Daemon: Sendable {
         if let failure = controller.lastFailure {
             logger.error("the broadcast ended with an error: \(failure)")
         }
+        // The files are final; their commands get a bounded wait (systemd's stop timeout is longer).
+        FileFinishedHook.finishAll(within: FileFinishedHook.shutdownWait, logger: logger)
     }
 }
 
@@ -461,10 +470,12 @@ final class BroadcastController: Sendable {
                     )
                 }
                 if let replay = output.replay {
-                    return OutputConfiguration(
+                    var configuration = OutputConfiguration(
                         name: output.name, destination: .file(template),
                         replay: ReplaySettings(seconds: replay.seconds, maxBytes: output.maxMemory ?? ReplaySettings.defaultMaxBytes),
                         onFileFinished: output.onFileFinished)
+                    configuration.hookTimeout = output.hookTimeout
+                    return configuration
                 }
                 // Without overwrite an existing file is never touched: the recording takes a new name beside it.
                 let path = output.overwrite ? RecordingRetention.expand(template) : RecordingRetention.nextPath(template)
@@ -472,9 +483,11 @@ final class BroadcastController: Sendable {
                 if let problem = RecordingTemplate.makeParentDirectories(of: path) {
                     throw BroadcastError(.outputFailed, "output \(output.name): \(problem)")
                 }
-                return OutputConfiguration(
+                var configuration = OutputConfiguration(
                     name: output.name, destination: .file(path), segments: segments, overwrite: output.overwrite,
                     onFileFinished: output.onFileFinished, manifest: RecordingManifest(template: template))
+                configuration.hookTimeout = output.hookTimeout
+                return configuration
             case .live(let url):
                 return OutputConfiguration(name: output.name, destination: try OutputDestination.parse(url))
             }

@@ -58,6 +58,8 @@ public struct DaemonConfiguration: Sendable {
         public var maxMemory: Int64? = nil
         /// Run for every finished file: an argument vector, `{path}` replaced.
         public var onFileFinished: [String]? = nil
+        /// How long one on_file_finished command may run before it is stopped.
+        public var hookTimeout: Duration = FileFinishedHook.defaultTimeout
     }
 
     public var file: String
@@ -111,7 +113,7 @@ public struct DaemonConfiguration: Sendable {
     }
     static let controlKeys = ["socket", "socket_mode", "tcp", "token"]
     static let daemonKeys = ["autostart"]
-    static let outputKeys = ["name", "path", "url", "segment", "retain_for", "retain_bytes", "overwrite", "replay", "max_memory", "on_file_finished"]
+    static let outputKeys = ["name", "path", "url", "segment", "retain_for", "retain_bytes", "overwrite", "replay", "max_memory", "on_file_finished", "hook_timeout"]
     static let tables = ["video", "audio", "encoder", "setup", "control", "daemon", "limits", "output"]
 
     /// The manifests of the recordings' files, one per base directory (see `RecordingManifest`).
@@ -305,7 +307,7 @@ public struct DaemonConfiguration: Sendable {
                     case "overwrite":
                         guard case .boolean(let b) = entry.value else { throw error(entry.line, dotted, "expected true or false, got \(entry.value.typeName)") }
                         overwrite = b
-                    case "replay", "max_memory", "on_file_finished":
+                    case "replay", "max_memory", "on_file_finished", "hook_timeout":
                         try readReplayKey(key, entry, into: &extra, environment: environment)
                     default:
                         throw unknownKey(dotted, entry.line, known: Self.outputKeys, table: "[output]")

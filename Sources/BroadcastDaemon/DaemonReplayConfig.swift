@@ -6,10 +6,12 @@ import BroadcastService
 ///   replay = "30s"                 a replay buffer of 30 s instead of a recording (path names the saves)
 ///   max_memory = "200M"            its byte bound (default 256M)
 ///   on_file_finished = ["/usr/local/bin/upload", "{path}"]
+///   hook_timeout = "10m"           how long one on_file_finished command may run (1s-24h)
 struct ReplayKeys {
     var replay: (value: MediaTime, line: Int)?
     var maxMemory: (value: Int64, line: Int)?
     var onFileFinished: (value: [String], line: Int)?
+    var hookTimeout: (value: MediaTime, line: Int)?
 }
 
 extension DaemonConfiguration {
@@ -28,6 +30,12 @@ extension DaemonConfiguration {
                 throw error(entry.line, dotted, "expected a size of at least 1M, such as \"200M\" or \"1G\", got \(text)")
             }
             keys.maxMemory = (bytes, entry.line)
+        case "hook_timeout":
+            let limit = try duration(entry, key: dotted, environment: environment)
+            guard let ns = limit.nanoseconds, ns >= 1_000_000_000, ns <= 86_400_000_000_000 else {
+                throw error(entry.line, dotted, "between 1s and 24h")
+            }
+            keys.hookTimeout = (limit, entry.line)
         default:  // on_file_finished
             guard case .array(let items) = entry.value, !items.isEmpty else {
                 throw error(entry.line, dotted, "expected an argument vector such as [\"/usr/local/bin/upload\", \"{path}\"], got \(entry.value.typeName)")
@@ -52,6 +60,9 @@ extension DaemonConfiguration {
             if let replay = keys.replay { throw error(replay.line, "output.replay", "a replay buffer needs path (where saves go), not url") }
             if let hook = keys.onFileFinished { throw error(hook.line, "output.on_file_finished", "applies to outputs that write files (path), not to \"\(output.name)\"") }
         }
+        if let timeout = keys.hookTimeout, keys.onFileFinished == nil {
+            throw error(timeout.line, "output.hook_timeout", "applies to on_file_finished: add the command")
+        }
         if let memory = keys.maxMemory, keys.replay == nil {
             throw error(memory.line, "output.max_memory", "applies to replay buffers: add replay = \"30s\"")
         }
@@ -70,5 +81,6 @@ extension DaemonConfiguration {
         output.replay = keys.replay?.value
         output.maxMemory = keys.maxMemory?.value
         output.onFileFinished = keys.onFileFinished?.value
+        output.hookTimeout = keys.hookTimeout?.value.nanoseconds.map { .nanoseconds($0) } ?? FileFinishedHook.defaultTimeout
     }
 }

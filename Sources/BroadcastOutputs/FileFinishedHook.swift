@@ -1,6 +1,7 @@
 import Atomics
 import BroadcastKit
 public import Logging
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -12,31 +13,74 @@ import Glibc
 /// the environment (BROADCAST_FILE, BROADCAST_OUTPUT). One command at a time per output, on a
 /// thread of the hook's own: the next file waits for the previous command, the output never does.
 /// The exit status is logged; nothing else depends on it.
+///
+/// A command still running after `timeout` is killed (SIGTERM, SIGKILL 2 s later) so that one
+/// that hangs does not hold back the later files. At the program's end `finishAll(within:)` waits
+/// for running and queued commands up to a bound (below systemd's TimeoutStopSec), then cuts the
+/// rest short and says which. Each file is noted in its directory's manifest when queued and when
+/// its command has run, so the next start runs the commands a stop cut short (`pendingCommands`).
 public final class FileFinishedHook: Sendable {
     public let arguments: [String]
     public let outputName: String
+    /// How long one command may run before it is killed.
+    public let timeout: Duration
+    private let manifest: RecordingManifest?
     private let logger: Logger
     private let queue = CommandStack<String>()
-    private let wakeup = Wakeup()
     private let running = ManagedAtomic<Bool>(false)
+    /// Commands queued or running.
+    private let pending = ManagedAtomic<Int>(0)
+    /// Set at the program's end once the wait is over: the running command is killed, the queued
+    /// ones are not started (they stay pending in the manifest).
+    private let cuttingShort = ManagedAtomic<Bool>(false)
     /// Commands started so far and how many exited with status 0.
     let started = ManagedAtomic<Int>(0)
     let succeeded = ManagedAtomic<Int>(0)
 
-    public init(arguments: [String], outputName: String, logger: Logger) {
+    /// The default `timeout`: a long upload, not a hung one.
+    public static let defaultTimeout = Duration.seconds(600)
+    /// How long the program's end waits for commands: below the shipped unit's TimeoutStopSec (30 s)
+    /// with room for finalizing the recordings before it.
+    public static let shutdownWait = Duration.seconds(15)
+
+    /// Every hook with commands queued or running, so the program's end can wait for them. Control
+    /// plane only (a file finished, the program's end): never touched on the media path.
+    private static let active = Mutex<[ObjectIdentifier: FileFinishedHook]>([:])
+
+    public init(arguments: [String], outputName: String, timeout: Duration = FileFinishedHook.defaultTimeout,
+                manifest: RecordingManifest? = nil, logger: Logger) {
         precondition(!arguments.isEmpty, "a file-finished command needs at least the program")
         self.arguments = arguments
         self.outputName = outputName
+        self.timeout = timeout
+        self.manifest = manifest
         self.logger = logger
     }
 
     /// Queues the command for `path`; returns at once.
     public func fileFinished(_ path: String) {
+        manifest?.recordCommandPending(path, output: outputName)
+        queue(path)
+    }
+
+    private func queue(_ path: String) {
+        Self.active.withLock { $0[ObjectIdentifier(self)] = self }
+        pending.wrappingIncrement(ordering: .acquiringAndReleasing)
         queue.push(path)
-        wakeup.wake()
         // The thread runs while there is work and ends when the queue is empty.
         if !running.exchange(true, ordering: .acquiringAndReleasing) {
             OSThread(name: "bc-file-hook") { [self] in drain() }.detach()
+        }
+    }
+
+    /// Runs the commands an earlier run of the program queued and did not run (cut short at its end,
+    /// or a crash): from the manifest, for this output, in the order the files were finished.
+    public func runPendingCommands() {
+        guard let manifest else { return }
+        let missed = manifest.pendingCommands(output: outputName).filter { access($0, F_OK) == 0 }
+        for path in missed {
+            logger.notice("on_file_finished for \(outputName): running the command a previous run did not for \(path)")
+            queue(path)
         }
     }
 
@@ -55,8 +99,39 @@ public final class FileFinishedHook: Sendable {
                     return
                 }
             }
-            for path in batch { run(path) }
+            for path in batch {
+                if cuttingShort.load(ordering: .acquiring) {
+                    logger.warning("on_file_finished for \(outputName) (\(path)): not run, the program is ending; the next start runs it")
+                } else if run(path) {
+                    manifest?.recordCommandRun(path, output: outputName)
+                }
+                pending.wrappingDecrement(ordering: .acquiringAndReleasing)
+            }
         }
+    }
+
+    /// At the program's end: waits for every hook's running and queued commands up to `bound`,
+    /// then kills what still runs and leaves the queued ones for the next start (each said in the
+    /// log). Returns how many commands were cut short.
+    @discardableResult
+    public static func finishAll(within bound: Duration, logger: Logger) -> Int {
+        let hooks = active.withLock { Array($0.values) }
+        let clock = MonotonicClock()
+        let deadline = clock.now() + Int64(bound.components.seconds) * 1_000_000_000 + bound.components.attoseconds / 1_000_000_000
+        func left() -> Int { hooks.reduce(0) { $0 + max(0, $1.pending.load(ordering: .acquiring)) } }
+        var waiting = left()
+        if waiting > 0 { logger.notice("waiting up to \(bound) for \(waiting) on_file_finished command(s)") }
+        while waiting > 0, clock.now() < deadline {
+            usleep(50_000)
+            waiting = left()
+        }
+        guard waiting > 0 else { return 0 }
+        logger.warning("on_file_finished: \(waiting) command(s) not done after \(bound): the running ones are stopped, the queued ones run at the next start")
+        for hook in hooks { hook.cuttingShort.store(true, ordering: .releasing) }
+        // The threads see the flag within a poll (the running command is signalled, the queue skipped).
+        let stopped = clock.now() + 5_000_000_000
+        while left() > 0, clock.now() < stopped { usleep(50_000) }
+        return waiting
     }
 
     /// The argument vector for `path`.
@@ -64,7 +139,9 @@ public final class FileFinishedHook: Sendable {
         arguments.map { $0.replacing("{path}", with: path).replacing("{name}", with: outputName) }
     }
 
-    private func run(_ path: String) {
+    /// Runs the command for `path`; false when it was cut short at the program's end (it stays
+    /// pending for the next start).
+    private func run(_ path: String) -> Bool {
         let argv = argv(for: path)
         started.wrappingIncrement(ordering: .relaxed)
         let start = MonotonicClock().now()
@@ -97,7 +174,10 @@ public final class FileFinishedHook: Sendable {
         sigemptyset(&defaults)
         for signal in [SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE] { sigaddset(&defaults, signal) }
         posix_spawnattr_setsigdefault(&attributes, &defaults)
-        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+        // A process group of its own: a command stopped at hook_timeout or at the program's end is
+        // stopped with what it started (a shell's `sleep`, an uploader's children).
+        posix_spawnattr_setpgroup(&attributes, 0)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP))
         var pid: pid_t = 0
         let rc =
             argv[0].contains("/")
@@ -105,11 +185,14 @@ public final class FileFinishedHook: Sendable {
             : posix_spawnp(&pid, argv[0], &actions, &attributes, cArgv, cEnv)
         guard rc == 0 else {
             logger.error("on_file_finished for \(outputName) (\(path)): cannot run \(argv[0]): \(String(cString: strerror(rc)))")
-            return
+            return true
         }
-        var status: Int32 = 0
-        while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+        let (status, stopped) = waitForExit(pid, startedAt: start, path: path)
         let seconds = Double((MonotonicClock().now() - start) / 1_000_000) / 1000
+        if stopped == .programEnding {
+            logger.warning("on_file_finished for \(outputName) (\(path)): \(argv[0]) stopped after \(seconds) s, the program is ending; the next start runs it again")
+            return false
+        }
         let signal = status & 0x7f
         if signal == 0 {
             let code = (status >> 8) & 0xff
@@ -120,7 +203,43 @@ public final class FileFinishedHook: Sendable {
                 logger.error("on_file_finished for \(outputName) (\(path)): \(argv[0]) exited with status \(code) after \(seconds) s")
             }
         } else {
-            logger.error("on_file_finished for \(outputName) (\(path)): \(argv[0]) killed by signal \(signal) after \(seconds) s")
+            let why = stopped == .timedOut ? " (it ran longer than hook_timeout \(timeout))" : ""
+            logger.error("on_file_finished for \(outputName) (\(path)): \(argv[0]) killed by signal \(signal) after \(seconds) s\(why)")
+        }
+        return true
+    }
+
+    private enum Stopped { case no, timedOut, programEnding }
+
+    /// Waits for the command to exit; past `timeout`, or when the program's end cuts it short,
+    /// sends SIGTERM, and SIGKILL 2 s later. (A poll every 20 ms on the hook's own thread.)
+    private func waitForExit(_ pid: pid_t, startedAt start: Int64, path: String) -> (status: Int32, stopped: Stopped) {
+        let clock = MonotonicClock()
+        let limit = start + Int64(timeout.components.seconds) * 1_000_000_000 + timeout.components.attoseconds / 1_000_000_000
+        var status: Int32 = 0
+        var stopped = Stopped.no
+        var terminatedAt: Int64?
+        while true {
+            let r = waitpid(pid, &status, WNOHANG)
+            if r == pid { return (status, stopped) }
+            if r < 0 && errno != EINTR { return (status, stopped) }
+            let now = clock.now()
+            if terminatedAt == nil {
+                if cuttingShort.load(ordering: .acquiring) {
+                    stopped = .programEnding
+                } else if now >= limit {
+                    stopped = .timedOut
+                    logger.warning("on_file_finished for \(outputName) (\(path)): still running after hook_timeout \(timeout): stopping it")
+                }
+                if stopped != .no {
+                    kill(-pid, SIGTERM)
+                    terminatedAt = now
+                }
+            } else if let at = terminatedAt, now - at >= 2_000_000_000 {
+                kill(-pid, SIGKILL)
+                terminatedAt = .max / 2
+            }
+            usleep(20_000)
         }
     }
 }

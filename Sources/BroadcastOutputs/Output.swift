@@ -191,7 +191,12 @@ public final class Output: @unchecked Sendable {
     ) {
         self.mediaClock = mediaClock
         self.fileFinishedHook = configuration.onFileFinished.flatMap {
-            $0.isEmpty ? nil : FileFinishedHook(arguments: $0, outputName: configuration.name, logger: logger)
+            $0.isEmpty
+                ? nil
+                : FileFinishedHook(
+                    arguments: $0, outputName: configuration.name, timeout: configuration.hookTimeout,
+                    manifest: configuration.manifest ?? Self.replayManifest(configuration.destination),
+                    logger: logger)
         }
         self.configuration = configuration
         self.name = configuration.name
@@ -247,6 +252,13 @@ public final class Output: @unchecked Sendable {
     }
 
     public var isPaused: Bool { paused.load(ordering: .acquiring) }
+
+    /// Where a replay output's saves are noted for its command (a recording's manifest is in its
+    /// configuration).
+    private static func replayManifest(_ destination: OutputDestination) -> RecordingManifest? {
+        if case .file(let template) = destination { return RecordingManifest(template: template) }
+        return nil
+    }
 
     /// A file this output wrote is complete: counted for the control plane, then the user's command.
     func fileFinished(_ path: String) {

@@ -125,6 +125,8 @@ public struct OutputConfiguration: Sendable, Hashable {
     public var replay: ReplaySettings?
     /// Run for every file the output finishes (see `FileFinishedHook`); nil: nothing.
     public var onFileFinished: [String]?
+    /// How long one `onFileFinished` command may run before it is stopped.
+    public var hookTimeout: Duration = FileFinishedHook.defaultTimeout
     /// For a file destination: where the files it creates are noted (the daemon's record of what
     /// it may delete or repair later). nil: nothing is noted, and retention deletes nothing.
     public var manifest: RecordingManifest?

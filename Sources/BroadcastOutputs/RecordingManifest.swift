@@ -47,6 +47,41 @@ public struct RecordingManifest: Sendable, Hashable {
 
     public func recordDeleted(_ path: String) { append(["- \(relative(path))"]) }
 
+    /// Notes that `output`'s on_file_finished command is queued for `path` (`h OUTPUT<TAB>NAME`),
+    /// and that it has run (`H ...`): what is queued and never run (the program ended first, or
+    /// crashed) is `pendingCommands`, for the next start. A name with a tab is not noted.
+    public func recordCommandPending(_ path: String, output: String) { append(["h " + commandKey(path, output)]) }
+
+    public func recordCommandRun(_ path: String, output: String) { append(["H " + commandKey(path, output)]) }
+
+    /// The files whose command for `output` was queued and has not run, absolute, in order.
+    public func pendingCommands(output: String) -> [String] {
+        guard let text = Self.read(path) else { return [] }
+        return Self.pending(in: text).compactMap { key in
+            let parts = key.split(separator: "\t", maxSplits: 1)
+            return parts.count == 2 && parts[0] == output ? absolute(String(parts[1])) : nil
+        }
+    }
+
+    private func commandKey(_ path: String, _ output: String) -> String {
+        output.contains("\t") || path.contains("\t") ? "\n" : "\(output)\t\(relative(path))"
+    }
+
+    /// The `h` keys without an `H` after them, in order.
+    private static func pending(in text: String) -> [String] {
+        var order: [String] = []
+        var open: Set<String> = []
+        for line in text.split(separator: "\n") where line.count > 2 {
+            let key = String(line.dropFirst(2))
+            if line.hasPrefix("h ") {
+                if open.insert(key).inserted { order.append(key) }
+            } else if line.hasPrefix("H ") {
+                open.remove(key)
+            }
+        }
+        return order.filter { open.contains($0) }
+    }
+
     /// The files created and not since deleted, absolute, in the order they were created. Whether
     /// each still exists is for the caller to check.
     public func files() -> [String] {
@@ -70,7 +105,11 @@ public struct RecordingManifest: Sendable, Hashable {
     public func compact() {
         guard let text = Self.read(path) else { return }
         let kept = files().filter { access($0, F_OK) == 0 }
-        let lines = kept.map { "+ \(relative($0))\n" }.joined()
+        // Commands still to run for files that are still there stay noted.
+        let commands = Self.pending(in: text).filter { key in
+            key.split(separator: "\t", maxSplits: 1).last.map { access(absolute(String($0)), F_OK) == 0 } ?? false
+        }
+        let lines = kept.map { "+ \(relative($0))\n" }.joined() + commands.map { "h \($0)\n" }.joined()
         if lines == text { return }
         let temporary = path + ".new"
         guard

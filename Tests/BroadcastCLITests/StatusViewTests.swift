@@ -53,6 +53,9 @@ import Testing
             if recordingBitrate <= 0 { usleep(200_000) }
         }
         #expect(recordingBitrate > 0, "the recording's bitrate while it records")
+        let metrics = try run("/usr/bin/curl", ["-s", "--unix-socket", socket, "http://localhost/metrics"])
+        let gauge = metrics.stdout.split(separator: "\n").first { $0.hasPrefix("broadcast_output_bitrate_bits_per_second{output=\"rec\"}") }
+        #expect((gauge?.split(separator: " ").last.flatMap { Double($0) } ?? 0) > 0, "in /metrics: \(gauge ?? "none")")
         let json = try broadcast(["status", "--json", "--socket", socket], timeout: 30)
         #expect(json.status == 0 && json.stdout.hasPrefix("{\"state\":\"started\""), "\(json.stdout) \(json.stderr)")
 
