@@ -209,6 +209,8 @@ public final class Recording {
     private let logger: Logger
     private var muxer: Muxer?
     private var finished = false
+    /// Packets handed to the muxer: a recording that got none holds no media.
+    public private(set) var packetsWritten = 0
 
     /// Creates the file and writes the header. On failure nothing is left behind, and nothing that
     /// was there before is touched. `overwrite`: an existing file may be replaced (at the end, when
@@ -260,6 +262,7 @@ public final class Recording {
         guard let muxer else { throw BroadcastError(.outputFailed, "recording \(path): already finished") }
         do {
             try muxer.write(packet, shiftNanoseconds: shiftNanoseconds)
+            packetsWritten += 1
         } catch {
             throw BroadcastError(.outputFailed, "recording \(path): \(error)\(replacementNote)")
         }
@@ -273,8 +276,20 @@ public final class Recording {
     /// Writes the trailer, and for MP4/MOV rewrites the file with its index at the front; a
     /// replacement is then renamed over the file it replaces. If the rewrite fails, the fragmented
     /// file stays (it plays) and the error says so; a file being replaced is then left as it was.
-    public func finish() throws(BroadcastError) {
-        guard !finished, let muxer else { return }
+    ///
+    /// A recording that got no packet (a source that failed to start, a stop before the first
+    /// frame) holds no media: it is discarded instead, so a failed start leaves nothing behind and
+    /// replaces nothing. Returns whether a file was finished (false: discarded).
+    @discardableResult
+    public func finish() throws(BroadcastError) -> Bool {
+        guard !finished, muxer != nil else { return false }
+        guard packetsWritten > 0 || target.kind == .stream else {
+            discard()
+            let unchanged = target.kind == .replace ? " and \(target.path) is unchanged" : ""
+            logger.notice("recording \(path): nothing was recorded; the empty file was removed\(unchanged)")
+            return false
+        }
+        guard let muxer else { return false }
         finished = true
         self.muxer = nil
         let kept = replacementNote
@@ -289,7 +304,7 @@ public final class Recording {
         }
         switch target.kind {
         case .stream:
-            return
+            return true
         case .newFile:
             if container.isFinalizedByRemux {
                 try Self.finalize(source: writingPath, destination: target.path, container: container, logger: logger)
@@ -308,6 +323,7 @@ public final class Recording {
             }
             logger.notice("recording \(path): replaced the file that was there")
         }
+        return true
     }
 
     /// Rewrites a fragmented MP4/MOV at `path` as a regular file with its index at the front,
@@ -363,8 +379,11 @@ public final class Recording {
     }
 
     /// Closes the file without finalizing and deletes it if this run created it (a broadcast that
-    /// never really started): a stream's target (a FIFO, a device) is never deleted.
+    /// never really started): a stream's target (a FIFO, a device) is never deleted. Does nothing
+    /// once `finish()` was called: what finishing left (a fragmented file whose finalize failed,
+    /// which plays) is never deleted.
     func discard() {
+        guard !finished else { return }
         finished = true
         try? muxer?.finish()
         muxer = nil

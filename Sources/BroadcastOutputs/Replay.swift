@@ -369,10 +369,19 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
                 for entry in selection.entries {
                     try recording.write(entry.packet, shiftNanoseconds: entry.shift + selection.base)
                 }
-                try recording.finish()
             } catch {
+                // Incomplete: this save's own new file goes.
                 recording.discard()
                 throw error
+            }
+            do throws(BroadcastError) {
+                try recording.finish()
+            } catch {
+                // Every packet is in: what finishing left (fragmented when the finalize failed) plays and stays.
+                var info = stat()
+                guard lstat(path, &info) == 0, info.st_size > 0 else { throw error }
+                throw BroadcastError(
+                    .outputFailed, "\(error.message) (the save is kept as it is, fragmented: \(path))")
             }
         } catch {
             replay.savesFailed.wrappingIncrement(ordering: .relaxed)
@@ -381,6 +390,8 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
             job.save.complete(.init(path: nil, seconds: 0, isShorter: false, error: error.message))
             return
         }
+        // This save worked: an earlier failure is no longer the output's state.
+        output.status.clearError()
         let seconds = Double(selection.durationNanoseconds) / 1e9
         let asked = job.save.seconds ?? settings.seconds
         var message = "replay \(output.name): saved \(path): \(String(format1: seconds)) s"

@@ -50,6 +50,32 @@ import Testing
         #expect(dir.contents == ["old.mp4"], "no temporary file left: \(dir.contents)")
     }
 
+    /// An X display number no server answers on (no socket in /tmp/.X11-unix).
+    static func absentDisplay() -> Int {
+        (900..<1000).first { !FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\($0)") } ?? 999
+    }
+
+    /// A start whose source fails (an X display that is not there) leaves nothing behind: with -y
+    /// the file it was asked to replace is unchanged, without it no empty new file is left. Before:
+    /// the file was replaced by a shell without media (262 bytes for .mp4, 681 for .mkv, 0 for .ts)
+    /// and a new name kept an empty shell.
+    @Test(arguments: ["mp4", "mkv", "ts"])
+    func aFailedStartReplacesNothingAndLeavesNothing(ext: String) throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let file = dir.path("k.\(ext)")
+        try "my wedding".write(toFile: file, atomically: false, encoding: .utf8)
+        let before = fingerprint(file)
+        let failing = ["--video", "x11::\(Self.absentDisplay())", "--duration", "2s", "--quiet"]
+        let replaced = try broadcast(["record", file, "-y"] + failing)
+        #expect(replaced.status != 0, "the start did not fail: \(replaced.stderr)")
+        #expect(fingerprint(file) == before, "the file asked to be replaced changed: \(fingerprint(file))")
+        #expect(dir.contents == ["k.\(ext)"], "left behind: \(dir.contents)")
+        let created = try broadcast(["record", dir.path("new.\(ext)")] + failing)
+        #expect(created.status != 0, "the start did not fail: \(created.stderr)")
+        #expect(dir.contents == ["k.\(ext)"], "left behind: \(dir.contents)")
+    }
+
     /// A read-only file owned by someone else (root) in a world-writable directory: the
     /// run fails (exit 2, before anything is written) and the file is still there, unchanged,
     /// with --overwrite too. Before: the failed open was followed by an unlink of the path.
@@ -191,6 +217,41 @@ import Testing
         #expect(r.status == 2, "exit \(r.status): \(r.stderr)")
         #expect(r.stderr.contains("\(dir.path("d.toml")):6: output.path:") && r.stderr.contains("same file"), "\(r.stderr)")
         #expect(dir.contents == ["d.toml"], "\(dir.contents)")
+    }
+
+    /// The daemon's start fails (its X display is not there), twice, as systemd's
+    /// Restart=on-failure would run it: the file an `overwrite = true` output was to replace is
+    /// unchanged, and the output that would have taken a new name beside an existing file leaves
+    /// no empty file (before: `keep-2.mp4`, `keep-3.mp4`, ... one shell per start).
+    @Test func daemonAFailedStartLeavesNothingBehind() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        for name in ["replace.mp4", "keep.mp4"] {
+            try "my wedding".write(toFile: dir.path(name), atomically: false, encoding: .utf8)
+        }
+        let before = ["replace.mp4", "keep.mp4"].map { FileSafetyTests().fingerprint(dir.path($0)) }
+        let config = """
+            [video]
+            source = "x11::\(FileSafetyTests.absentDisplay())"
+            size = "320x180"
+            [control]
+            socket = "\(dir.path("c.sock"))"
+            [[output]]
+            name = "replace"
+            path = "\(dir.path("replace.mp4"))"
+            overwrite = true
+            [[output]]
+            name = "beside"
+            path = "\(dir.path("keep.mp4"))"
+            """
+        for attempt in 1...2 {
+            let r = try spawnDaemon(config: config, in: dir).wait(timeout: 60)
+            #expect(r.status == 1, "attempt \(attempt): exit \(r.status): \(r.stderr)")
+            #expect(r.stderr.contains("could not start"), "attempt \(attempt): \(r.stderr)")
+        }
+        #expect(["replace.mp4", "keep.mp4"].map { FileSafetyTests().fingerprint(dir.path($0)) } == before)
+        let media = dir.contents.filter { $0.hasSuffix(".mp4") }.sorted()
+        #expect(media == ["keep.mp4", "replace.mp4"], "left behind: \(dir.contents)")
     }
 
     /// `overwrite = true` replaces the file at the path (when complete); without it an existing file
