@@ -464,7 +464,7 @@ final class BroadcastController: Sendable {
                     return OutputConfiguration(
                         name: output.name, destination: .file(template),
                         replay: ReplaySettings(seconds: replay.seconds, maxBytes: output.maxMemory ?? ReplaySettings.defaultMaxBytes),
-                        onFileFinished: output.onFileFinished)
+                        onFileFinished: output.onFileFinished, manifest: RecordingManifest(template: template))
                 }
                 // Without overwrite an existing file is never touched: the recording takes a new name
                 // beside it, one never given out in the directory before.

@@ -51,8 +51,9 @@ public struct RecordingManifest: Sendable, Hashable {
         var files = [recording.path]
         if recording.target.kind == .replace {
             // The complete recording is renamed over the file it replaces; until then (or after a
-            // crash) it is this file beside it.
-            files.append(RecordingTemplate.join(Recording.directory(of: recording.path), Recording.name(of: recording.writingPath)))
+            // crash) it is this file beside it: beside the target, which through a link may be in
+            // another directory than the path.
+            files.append(recording.writingPath)
         }
         if recording.target.kind != .stream { append(files.map { createdLine($0, owner: owner) }) }
     }

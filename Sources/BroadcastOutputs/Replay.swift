@@ -361,10 +361,14 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
             job.save.complete(.init(path: nil, seconds: 0, isShorter: true, error: message))
             return
         }
-        let path = RecordingRetention.nextPath(pathTemplate)
+        // With the daemon's manifest a name is given out once, and a save a crash left
+        // fragmented is finalized at the next start.
+        let manifest = output.configuration.manifest
+        let path = RecordingRetention.nextPath(pathTemplate, manifest: manifest)
         let started = MonotonicClock().now()
         do throws(BroadcastError) {
             let recording = try Recording(path: path, streams: streams, logger: logger)
+            manifest?.recordCreated(recording, owner: output.name)
             do throws(BroadcastError) {
                 for entry in selection.entries {
                     try recording.write(entry.packet, shiftNanoseconds: entry.shift + selection.base)

@@ -113,6 +113,8 @@ import Testing
         daemon.signal(SIGTERM)
         let r = daemon.wait(timeout: 60)
         #expect(r.status == 0, "\(r.stderr)")
+        let names = [dir.path("cam.mp4")] + segments(r.stderr)
+        #expect(Set(names).count == names.count, "a name was given out twice: \(names)")
         let screen = dir.contents.filter { $0.wholeMatch(of: /cam-\d{6}\.mp4/) != nil }
         try #require(screen.count == 1, "screen's recording: \(dir.contents); \(r.stderr)")
         let encoded = Self.framesEncoded(r.stderr)
@@ -120,8 +122,6 @@ import Testing
         #expect(encoded > 0 && frames == encoded, "screen's file holds \(frames) frames of \(encoded) encoded")
         try expectDecodesCleanly(dir.path(screen[0]))
         #expect(!r.stderr.contains("deleted \(dir.path(screen[0]))"), "\(r.stderr)")
-        let names = [dir.path("cam.mp4")] + segments(r.stderr)
-        #expect(Set(names).count == names.count, "a name was given out twice: \(names)")
         // Retention went on with cam's own files: only the newest is left.
         #expect(r.stderr.contains("retention: deleted \(dir.path("cam.mp4"))"), "\(r.stderr)")
         let cam = dir.contents.filter { $0.hasSuffix(".mp4") && !screen.contains($0) }

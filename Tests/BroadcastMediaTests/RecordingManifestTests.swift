@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import Testing
 
+import BroadcastMedia
 @testable import BroadcastOutputs
 
 @Suite struct RecordingTemplateTests {
@@ -80,6 +81,28 @@ import Testing
         manifest.compact()
         #expect(try String(contentsOfFile: manifest.path, encoding: .utf8) == "+ 2026/b.mp4\n")
         #expect(manifest.files() == ["\(dir)/2026/b.mp4"])
+    }
+
+    /// A replacement through a link writes its `.partial` beside the link's target, in another
+    /// directory: that is the file listed (before: the same name in the link's directory, where
+    /// nothing is, so a crash's `.partial` was never found).
+    @Test func aReplacementThroughALinkListsItsPartialBesideTheTarget() throws {
+        let base = FileManager.default.temporaryDirectory.appendingPathComponent("manifest-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: base) }
+        try FileManager.default.createDirectory(atPath: base + "/links", withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: base + "/files", withIntermediateDirectories: true)
+        FileManager.default.createFile(atPath: base + "/files/old.mkv", contents: Data("old".utf8))
+        try FileManager.default.createSymbolicLink(atPath: base + "/links/rec.mkv", withDestinationPath: base + "/files/old.mkv")
+        let encoder = try VideoEncoder(
+            settings: VideoEncoderSettings(width: 160, height: 96, bitrate: 200_000), globalHeader: true, streamIndex: 0,
+            logger: Logger(label: "test"))
+        let recording = try Recording(path: base + "/links/rec.mkv", streams: [encoder.stream], overwrite: true, logger: Logger(label: "test"))
+        defer { recording.discard() }
+        let manifest = RecordingManifest(directory: base + "/links")
+        manifest.recordCreated(recording, owner: "rec")
+        #expect(recording.writingPath == base + "/files/old.partial.mkv")
+        #expect(manifest.files() == [base + "/links/rec.mkv", base + "/files/old.partial.mkv"])
+        #expect(FileManager.default.fileExists(atPath: manifest.files()[1]))
     }
 
     /// Each file is listed with the output that created it; a line written before owners were
