@@ -76,6 +76,34 @@ import Testing
         #expect(dir.contents == ["k.\(ext)"], "left behind: \(dir.contents)")
     }
 
+    /// Every file a run writes is written through the descriptor that created it (`O_EXCL`) and
+    /// never opened for writing again by name, so nothing the name points to by then (a link put
+    /// there, another file) is truncated or written. Checked on the real binary with strace: a
+    /// replacement (its `.partial`, the finalize's temporary file) and a new file. Before: the
+    /// `.partial` was reopened by libavformat with O_TRUNC, the temporary file by the finalize.
+    @Test func filesAreWrittenOnlyThroughTheDescriptorThatCreatedThem() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        try "old".write(toFile: dir.path("r.mp4"), atomically: false, encoding: .utf8)
+        for (file, extra) in [("r.mp4", ["-y"]), ("n.mkv", [])] {
+            let trace = dir.path("trace-\(file).txt")
+            let r = try run(
+                "/usr/bin/strace",
+                ["-f", "-qq", "-e", "trace=open,openat,creat", "-o", trace, broadcastBinary, "record", dir.path(file)] + extra + Self.quick)
+            #expect(r.status == 0, "exit \(r.status): \(r.stderr)")
+            let opens = try String(contentsOfFile: trace, encoding: .utf8).split(separator: "\n")
+                .filter { $0.contains(dir.url.lastPathComponent) && !$0.contains("trace-") }
+            let writes = opens.filter { $0.contains("O_WRONLY") || $0.contains("O_RDWR") || $0.contains("creat(") }
+            #expect(writes.count == (file == "r.mp4" ? 2 : 1), "\(file): \(opens)")
+            for line in writes {
+                #expect(line.contains("O_EXCL") && !line.contains("O_TRUNC"), "\(file): \(line)")
+            }
+            let paths = writes.compactMap { $0.firstMatch(of: /"([^"]+)"/).map { String($0.1) } }
+            #expect(Set(paths).count == paths.count, "\(file): a file opened twice for writing: \(writes)")
+            try expectDecodesCleanly(dir.path(file))
+        }
+    }
+
     /// A read-only file owned by someone else (root) in a world-writable directory: the
     /// run fails (exit 2, before anything is written) and the file is still there, unchanged,
     /// with --overwrite too. Before: the failed open was followed by an unlink of the path.
