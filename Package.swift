@@ -187,7 +187,7 @@ let package = Package(
         .testTarget(
             name: "BroadcastServiceTests",
             dependencies: [
-                "BroadcastService", "BroadcastKit",
+                "BroadcastService", "BroadcastOutputs", "BroadcastKit",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "PropertyBased", package: "swift-property-based"),

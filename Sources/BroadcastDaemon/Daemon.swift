@@ -473,19 +473,22 @@ final class BroadcastController: Sendable {
                     var configuration = OutputConfiguration(
                         name: output.name, destination: .file(template),
                         replay: ReplaySettings(seconds: replay.seconds, maxBytes: output.maxMemory ?? ReplaySettings.defaultMaxBytes),
-                        onFileFinished: output.onFileFinished)
+                        onFileFinished: output.onFileFinished, manifest: RecordingManifest(template: template))
                     configuration.hookTimeout = output.hookTimeout
                     return configuration
                 }
-                // Without overwrite an existing file is never touched: the recording takes a new name beside it.
-                let path = output.overwrite ? RecordingRetention.expand(template) : RecordingRetention.nextPath(template)
+                // Without overwrite an existing file is never touched: the recording takes a new name
+                // beside it, one never given out in the directory before.
+                let manifest = RecordingManifest(template: template)
+                let path = output.overwrite
+                    ? RecordingRetention.expand(template) : RecordingRetention.nextPath(template, manifest: manifest)
                 // Conversions in the directories (`%Y/%m/rec.mp4`) name directories to create.
                 if let problem = RecordingTemplate.makeParentDirectories(of: path) {
                     throw BroadcastError(.outputFailed, "output \(output.name): \(problem)")
                 }
                 var configuration = OutputConfiguration(
                     name: output.name, destination: .file(path), segments: segments, overwrite: output.overwrite,
-                    onFileFinished: output.onFileFinished, manifest: RecordingManifest(template: template))
+                    onFileFinished: output.onFileFinished, manifest: manifest)
                 configuration.hookTimeout = output.hookTimeout
                 return configuration
             case .live(let url):
@@ -640,7 +643,10 @@ final class BroadcastController: Sendable {
                 return .init(name: output.name, state: state, files: files.count, lastFile: files.last)
             },
             devices: stats.sorted { $0.key.rawValue < $1.key.rawValue }.map { ($0.key.rawValue, $0.value.sourceHealth.state == .deviceLost) },
-            drops: running.outputs.map { .init(scope: "output", name: $0.name, count: $0.statistics().drops.values.reduce(0, +)) }
+            // What a pause leaves out is asked for, not lost: no drops event for it.
+            drops: running.outputs.map { output in
+                .init(scope: "output", name: output.name, count: output.statistics().drops.filter { $0.key != .paused }.values.reduce(0, +))
+            }
                 + stats.sorted { $0.key.rawValue < $1.key.rawValue }.map {
                     .init(scope: "type", name: $0.key.rawValue, count: $0.value.droppedQueueFull + $0.value.droppedBySource + $0.value.droppedOutOfOrder)
                 }
@@ -654,6 +660,17 @@ final class BroadcastController: Sendable {
             let now = eventSnapshot()
             for (type, fields) in now.changes(since: last.snapshot) { events.publish(type, fields) }
             last.snapshot = now
+        }
+    }
+
+    /// What a source is doing, as the status says it: only a running (or paused) broadcast's
+    /// sources capture; once it has finished they are stopped, or failed when it ended with an
+    /// error (a source that could not start, a capture that broke).
+    static func sourceState(_ health: CaptureHealth.State, session: SessionLifecycle.State, failed: Bool) -> String {
+        switch session {
+        case .finished: failed ? "failed" : "stopped"
+        case .idle: "starting"
+        default: health == .deviceLost ? "device-lost" : "capturing"
         }
     }
 
@@ -691,7 +708,7 @@ final class BroadcastController: Sendable {
                 ("out_of_order", .number(Double(s.droppedOutOfOrder))),
             ]
             let fields: [(String, JSONValue)] = [
-                ("source_state", .string(s.sourceHealth.state == .deviceLost ? "device-lost" : "capturing")),
+                ("source_state", .string(Self.sourceState(s.sourceHealth.state, session: running.session.state, failed: failure != nil))),
                 ("device_losses", .number(Double(s.sourceHealth.deviceLosses))),
                 ("delivered", .number(Double(s.delivered))),
                 ("dropped", .object(dropped)),

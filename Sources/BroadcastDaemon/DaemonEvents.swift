@@ -26,7 +26,7 @@ struct EventSnapshot {
     var drops: [Drops] = []
 
     struct Drops: Equatable {
-        /// "output" (an output's drops, every reason) or "type" (the session's, of one buffer type:
+        /// "output" (an output's drops, every reason but a pause) or "type" (the session's, of one buffer type:
         /// its queue full, lost at the source, out of order; not what a pause leaves out).
         var scope: String
         var name: String

@@ -5,6 +5,10 @@ internal import CSwResample
 internal import CSwScale
 public import Logging
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Writes encoded streams into a container (libavformat), following avformat.h's contract:
 /// add streams → `writeHeader` → `write` packets (interleaved) → `finish` (trailer).
 ///
@@ -25,6 +29,15 @@ public final class Muxer {
     private var ioOpen = false
     /// Keeps the interrupt check alive while FFmpeg may call it (until the context is freed).
     private let interrupt: InterruptCheck?
+    /// The descriptor written through instead of opening `url` (see `init(fileDescriptor:...)`);
+    /// owned: closed with the output.
+    private var descriptor: Descriptor?
+
+    /// The file behind a custom AVIOContext: FFmpeg's write and seek callbacks get it as their opaque.
+    private final class Descriptor {
+        let fd: Int32
+        init(_ fd: Int32) { self.fd = fd }
+    }
 
     /// The closure behind AVIOInterruptCB: FFmpeg polls it inside blocking I/O (connect, write).
     private final class InterruptCheck {
@@ -70,9 +83,92 @@ public final class Muxer {
         }
     }
 
+    /// Prepares an output written through `fileDescriptor` (a file this process created and
+    /// opened for writing), never reopened by name: no `O_TRUNC` of whatever the name points to by
+    /// then, no link followed. The muxer takes the descriptor: it is closed when the output is
+    /// finished or freed, or when this throws. `displayName` is the file's name, for messages.
+    public convenience init(
+        fileDescriptor: Int32, formatName: String?, displayName: String, logger: Logger
+    ) throws(FFmpegError) {
+        do {
+            try self.init(url: displayName, formatName: formatName, displayName: displayName, logger: logger)
+        } catch {
+            close(fileDescriptor)
+            throw error
+        }
+        descriptor = Descriptor(fileDescriptor)
+    }
+
     deinit {
-        if ioOpen { avio_closep(&context.pointee.pb) }
+        closeOutput()
         avformat_free_context(context)
+    }
+
+    /// Closes what `writeHeader` opened (and the descriptor this muxer owns); 0, or for a
+    /// descriptor the error its output had (a write that failed, a close that did).
+    @discardableResult
+    private func closeOutput() -> Int32 {
+        var result: Int32 = 0
+        if ioOpen {
+            if descriptor != nil, let pb = context.pointee.pb {
+                avio_flush(pb)
+                if pb.pointee.error < 0 { result = pb.pointee.error }
+                av_freep(&pb.pointee.buffer)
+                avio_context_free(&context.pointee.pb)
+            } else {
+                // As before descriptors: a URL's close (a network stream's) is not the caller's failure.
+                avio_closep(&context.pointee.pb)
+            }
+            ioOpen = false
+        }
+        if let descriptor {
+            if close(descriptor.fd) != 0 && result == 0 { result = -errno }
+            self.descriptor = nil
+        }
+        return result
+    }
+
+    /// A custom AVIOContext on `descriptor`: FFmpeg's writes become write(2) on it (EINTR
+    /// retried), its seeks lseek(2) (none when not `seekable`).
+    private func openDescriptor(_ descriptor: Descriptor, seekable: Bool, _ what: String) throws(FFmpegError) {
+        let size: Int32 = 65536
+        guard let buffer = av_malloc(Int(size)) else { throw FFmpegError.outOfMemory(what) }
+        let opaque = Unmanaged.passUnretained(descriptor).toOpaque()
+        let pb = avio_alloc_context(
+            buffer.assumingMemoryBound(to: UInt8.self), size, 1, opaque, nil,
+            { opaque, bytes, count in
+                guard let opaque, let bytes else { return -EINVAL }
+                let fd = Unmanaged<Descriptor>.fromOpaque(opaque).takeUnretainedValue().fd
+                var done = 0
+                while done < Int(count) {
+                    let n = Glibc.write(fd, bytes + done, Int(count) - done)
+                    if n < 0 {
+                        if errno == EINTR { continue }
+                        return -errno
+                    }
+                    done += n
+                }
+                return count
+            },
+            seekable
+                ? { opaque, offset, whence in
+                    guard let opaque else { return Int64(-EINVAL) }
+                    let fd = Unmanaged<Descriptor>.fromOpaque(opaque).takeUnretainedValue().fd
+                    if whence & AVSEEK_SIZE != 0 {
+                        var info = stat()
+                        return fstat(fd, &info) == 0 ? Int64(info.st_size) : Int64(-errno)
+                    }
+                    let position = lseek(fd, off_t(offset), whence & ~AVSEEK_FORCE)
+                    return position < 0 ? Int64(-errno) : Int64(position)
+                } : nil
+        )
+        guard let pb else {
+            av_free(buffer)
+            throw FFmpegError.outOfMemory(what)
+        }
+        context.pointee.pb = pb
+        context.pointee.flags |= AVFMT_FLAG_CUSTOM_IO
+        ioOpen = true
     }
 
     /// Whether a container wants codec headers out of band (AVFMT_GLOBALHEADER): encoders feeding
@@ -118,7 +214,9 @@ public final class Muxer {
         options: [String: String] = [:], ioOptions: [String: String] = [:], seekable: Bool = true
     ) throws(FFmpegError) {
         let what = "opening output \(displayName)"
-        if context.pointee.oformat.pointee.flags & AVFMT_NOFILE == 0 {
+        if context.pointee.oformat.pointee.flags & AVFMT_NOFILE == 0, let descriptor {
+            try openDescriptor(descriptor, seekable: seekable, what)
+        } else if context.pointee.oformat.pointee.flags & AVFMT_NOFILE == 0 {
             var io = OptionDictionary(ioOptions)
             try check(
                 avio_open2(&context.pointee.pb, url, AVIO_FLAG_WRITE, &context.pointee.interrupt_callback, &io.pointer),
@@ -169,33 +267,43 @@ public final class Muxer {
     public func finish() throws(FFmpegError) {
         guard !finished else { return }
         finished = true
-        defer {
-            if ioOpen {
-                avio_closep(&context.pointee.pb)
-                ioOpen = false
-            }
-        }
         if headerWritten {
-            try check(av_write_trailer(context), "writing the \(formatName) trailer of \(displayName)")
+            let trailer = av_write_trailer(context)
+            let closed = closeOutput()
+            try check(trailer, "writing the \(formatName) trailer of \(displayName)")
+            try check(closed, "closing \(displayName)")
+        } else {
+            closeOutput()
         }
     }
 
     /// Copies every stream of `input` into `output` without re-encoding (what `ffmpeg -c copy` does),
     /// e.g. to rewrite a fragmented MP4 as a regular one with `movflags=+faststart`.
+    /// `descriptor`: the file `output` names, created and opened by the caller, written through
+    /// (never reopened by name) and taken: closed however this ends.
     public static func remux(
         from input: String,
         to output: String,
+        descriptor: Int32? = nil,
         formatName: String? = nil,
         options: [String: String] = [:],
         logger: Logger
     ) throws(FFmpegError) {
+        var owned = descriptor
+        defer { if let owned { close(owned) } }
         var source: UnsafeMutablePointer<AVFormatContext>? = nil
         try check(avformat_open_input(&source, input, nil, nil), "opening \(input) to remux it")
         defer { avformat_close_input(&source) }
         guard let source else { throw FFmpegError.outOfMemory("opening \(input)") }
         try check(avformat_find_stream_info(source, nil), "reading the streams of \(input)")
 
-        let muxer = try Muxer(url: output, formatName: formatName, logger: logger)
+        let muxer: Muxer
+        if let fd = owned {
+            owned = nil
+            muxer = try Muxer(fileDescriptor: fd, formatName: formatName, displayName: output, logger: logger)
+        } else {
+            muxer = try Muxer(url: output, formatName: formatName, logger: logger)
+        }
         for index in 0..<Int(source.pointee.nb_streams) {
             let stream = source.pointee.streams[index]!
             let what = "copying stream \(index) of \(input)"

@@ -239,7 +239,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
         case .file(let path):
             let recording = try Recording(
                 path: path, streams: streams, overwrite: output.configuration.overwrite, logger: logger)
-            output.configuration.manifest?.recordCreated(recording)
+            output.configuration.manifest?.recordCreated(recording, owner: output.name)
             return RecordingWorker(
                 output: output, recording: recording, hasVideo: videoEncoder != nil, streams: streams,
                 segments: output.configuration.segments, manifest: output.configuration.manifest,

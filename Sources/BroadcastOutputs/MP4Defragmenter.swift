@@ -28,12 +28,21 @@ enum MP4Defragmenter {
     }
 
     /// Reads `source` (fragmented) and writes the regular file into `destination` (an existing
-    /// file, truncated). The destination is left unfinished when this throws.
-    static func defragment(source: String, destination: String) throws {
-        let input = try File(path: source, mode: .readOnly)
+    /// file, truncated), or through `descriptor` (an empty file `destination` names, created by
+    /// the caller; taken: closed however this ends). The destination is left unfinished when this throws.
+    static func defragment(source: String, destination: String, descriptor: Int32? = nil) throws {
+        let taken = descriptor.map { FileDescriptor(rawValue: $0) }
+        let input: File
+        do {
+            input = try File(path: source, mode: .readOnly)
+        } catch {
+            try? taken?.close()
+            throw error
+        }
         // Closing what was only read: a failure there loses nothing.
         defer { try? input.close() }
-        let output = try File(path: destination, mode: .writeOnly, options: .truncate)
+        let output = try taken.map { try File(descriptor: $0, path: destination) }
+            ?? File(path: destination, mode: .writeOnly, options: .truncate)
         // On the way out by an error; the way out by the end closes it below, and throws if that fails.
         var outputClosed = false
         defer { if !outputClosed { try? output.close() } }
@@ -775,6 +784,19 @@ enum MP4Defragmenter {
             } catch {
                 throw File.error("opening \(path)", error)
             }
+            self.path = path
+            var info = stat()
+            guard fstat(fd.rawValue, &info) == 0 else {
+                let error = Errno(rawValue: errno)
+                try? fd.close()
+                throw File.error("reading the size of \(path)", error)
+            }
+            size = Int64(info.st_size)
+        }
+
+        /// A file already open as `fd` (taken: closed by `close()`, or here when this throws).
+        init(descriptor fd: FileDescriptor, path: String) throws {
+            self.fd = fd
             self.path = path
             var info = stat()
             guard fstat(fd.rawValue, &info) == 0 else {

@@ -94,6 +94,7 @@ final class OutputStatus: Sendable {
         drops[reason.rawValue].wrappingIncrement(by: count, ordering: .relaxed)
     }
     func setError(_ text: String) { lastError.store(Text(text), ordering: .releasing) }
+    func clearError() { lastError.store(nil, ordering: .releasing) }
     func setBacklog(_ nanoseconds: Int64) {
         backlog.store(nanoseconds, ordering: .relaxed)
         if nanoseconds > maxBacklog.load(ordering: .relaxed) { maxBacklog.store(nanoseconds, ordering: .relaxed) }

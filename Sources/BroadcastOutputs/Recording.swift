@@ -169,19 +169,24 @@ public final class Recording {
         }
     }
 
-    /// Creates `path` if it does not exist (O_EXCL: never one that does); false when it exists or
-    /// cannot be created, errno telling why.
-    static func createExclusively(_ path: String) -> Bool {
+    /// Creates `path` if it does not exist (O_EXCL: never one that does, never through a link)
+    /// and returns a descriptor writing it; nil when it exists or cannot be created, errno telling why.
+    static func createExclusively(_ path: String) -> Int32? {
         let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o666)
-        guard fd >= 0 else { return false }
-        close(fd)
-        return true
+        return fd >= 0 ? fd : nil
     }
 
     /// A new, empty file in `destination`'s directory, created by this call: `NAME` with `tag`
     /// before the extension (`rec.partial.mp4`), or a dot file (`.rec.mp4.finalizing.mp4`) when
     /// `hidden`; a number is added while the name is taken.
     static func createTemporary(beside destination: String, tag: String, hidden: Bool) throws(BroadcastError) -> String {
+        let (path, fd) = try openTemporary(beside: destination, tag: tag, hidden: hidden)
+        close(fd)
+        return path
+    }
+
+    /// `createTemporary`, with the descriptor that created the file, open for writing.
+    static func openTemporary(beside destination: String, tag: String, hidden: Bool) throws(BroadcastError) -> (String, Int32) {
         let directory = Self.directory(of: destination)
         let name = Self.name(of: destination)
         let ext = name.lastIndex(of: ".").map { String(name[$0...]) } ?? ""
@@ -190,7 +195,7 @@ public final class Recording {
             let candidate = hidden
                 ? "\(directory)/.\(name)\(number).\(tag)\(ext)"
                 : "\(directory)/\(name.dropLast(ext.count))\(number).\(tag)\(ext)"
-            if createExclusively(candidate) { return candidate }
+            if let fd = createExclusively(candidate) { return (candidate, fd) }
             guard errno == EEXIST else {
                 throw BroadcastError(
                     .outputFailed, "recording \(destination): cannot create \(candidate): \(String(cString: strerror(errno)))")
@@ -209,6 +214,8 @@ public final class Recording {
     private let logger: Logger
     private var muxer: Muxer?
     private var finished = false
+    /// Packets handed to the muxer: a recording that got none holds no media.
+    public private(set) var packetsWritten = 0
 
     /// Creates the file and writes the header. On failure nothing is left behind, and nothing that
     /// was there before is touched. `overwrite`: an existing file may be replaced (at the end, when
@@ -219,20 +226,28 @@ public final class Recording {
         self.target = target
         self.container = target.container
         self.logger = logger
+        // The file this run creates is written through the descriptor that created it, never
+        // reopened by name (which could by then be a link, or another file).
+        let descriptor: Int32?
         switch target.kind {
         case .newFile:
-            guard Self.createExclusively(target.path) else {
+            guard let fd = Self.createExclusively(target.path) else {
                 let reason = errno == EEXIST ? "the file appeared meanwhile; not replaced" : String(cString: strerror(errno))
                 throw BroadcastError(.outputFailed, "recording \(path): \(reason)")
             }
+            descriptor = fd
             writingPath = target.path
         case .replace:
-            writingPath = try Self.createTemporary(beside: target.path, tag: "partial", hidden: false)
+            (writingPath, descriptor) = try Self.openTemporary(beside: target.path, tag: "partial", hidden: false)
         case .stream:
+            descriptor = nil
             writingPath = target.path
         }
         do {
-            let muxer = try Muxer(url: writingPath, formatName: container.formatName, displayName: path, logger: logger)
+            let muxer =
+                try descriptor.map { fd throws(FFmpegError) in
+                    try Muxer(fileDescriptor: fd, formatName: container.formatName, displayName: path, logger: logger)
+                } ?? Muxer(url: writingPath, formatName: container.formatName, displayName: path, logger: logger)
             for stream in streams { try muxer.addStream(stream) }
             var options = container.recordingOptions
             // FLV would try to seek back to its header to write the duration and size.
@@ -260,6 +275,7 @@ public final class Recording {
         guard let muxer else { throw BroadcastError(.outputFailed, "recording \(path): already finished") }
         do {
             try muxer.write(packet, shiftNanoseconds: shiftNanoseconds)
+            packetsWritten += 1
         } catch {
             throw BroadcastError(.outputFailed, "recording \(path): \(error)\(replacementNote)")
         }
@@ -273,8 +289,20 @@ public final class Recording {
     /// Writes the trailer, and for MP4/MOV rewrites the file with its index at the front; a
     /// replacement is then renamed over the file it replaces. If the rewrite fails, the fragmented
     /// file stays (it plays) and the error says so; a file being replaced is then left as it was.
-    public func finish() throws(BroadcastError) {
-        guard !finished, let muxer else { return }
+    ///
+    /// A recording that got no packet (a source that failed to start, a stop before the first
+    /// frame) holds no media: it is discarded instead, so a failed start leaves nothing behind and
+    /// replaces nothing. Returns whether a file was finished (false: discarded).
+    @discardableResult
+    public func finish() throws(BroadcastError) -> Bool {
+        guard !finished, muxer != nil else { return false }
+        guard packetsWritten > 0 || target.kind == .stream else {
+            discard()
+            let unchanged = target.kind == .replace ? " and \(target.path) is unchanged" : ""
+            logger.notice("recording \(path): nothing was recorded; the empty file was removed\(unchanged)")
+            return false
+        }
+        guard let muxer else { return false }
         finished = true
         self.muxer = nil
         let kept = replacementNote
@@ -289,7 +317,7 @@ public final class Recording {
         }
         switch target.kind {
         case .stream:
-            return
+            return true
         case .newFile:
             if container.isFinalizedByRemux {
                 try Self.finalize(source: writingPath, destination: target.path, container: container, logger: logger)
@@ -308,6 +336,7 @@ public final class Recording {
             }
             logger.notice("recording \(path): replaced the file that was there")
         }
+        return true
     }
 
     /// Rewrites a fragmented MP4/MOV at `path` as a regular file with its index at the front,
@@ -322,11 +351,15 @@ public final class Recording {
     /// the same path), through a temporary file beside `destination` created for it and renamed
     /// over `destination` only when complete. On failure only that temporary file is removed.
     static func finalize(source: String, destination: String, container: Container, logger: Logger) throws(BroadcastError) {
-        let temporary = try createTemporary(beside: destination, tag: "finalizing", hidden: true)
+        // Written through the descriptors of the file created for it, never reopened by name; a
+        // second one for libavformat's remux should the streaming rewrite give up.
+        let (temporary, fd) = try openTemporary(beside: destination, tag: "finalizing", hidden: true)
+        let spare = fcntl(fd, F_DUPFD_CLOEXEC, 0)
         do {
             // In memory that does not grow with the recording's length; libavformat's remux (about
             // 30 MB more per hour) only for what the streaming rewrite does not understand.
-            try MP4Defragmenter.defragment(source: source, destination: temporary)
+            try MP4Defragmenter.defragment(source: source, destination: temporary, descriptor: fd)
+            if spare >= 0 { close(spare) }
             guard rename(temporary, destination) == 0 else {
                 let reason = String(cString: strerror(errno))
                 unlink(temporary)
@@ -340,9 +373,15 @@ public final class Recording {
             logger.notice("recording \(destination): finalizing with libavformat (\(error))")
         }
         do {
+            guard spare >= 0, ftruncate(spare, 0) == 0, lseek(spare, 0, SEEK_SET) == 0 else {
+                let reason = String(cString: strerror(errno))
+                if spare >= 0 { close(spare) }
+                throw BroadcastError(.outputFailed, "starting \(temporary) again: \(reason)")
+            }
             try Muxer.remux(
                 from: source,
                 to: temporary,
+                descriptor: spare,
                 formatName: container.formatName,
                 options: ["movflags": "+faststart"],
                 logger: logger
@@ -363,8 +402,11 @@ public final class Recording {
     }
 
     /// Closes the file without finalizing and deletes it if this run created it (a broadcast that
-    /// never really started): a stream's target (a FIFO, a device) is never deleted.
+    /// never really started): a stream's target (a FIFO, a device) is never deleted. Does nothing
+    /// once `finish()` was called: what finishing left (a fragmented file whose finalize failed,
+    /// which plays) is never deleted.
     func discard() {
+        guard !finished else { return }
         finished = true
         try? muxer?.finish()
         muxer = nil

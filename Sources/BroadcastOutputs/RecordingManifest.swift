@@ -4,19 +4,35 @@ import SystemPackage
 import Glibc
 #endif
 
-/// The record of the files the daemon's recordings created under one directory: retention deletes,
-/// and crash recovery finalizes, only files listed here (and, for retention, named like the output's
-/// path template), never "any .mp4 in the directory".
+/// The record of the files the daemon's recordings created under one directory, and of which
+/// output created each: retention deletes only an output's own files (listed here under its name,
+/// and named like its path template), crash recovery finalizes only listed files; never "any .mp4
+/// in the directory", never another output's file.
 ///
-/// A text file, `.broadcast-files` in the directory, appended to one line at a time (`+ NAME` when
-/// a file is created, `- NAME` when retention deleted it; NAME relative to the directory, or
-/// absolute when the file is elsewhere). Each line is one `write(2)` on an `O_APPEND` descriptor,
-/// so outputs sharing the directory append without a lock and a crash loses at most the line being
-/// written (its file is then not ours as far as deletion goes: the safe side). The daemon holds the
-/// directory's instance lock (`InstanceLock`), so no other daemon writes it; `compact()` rewrites it
-/// at start, before any recording, keeping the files that still exist.
+/// A text file, `.broadcast-files` in the directory, appended to one line at a time:
+/// `+[OUTPUT] NAME` when an output created a file (`+ NAME`, without an owner, was written before
+/// owners were recorded: such a file is nobody's to delete), `- NAME` when retention deleted it,
+/// and `~ N NAME` when a file name was taken: NAME, as the template expanded, has been used with
+/// the numbers up to N (1: NAME itself, 2: `NAME-2` before the extension, ...), so a name is never
+/// given out twice in a directory, even after retention deleted the file; `h OUTPUT<TAB>NAME` when
+/// an output's on_file_finished command was queued for a file and `H ...` when it ran (what was
+/// queued and never ran is run by the next start). NAME is relative to the
+/// directory, or absolute when the file is elsewhere. Each line is one `write(2)` on an `O_APPEND`
+/// descriptor, so outputs sharing the directory append without a lock and a crash loses at most
+/// the line being written (its file is then not ours as far as deletion goes: the safe side). The
+/// daemon holds the directory's instance lock (`InstanceLock`), so no other daemon writes it;
+/// `compact()` rewrites it at start, before any recording, keeping the files that still exist and
+/// every name's number.
 public struct RecordingManifest: Sendable, Hashable {
     public static let fileName = ".broadcast-files"
+
+    /// A file the manifest lists as created and not deleted.
+    public struct Entry: Sendable, Hashable {
+        /// Absolute.
+        public var path: String
+        /// The output that created it; nil for a line written before owners were recorded.
+        public var owner: String?
+    }
 
     /// The directory whose files it lists (an output's base directory).
     public let directory: String
@@ -32,18 +48,19 @@ public struct RecordingManifest: Sendable, Hashable {
 
     public var path: String { RecordingTemplate.join(directory, Self.fileName) }
 
-    /// Notes that this run created the files `recording` writes.
-    public func recordCreated(_ recording: Recording) {
+    /// Notes that output `owner` created the files `recording` writes.
+    public func recordCreated(_ recording: Recording, owner: String?) {
         var files = [recording.path]
         if recording.target.kind == .replace {
             // The complete recording is renamed over the file it replaces; until then (or after a
-            // crash) it is this file beside it.
-            files.append(RecordingTemplate.join(Recording.directory(of: recording.path), Recording.name(of: recording.writingPath)))
+            // crash) it is this file beside it: beside the target, which through a link may be in
+            // another directory than the path.
+            files.append(recording.writingPath)
         }
-        if recording.target.kind != .stream { append(files.map { "+ \(relative($0))" }) }
+        if recording.target.kind != .stream { append(files.map { createdLine($0, owner: owner) }) }
     }
 
-    public func recordCreated(path: String) { append(["+ \(relative(path))"]) }
+    public func recordCreated(path: String, owner: String? = nil) { append([createdLine(path, owner: owner)]) }
 
     public func recordDeleted(_ path: String) { append(["- \(relative(path))"]) }
 
@@ -82,34 +99,77 @@ public struct RecordingManifest: Sendable, Hashable {
         return order.filter { open.contains($0) }
     }
 
-    /// The files created and not since deleted, absolute, in the order they were created. Whether
-    /// each still exists is for the caller to check.
-    public func files() -> [String] {
-        guard let text = Self.read(path) else { return [] }
-        var order: [String] = []
-        var live: Set<String> = []
-        for line in text.split(separator: "\n") {
-            guard line.count > 2 else { continue }
-            let name = absolute(String(line.dropFirst(2)))
-            if line.hasPrefix("+ ") {
-                if live.insert(name).inserted { order.append(name) }
-            } else if line.hasPrefix("- ") {
-                live.remove(name)
-            }
+    /// Notes that `name` (a template's expansion, absolute) was taken with `number` (1: the name
+    /// itself; n: the name with `-n` before its extension).
+    public func recordUsed(_ name: String, number: Int) { append(["~ \(number) \(relative(name))"]) }
+
+    /// An owner that cannot be written in the line (a `]`, a line break) leaves the file without
+    /// one: nobody's to delete, the safe side.
+    private func createdLine(_ path: String, owner: String?) -> String {
+        guard let owner, !owner.isEmpty, !owner.contains("]"), !owner.contains("\n"), !owner.contains("\r") else {
+            return "+ \(relative(path))"
         }
-        return order.filter { live.contains($0) }
+        return "+[\(owner)] \(relative(path))"
     }
 
-    /// Rewrites the manifest with only the listed files that still exist (a manifest only grows
-    /// while the daemon runs). Call while holding the directory's lock, before any recording starts.
+    /// The files created and not since deleted, absolute, in the order they were created. Whether
+    /// each still exists is for the caller to check.
+    public func files() -> [String] { entries().map(\.path) }
+
+    /// The files created and not since deleted, with the output that created each, in order.
+    public func entries() -> [Entry] { Self.parse(Self.read(path) ?? "", self).entries }
+
+    /// For each name a template expanded to (absolute), the highest number it was used with.
+    public func usedNumbers() -> [String: Int] { Self.parse(Self.read(path) ?? "", self).used }
+
+    private static func parse(_ text: String, _ manifest: RecordingManifest) -> (entries: [Entry], used: [String: Int]) {
+        var order: [String] = []
+        var live: [String: String?] = [:]
+        var used: [String: Int] = [:]
+        for line in text.split(separator: "\n") {
+            guard line.count > 2 else { continue }
+            if line.hasPrefix("+[") {
+                guard let close = line.firstIndex(of: "]"), line[line.index(after: close)...].hasPrefix(" ") else { continue }
+                let owner = String(line[line.index(line.startIndex, offsetBy: 2)..<close])
+                let name = manifest.absolute(String(line[line.index(close, offsetBy: 2)...]))
+                if live[name] == nil { order.append(name) }
+                live[name] = .some(owner)
+            } else if line.hasPrefix("+ ") {
+                let name = manifest.absolute(String(line.dropFirst(2)))
+                if live[name] == nil {
+                    order.append(name)
+                    live[name] = .some(nil)
+                }
+            } else if line.hasPrefix("- ") {
+                let name = manifest.absolute(String(line.dropFirst(2)))
+                live[name] = nil
+            } else if line.hasPrefix("~ ") {
+                let rest = line.dropFirst(2)
+                guard let space = rest.firstIndex(of: " "), let number = Int(rest[..<space]) else { continue }
+                let name = manifest.absolute(String(rest[rest.index(after: space)...]))
+                used[name] = max(used[name] ?? 0, number)
+            }
+        }
+        // A name created again after its deletion counts from its latest creation.
+        var seen: Set<String> = []
+        let latest = order.reversed().filter { seen.insert($0).inserted }.reversed()
+        return (latest.compactMap { path in live[path].map { Entry(path: path, owner: $0) } }, used)
+    }
+
+    /// Rewrites the manifest with only the listed files that still exist, with their owners, and
+    /// the number of every name ever taken (a manifest only grows while the daemon runs). Call
+    /// while holding the directory's lock, before any recording starts.
     public func compact() {
         guard let text = Self.read(path) else { return }
-        let kept = files().filter { access($0, F_OK) == 0 }
+        let (entries, used) = Self.parse(text, self)
+        let kept = entries.filter { access($0.path, F_OK) == 0 }
         // Commands still to run for files that are still there stay noted.
         let commands = Self.pending(in: text).filter { key in
             key.split(separator: "\t", maxSplits: 1).last.map { access(absolute(String($0)), F_OK) == 0 } ?? false
         }
-        let lines = kept.map { "+ \(relative($0))\n" }.joined() + commands.map { "h \($0)\n" }.joined()
+        let lines = kept.map { createdLine($0.path, owner: $0.owner) + "\n" }.joined()
+            + used.sorted { $0.key < $1.key }.map { "~ \($0.value) \(relative($0.key))\n" }.joined()
+            + commands.map { "h \($0)\n" }.joined()
         if lines == text { return }
         let temporary = path + ".new"
         guard
@@ -223,17 +283,21 @@ public enum RecordingTemplate {
     }
 
     /// Whether `path` is a name `template` produces: each conversion stands for what it expands to
-    /// (`%Y` four digits, `%H` two, `%b` a word, ...), everything else for itself; `-2`, `-3`, ...
-    /// before the extension too (a name taken when the file started, see `RecordingRetention.nextPath`).
+    /// (`%Y` four digits, `%H` two, `%b` a word, ...), everything else for itself. Exactly: a `-2`
+    /// before the extension is not part of the template (see `isNamed(by:path:used:)`).
     public static func matches(_ template: String, path: String) -> Bool {
-        let tokens = tokenize(template)
-        let characters = Array(path)
-        if match(tokens[...], characters[...]) { return true }
-        // "rec-120000-2.mp4": the "-N" nextPath adds before the extension.
-        guard let dot = characters.lastIndex(of: "."), let dash = characters[..<dot].lastIndex(of: "-"),
-            dash + 1 < dot, characters[(dash + 1)..<dot].allSatisfy(\.isASCIIDigit)
-        else { return false }
-        return match(tokens[...], characters[..<dash] + characters[dot...])
+        match(tokenize(template)[...], Array(path)[...])
+    }
+
+    /// Whether `path` is a name `template` gave: one it produces (`matches`), or such a name with
+    /// the number N a taken name got before its extension (`rec-2.mp4`, see
+    /// `RecordingRetention.nextPath`) when `used` (a manifest's `usedNumbers()`) says that name was
+    /// given out with N. Any other `-DIGITS` is not this template's: another output's
+    /// `rec-%H%M%S.mp4` makes `rec-120000.mp4`, which is not `rec.mp4`'s 120000th file.
+    public static func isNamed(by template: String, path: String, used: [String: Int]) -> Bool {
+        if matches(template, path: path) { return true }
+        guard let (base, number) = RecordingRetention.unnumbered(path), number <= (used[base] ?? 0) else { return false }
+        return matches(template, path: base)
     }
 
     private static func tokenize(_ template: String) -> [Token] {

@@ -361,18 +361,31 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
             job.save.complete(.init(path: nil, seconds: 0, isShorter: true, error: message))
             return
         }
-        let path = RecordingRetention.nextPath(pathTemplate)
+        // With the daemon's manifest a name is given out once, and a save a crash left
+        // fragmented is finalized at the next start.
+        let manifest = output.configuration.manifest
+        let path = RecordingRetention.nextPath(pathTemplate, manifest: manifest)
         let started = MonotonicClock().now()
         do throws(BroadcastError) {
             let recording = try Recording(path: path, streams: streams, logger: logger)
+            manifest?.recordCreated(recording, owner: output.name)
             do throws(BroadcastError) {
                 for entry in selection.entries {
                     try recording.write(entry.packet, shiftNanoseconds: entry.shift + selection.base)
                 }
-                try recording.finish()
             } catch {
+                // Incomplete: this save's own new file goes.
                 recording.discard()
                 throw error
+            }
+            do throws(BroadcastError) {
+                try recording.finish()
+            } catch {
+                // Every packet is in: what finishing left (fragmented when the finalize failed) plays and stays.
+                var info = stat()
+                guard lstat(path, &info) == 0, info.st_size > 0 else { throw error }
+                throw BroadcastError(
+                    .outputFailed, "\(error.message) (the save is kept as it is, fragmented: \(path))")
             }
         } catch {
             replay.savesFailed.wrappingIncrement(ordering: .relaxed)
@@ -381,6 +394,8 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
             job.save.complete(.init(path: nil, seconds: 0, isShorter: false, error: error.message))
             return
         }
+        // This save worked: an earlier failure is no longer the output's state.
+        output.status.clearError()
         let seconds = Double(selection.durationNanoseconds) / 1e9
         let asked = job.save.seconds ?? settings.seconds
         var message = "replay \(output.name): saved \(path): \(String(format1: seconds)) s"

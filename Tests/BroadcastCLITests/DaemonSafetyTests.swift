@@ -87,6 +87,47 @@ import Testing
         #expect(dir.contents.contains { $0.hasSuffix(".mp4") && !strangers.contains($0) && !own.contains($0) }, "no new segment")
     }
 
+    /// Two outputs in one directory whose names overlap: "cam" (`cam.mp4`, 1 s segments, a size
+    /// limit that keeps only the newest) and "screen" (`cam-%H%M%S.mp4`, one file). cam's
+    /// retention leaves screen's recording alone (before: `cam-HHMMSS.mp4` passed for cam's
+    /// `-N`, and was deleted while being written), and cam never gives a name out twice (before:
+    /// cam.mp4, cam-2.mp4, then cam.mp4 again once retention had deleted it).
+    @Test func oneOutputsRetentionLeavesAnothersRecordingAndNamesAreNotReused() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let (daemon, socket) = try launchDaemon(dir, outputs: """
+            [[output]]
+            name = "cam"
+            path = "\(dir.path("cam.mp4"))"
+            segment = "1s"
+            retain_bytes = "1"
+            [[output]]
+            name = "screen"
+            path = "\(dir.path("cam-%H%M%S.mp4"))"
+            """)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        _ = try waitUntilRecording(socket)
+        let segments = { (log: String) in log.matches(of: /recording cam: next segment (\S+)/).map { String($0.1) } }
+        let enough = daemon.waitForStderr(timeout: 120) { segments($0).count >= 6 }
+        #expect(enough, "cam did not start 6 segments: \(daemon.stderrSoFar)")
+        daemon.signal(SIGTERM)
+        let r = daemon.wait(timeout: 60)
+        #expect(r.status == 0, "\(r.stderr)")
+        let names = [dir.path("cam.mp4")] + segments(r.stderr)
+        #expect(Set(names).count == names.count, "a name was given out twice: \(names)")
+        let screen = dir.contents.filter { $0.wholeMatch(of: /cam-\d{6}\.mp4/) != nil }
+        try #require(screen.count == 1, "screen's recording: \(dir.contents); \(r.stderr)")
+        let encoded = Self.framesEncoded(r.stderr)
+        let frames = try probe(dir.path(screen[0])).video?.frames ?? 0
+        #expect(encoded > 0 && frames == encoded, "screen's file holds \(frames) frames of \(encoded) encoded")
+        try expectDecodesCleanly(dir.path(screen[0]))
+        #expect(!r.stderr.contains("deleted \(dir.path(screen[0]))"), "\(r.stderr)")
+        // Retention went on with cam's own files: only the newest is left.
+        #expect(r.stderr.contains("retention: deleted \(dir.path("cam.mp4"))"), "\(r.stderr)")
+        let cam = dir.contents.filter { $0.hasSuffix(".mp4") && !screen.contains($0) }
+        #expect(cam == [String(names.last!.split(separator: "/").last!)], "\(cam)")
+    }
+
     /// Conversions in the directories (`%Y/%m/...`) make those directories. A recording that a
     /// SIGKILL left fragmented is not repaired while another process has it open, and is once
     /// nobody has; the temporary file of an interrupted finalize beside it is removed, while a

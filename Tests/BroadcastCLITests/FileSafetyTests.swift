@@ -50,6 +50,60 @@ import Testing
         #expect(dir.contents == ["old.mp4"], "no temporary file left: \(dir.contents)")
     }
 
+    /// An X display number no server answers on (no socket in /tmp/.X11-unix).
+    static func absentDisplay() -> Int {
+        (900..<1000).first { !FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\($0)") } ?? 999
+    }
+
+    /// A start whose source fails (an X display that is not there) leaves nothing behind: with -y
+    /// the file it was asked to replace is unchanged, without it no empty new file is left. Before:
+    /// the file was replaced by a shell without media (262 bytes for .mp4, 681 for .mkv, 0 for .ts)
+    /// and a new name kept an empty shell.
+    @Test(arguments: ["mp4", "mkv", "ts"])
+    func aFailedStartReplacesNothingAndLeavesNothing(ext: String) throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let file = dir.path("k.\(ext)")
+        try "my wedding".write(toFile: file, atomically: false, encoding: .utf8)
+        let before = fingerprint(file)
+        let failing = ["--video", "x11::\(Self.absentDisplay())", "--duration", "2s", "--quiet"]
+        let replaced = try broadcast(["record", file, "-y"] + failing)
+        #expect(replaced.status != 0, "the start did not fail: \(replaced.stderr)")
+        #expect(fingerprint(file) == before, "the file asked to be replaced changed: \(fingerprint(file))")
+        #expect(dir.contents == ["k.\(ext)"], "left behind: \(dir.contents)")
+        let created = try broadcast(["record", dir.path("new.\(ext)")] + failing)
+        #expect(created.status != 0, "the start did not fail: \(created.stderr)")
+        #expect(dir.contents == ["k.\(ext)"], "left behind: \(dir.contents)")
+    }
+
+    /// Every file a run writes is written through the descriptor that created it (`O_EXCL`) and
+    /// never opened for writing again by name, so nothing the name points to by then (a link put
+    /// there, another file) is truncated or written. Checked on the real binary with strace: a
+    /// replacement (its `.partial`, the finalize's temporary file) and a new file. Before: the
+    /// `.partial` was reopened by libavformat with O_TRUNC, the temporary file by the finalize.
+    @Test func filesAreWrittenOnlyThroughTheDescriptorThatCreatedThem() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        try "old".write(toFile: dir.path("r.mp4"), atomically: false, encoding: .utf8)
+        for (file, extra) in [("r.mp4", ["-y"]), ("n.mkv", [])] {
+            let trace = dir.path("trace-\(file).txt")
+            let r = try run(
+                "/usr/bin/strace",
+                ["-f", "-qq", "-e", "trace=open,openat,creat", "-o", trace, broadcastBinary, "record", dir.path(file)] + extra + Self.quick)
+            #expect(r.status == 0, "exit \(r.status): \(r.stderr)")
+            let opens = try String(contentsOfFile: trace, encoding: .utf8).split(separator: "\n")
+                .filter { $0.contains(dir.url.lastPathComponent) && !$0.contains("trace-") }
+            let writes = opens.filter { $0.contains("O_WRONLY") || $0.contains("O_RDWR") || $0.contains("creat(") }
+            #expect(writes.count == (file == "r.mp4" ? 2 : 1), "\(file): \(opens)")
+            for line in writes {
+                #expect(line.contains("O_EXCL") && !line.contains("O_TRUNC"), "\(file): \(line)")
+            }
+            let paths = writes.compactMap { $0.firstMatch(of: /"([^"]+)"/).map { String($0.1) } }
+            #expect(Set(paths).count == paths.count, "\(file): a file opened twice for writing: \(writes)")
+            try expectDecodesCleanly(dir.path(file))
+        }
+    }
+
     /// A read-only file owned by someone else (root) in a world-writable directory: the
     /// run fails (exit 2, before anything is written) and the file is still there, unchanged,
     /// with --overwrite too. Before: the failed open was followed by an unlink of the path.
@@ -191,6 +245,41 @@ import Testing
         #expect(r.status == 2, "exit \(r.status): \(r.stderr)")
         #expect(r.stderr.contains("\(dir.path("d.toml")):6: output.path:") && r.stderr.contains("same file"), "\(r.stderr)")
         #expect(dir.contents == ["d.toml"], "\(dir.contents)")
+    }
+
+    /// The daemon's start fails (its X display is not there), twice, as systemd's
+    /// Restart=on-failure would run it: the file an `overwrite = true` output was to replace is
+    /// unchanged, and the output that would have taken a new name beside an existing file leaves
+    /// no empty file (before: `keep-2.mp4`, `keep-3.mp4`, ... one shell per start).
+    @Test func daemonAFailedStartLeavesNothingBehind() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        for name in ["replace.mp4", "keep.mp4"] {
+            try "my wedding".write(toFile: dir.path(name), atomically: false, encoding: .utf8)
+        }
+        let before = ["replace.mp4", "keep.mp4"].map { FileSafetyTests().fingerprint(dir.path($0)) }
+        let config = """
+            [video]
+            source = "x11::\(FileSafetyTests.absentDisplay())"
+            size = "320x180"
+            [control]
+            socket = "\(dir.path("c.sock"))"
+            [[output]]
+            name = "replace"
+            path = "\(dir.path("replace.mp4"))"
+            overwrite = true
+            [[output]]
+            name = "beside"
+            path = "\(dir.path("keep.mp4"))"
+            """
+        for attempt in 1...2 {
+            let r = try spawnDaemon(config: config, in: dir).wait(timeout: 60)
+            #expect(r.status == 1, "attempt \(attempt): exit \(r.status): \(r.stderr)")
+            #expect(r.stderr.contains("could not start"), "attempt \(attempt): \(r.stderr)")
+        }
+        #expect(["replace.mp4", "keep.mp4"].map { FileSafetyTests().fingerprint(dir.path($0)) } == before)
+        let media = dir.contents.filter { $0.hasSuffix(".mp4") }.sorted()
+        #expect(media == ["keep.mp4", "replace.mp4"], "left behind: \(dir.contents)")
     }
 
     /// `overwrite = true` replaces the file at the path (when complete); without it an existing file

@@ -146,6 +146,78 @@ import Testing
         #expect(!FileManager.default.fileExists(atPath: dir.path("rec.mkv")))
     }
 
+    /// Pausing an output is asked for: what it leaves out is no `drops` event (before: a paused
+    /// recording's `paused` count crossed 1, 2, 4, ... and fired an event each time). Once the
+    /// broadcast is stopped the status no longer says its source is capturing, and after a start
+    /// that failed (an X display that is not there) it says the source failed.
+    @Test func aPauseIsNoDropsEventAndAStoppedSourceIsNotCapturing() async throws {
+        let dir = try TestDirectory()
+        defer { dir.remove() }
+        let socket = dir.path("control.sock")
+        let file = dir.path("daemon.toml")
+        func write(source: String) throws {
+            try """
+                [video]
+                source = "\(source)"
+                size = "320x180"
+                [audio]
+                mic = "test"
+                [control]
+                socket = "\(socket)"
+                [[output]]
+                name = "rec"
+                path = "\(dir.path("rec.mkv"))"
+                """.write(toFile: file, atomically: true, encoding: .utf8)
+        }
+        try write(source: "test")
+        let daemon = Daemon(
+            configuration: try DaemonConfiguration.load(path: file, environment: [:]), environment: { [:] },
+            metrics: DaemonMetrics(), notifier: SystemdNotifier(environment: [:]), logger: quietLogger)
+        let running = Task { try await daemon.run() }
+        let client = ControlClient(socketPath: socket)
+        _ = try await poll("rec recording") { Self.status(client).flatMap { Self.outputStates($0)["rec"] == "recording" ? true : nil } }
+        let watch = daemon.events.subscribe(lastEventID: nil)
+        #expect(try client.send(method: "POST", path: "/v1/outputs/rec/pause").status == 200)
+        // Packets left out while paused: enough to have crossed several powers of two.
+        let left = try await poll("packets left out by the pause") { () -> Double? in
+            guard case .array(let outputs)? = Self.status(client)?["outputs"],
+                let paused = outputs.first?["drops"]?["paused"]?.numberValue, paused >= 64
+            else { return nil }
+            return paused
+        }
+        #expect(try client.send(method: "POST", path: "/v1/outputs/rec/resume").status == 200)
+        _ = try await poll("rec recording again") { Self.status(client).flatMap { Self.outputStates($0)["rec"] == "recording" ? true : nil } }
+        #expect(try client.send(method: "POST", path: "/v1/broadcast/stop").status == 200)
+        let stopped = try await poll("the broadcast finished") { Self.status(client).flatMap { $0["state"]?.stringValue == "finished" ? $0 : nil } }
+        #expect(stopped["types"]?["video"]?["source_state"]?.stringValue == "stopped", "\(stopped.serialized())")
+        // The same source, but on a display that is not there: the start fails.
+        let display = (900..<1000).first { !FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\($0)") } ?? 999
+        try write(source: "x11::\(display)")
+        #expect(try client.send(method: "POST", path: "/v1/reload").status == 200)
+        let start = try client.send(method: "POST", path: "/v1/broadcast/start")
+        #expect(start.status != 200, "\(String(decoding: start.body, as: UTF8.self))")
+        let failed = try #require(Self.status(client))
+        #expect(failed["types"]?["video"]?["source_state"]?.stringValue == "failed", "\(failed.serialized())")
+        // Every event up to the reload's (published after everything before it) is in.
+        var events: [ControlEvent] = []
+        let deadline = Date().addingTimeInterval(120)
+        while !events.contains(where: { $0.type == "reload" }) && Date() < deadline {
+            if (daemon.events.queued(watch) ?? 0) > 0, case .event(let event) = await daemon.events.next(watch) {
+                events.append(event)
+            } else {
+                try await Task.sleep(for: .milliseconds(100))
+            }
+        }
+        #expect(events.contains { $0.type == "reload" }, "no reload event: \(events.map(\.type))")
+        daemon.events.unsubscribe(watch)
+        let states = events.filter { $0.type == "output" }.compactMap { Dictionary($0.fields, uniquingKeysWith: { a, _ in a })["state"]?.stringValue }
+        #expect(states.contains("paused") && states.contains("recording"), "\(states)")
+        let drops = events.filter { $0.type == "drops" }.map { Dictionary($0.fields, uniquingKeysWith: { a, _ in a }) }
+        #expect(!drops.contains { $0["output"] != nil }, "drops events for a pause (\(left) packets left out): \(drops)")
+        await daemon.shutdown()
+        _ = try? await running.value
+    }
+
     static func status(_ client: ControlClient) -> JSONValue? {
         guard let reply = try? client.send(method: "GET", path: "/v1/status"), reply.status == 200 else { return nil }
         return JSONValue.parse(String(decoding: reply.body, as: UTF8.self))

@@ -1,4 +1,5 @@
 import BroadcastKit
+import BroadcastMedia
 import BroadcastOutputs
 import Foundation
 import Testing
@@ -70,5 +71,33 @@ import Testing
         let c = OutputConfiguration(name: "c", destination: .file(directory.file("r.mkv")))
         try OutputConfiguration.checkDistinctFiles([a, c])
         #expect(directory.contents() == ["alias"])
+    }
+}
+
+@Suite struct DescriptorMuxerTests {
+    /// A muxer on a descriptor writes through it, never by name: by the time it writes, the name
+    /// it was created under points to another file (unlinked and made again here), which stays
+    /// untouched, while the file the descriptor opened gets the container.
+    @Test func aMuxerOnADescriptorWritesThroughItNotByName() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let path = directory.file("r.mkv")
+        let kept = directory.file("kept.mkv")
+        let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
+        try #require(fd >= 0)
+        try #require(link(path, kept) == 0 && unlink(path) == 0)
+        #expect(FileManager.default.createFile(atPath: path, contents: Data("decoy".utf8)))
+        let encoder = try VideoEncoder(
+            settings: VideoEncoderSettings(width: 160, height: 96, bitrate: 200_000), globalHeader: true, streamIndex: 0,
+            logger: quietLogger())
+        let muxer = try Muxer(fileDescriptor: fd, formatName: "matroska", displayName: path, logger: quietLogger())
+        try muxer.addStream(encoder.stream)
+        try muxer.writeHeader()
+        try muxer.finish()
+        #expect(FileManager.default.contents(atPath: path) == Data("decoy".utf8), "the name was written")
+        let written = FileManager.default.contents(atPath: kept) ?? Data()
+        #expect(Array(written.prefix(4)) == [0x1A, 0x45, 0xDF, 0xA3], "no Matroska header through the descriptor: \(written.count) bytes")
+        // The muxer closed the descriptor it took.
+        #expect(fcntl(fd, F_GETFD) == -1)
     }
 }

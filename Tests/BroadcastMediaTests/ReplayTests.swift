@@ -221,6 +221,45 @@ struct ReplayTests {
         #expect(output.replayStatistics()!.savesFailed == 1 && output.replayStatistics()!.savesDone == 1)
     }
 
+    /// A save whose finalize fails (here: every name its temporary file could take is taken)
+    /// keeps the complete, fragmented file, which plays, and says so; before, it was deleted while
+    /// the message said it was kept. The next save, which finalizes, clears the output's error.
+    @Test func aSaveWhoseFinalizeFailsIsKept() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        var video = VideoEncoderSettings(width: media.width, height: media.height, bitrate: 800_000)
+        video.keyframeIntervalSeconds = 1
+        let configuration = EncodingConfiguration(
+            video: video, audio: AudioEncoderSettings(), recordings: [],
+            outputs: [OutputConfiguration(name: "replay", destination: .file(directory.file("save.mp4")), replay: ReplaySettings(seconds: 10))])
+        let handler = EncodingHandler(configuration: configuration, logger: quietLogger(), realtime: false)
+        let output = handler.replayOutputs[0]
+        // Recording.createTemporary tries `.save.mp4.finalizing.mp4`, then `.save.mp4.N.finalizing.mp4` up to N = 1000.
+        for n in 1...1000 {
+            let name = n == 1 ? ".save.mp4.finalizing.mp4" : ".save.mp4.\(n).finalizing.mp4"
+            #expect(FileManager.default.createFile(atPath: directory.file(name), contents: nil))
+        }
+        try handler.broadcastStarted(setupInfo: SetupInfo())
+        try media.feed(handler, seconds: 4)
+        let failed = output.saveReplay(upTo: 3 * Self.second)!.wait(timeoutSeconds: 60)
+        let error = output.statistics().lastError
+        let second = output.saveReplay(upTo: 3 * Self.second)!.wait(timeoutSeconds: 60)
+        let errorAfter = output.statistics().lastError
+        handler.broadcastFinished()
+        let kept = directory.file("save.mp4")
+        #expect(failed?.path == nil && failed?.error?.contains("kept") == true && failed?.error?.contains(kept) == true, "\(String(describing: failed))")
+        #expect(error?.contains("kept") == true, "\(String(describing: error))")
+        #expect(FileManager.default.fileExists(atPath: kept), "the complete save was deleted")
+        #expect(try topLevelBoxes(kept).contains("moof"), "fragmented, as it was written")
+        #expect(try decodeErrors(kept).isEmpty)
+        let duration = try ProbedFile(kept).duration ?? 0
+        #expect(abs(duration - 3) < 0.2, "\(duration) s")
+        // The next save went to a new name, was finalized, and the output's error is gone.
+        #expect(second?.path == directory.file("save-2.mp4") && second?.error == nil, "\(String(describing: second))")
+        #expect(errorAfter == nil, "\(String(describing: errorAfter))")
+        #expect(output.replayStatistics()!.savesFailed == 1 && output.replayStatistics()!.savesDone == 1)
+    }
+
     /// An output-level pause keeps the buffer; a save during it has what came before, a save after
     /// the resume joins before and after without a gap. Two saves in a row, the second asked while
     /// the first is still being written: both complete.

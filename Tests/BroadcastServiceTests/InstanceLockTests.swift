@@ -1,3 +1,4 @@
+import BroadcastOutputs
 import BroadcastService
 import Foundation
 import Testing

@@ -6,12 +6,14 @@ import Glibc
 /// file; `stat` on it names the file's device and inode, so renames and links do not fool it).
 ///
 /// Crash recovery asks before it rewrites or deletes a file: a recording another process is
-/// writing (a second `broadcast record`, any program) is not an orphan. Processes of other users
+/// writing (a second `broadcast record`, any program) is not an orphan. Retention asks too, this
+/// process included: a file any output is writing is never deleted. Processes of other users
 /// are not visible to an unprivileged daemon; the daemon's own directory lock (`InstanceLock`)
 /// covers other daemons whatever their user.
 public enum OpenFiles {
-    /// For each of `paths` that another process has open, that process's pid.
-    public static func holders(of paths: [String]) -> [String: Int32] {
+    /// For each of `paths` that another process (or, `includingThisProcess`, this one) has open,
+    /// that process's pid.
+    public static func holders(of paths: [String], includingThisProcess: Bool = false) -> [String: Int32] {
         var wanted: [FileID: String] = [:]
         for path in paths {
             var info = stat()
@@ -23,7 +25,7 @@ public enum OpenFiles {
         var found: [String: Int32] = [:]
         while let entry = readdir(proc) {
             let name = entryName(entry)
-            guard let pid = Int32(name), pid != me else { continue }
+            guard let pid = Int32(name), includingThisProcess || pid != me else { continue }
             guard let fds = opendir("/proc/\(pid)/fd") else { continue }
             while let fdEntry = readdir(fds) {
                 let fd = entryName(fdEntry)
