@@ -17,7 +17,6 @@ public final class FileFinishedHook: Sendable {
     public let outputName: String
     private let logger: Logger
     private let queue = CommandStack<String>()
-    private let wakeup = Wakeup()
     private let running = ManagedAtomic<Bool>(false)
     /// Commands started so far and how many exited with status 0.
     let started = ManagedAtomic<Int>(0)
@@ -33,7 +32,6 @@ public final class FileFinishedHook: Sendable {
     /// Queues the command for `path`; returns at once.
     public func fileFinished(_ path: String) {
         queue.push(path)
-        wakeup.wake()
         // The thread runs while there is work and ends when the queue is empty.
         if !running.exchange(true, ordering: .acquiringAndReleasing) {
             OSThread(name: "bc-file-hook") { [self] in drain() }.detach()
