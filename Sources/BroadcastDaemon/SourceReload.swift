@@ -99,6 +99,7 @@ struct SourceReload {
             let (type, fresh, running) = (replacement.type, self.fresh, self.running)
             let restarted = Mutex<(any CaptureSource)?>(nil)
             var change = SourceChange(key: Self.key(type), was: replacement.was, now: replacement.now, result: .changed)
+            logger.notice("reload: swapping the \(type) source: \(replacement.was) → \(replacement.now)")
             do {
                 try session.replaceSource(
                     of: type,
