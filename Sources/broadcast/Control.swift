@@ -180,8 +180,11 @@ struct Reload: ParsableCommand {
         discussion: """
             The same as SIGHUP (systemctl reload), but answered: outputs added, removed or changed \
             apply at once (an unchanged recording goes on in the same file), a changed device is \
-            swapped alone, encoder settings wait for the next start. A config with an error is \
-            refused with its file:line and key (exit 1) and the broadcast goes on as it was.
+            swapped alone, encoder settings wait for the next start. The answer (JSON) says per \
+            output and source what happened ("complete": false when something did not apply; an \
+            output whose new settings cannot start goes on with its old ones, "kept"). A config \
+            with an error is refused with its file:line and key (exit 1) and the broadcast goes on \
+            as it was.
             """
     )
     @OptionGroup var control: ControlOptions
