@@ -117,11 +117,12 @@ func terminalColumns() -> Int {
 final class LiveStatusView: Sendable {
     static let eventsShown = 6
     private let events = SPSCRing<String>(capacity: 256)
-    private let wakeup = Wakeup()
+    private let wakeup: Wakeup
     private let stopping = ManagedAtomic<Bool>(false)
     private let thread: OSThread
 
     init(client: ControlClient) throws {
+        wakeup = try Wakeup()
         // The first draw here, so a daemon that is not there is the command's error at once.
         let first = try fetchStatus(client)
         let summary = StatusSummary(width: terminalColumns())
