@@ -105,14 +105,18 @@ import Testing
     }
 
     /// Outputs that cannot start: a changed recording whose new file cannot be written (its path
-    /// is a directory) goes on as it was, "kept"; a new one that cannot start is "failed"; the
-    /// unchanged one "unchanged". (The changed one was ended and the new one dropped without a
+    /// is a directory) goes on as it was, "kept"; a new one that cannot start is "failed", and so
+    /// is one whose entry cannot be made (its dated directory is a file); the unchanged one
+    /// "unchanged". (The changed one was ended and the new one dropped without a
     /// word, and the answer said "applied".)
     @Test func outputsThatCannotStartAreKeptOrReported() throws {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
         try FileManager.default.createDirectory(atPath: dir.path("taken.mkv"), withIntermediateDirectories: false)
         try FileManager.default.createDirectory(atPath: dir.path("taken2.mkv"), withIntermediateDirectories: false)
+        // A file where this year's directory of a `%Y/` template goes: the entry cannot be made.
+        let year = "\(Calendar.current.component(.year, from: Date()))"
+        FileManager.default.createFile(atPath: dir.path(year), contents: Data("not a directory".utf8))
         let other = Self.recording("other", dir.path("other.mkv"))
         let daemon = try spawnDaemon(config: Self.config(dir, outputs: Self.recording("rec", dir.path("rec.mkv")) + other), in: dir)
         defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
@@ -123,13 +127,16 @@ import Testing
             Self.config(
                 dir,
                 outputs: Self.recording("rec", dir.path("taken.mkv"), extra: "overwrite = true") + other
-                    + Self.recording("extra", dir.path("taken2.mkv"), extra: "overwrite = true")))
+                    + Self.recording("extra", dir.path("taken2.mkv"), extra: "overwrite = true")
+                    + Self.recording("dated", dir.path("%Y/dated.mkv"))))
         #expect(r.status == 0, "\(r.stderr)")
         #expect(r.answer["complete"] as? Bool == false, "\(r.stderr)")
         #expect(Self.change(r.answer, "rec").result == "kept", "\(r.stderr)")
         #expect(Self.change(r.answer, "rec").reason?.isEmpty == false, "\(r.stderr)")
         #expect(Self.change(r.answer, "other").result == "unchanged", "\(r.stderr)")
         #expect(Self.change(r.answer, "extra").result == "failed", "\(r.stderr)")
+        #expect(Self.change(r.answer, "dated").result == "failed", "\(r.stderr)")
+        #expect(Self.change(r.answer, "dated").reason?.contains("not a directory") == true, "\(r.stderr)")
         #expect(r.answer["outputs"] as? [String] == ["rec", "other"], "\(r.stderr)")
         #expect(try Self.keepsRecording(dir, "rec", past: bytes), "rec stopped: \(daemon.stderrSoFar)")
         daemon.signal(SIGTERM)
