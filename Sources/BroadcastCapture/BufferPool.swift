@@ -11,9 +11,9 @@ public final class BufferPool: @unchecked Sendable {
         public let planes: [Plane]
         fileprivate let inUse = ManagedAtomic<Bool>(false)
         /// The pool's wake-up, held strongly: a buffer may come back after its pool is gone.
-        fileprivate let poolWakeup: Wakeup
+        fileprivate let poolWakeup: Wakeup?
 
-        fileprivate init(poolWakeup: Wakeup, byteCount: Int, planeLayout: [(offset: Int, count: Int, bytesPerRow: Int)]) {
+        fileprivate init(poolWakeup: Wakeup?, byteCount: Int, planeLayout: [(offset: Int, count: Int, bytesPerRow: Int)]) {
             self.poolWakeup = poolWakeup
             self.byteCount = byteCount
             self.memory = .allocate(byteCount: max(byteCount, 1), alignment: 64)
@@ -26,12 +26,14 @@ public final class BufferPool: @unchecked Sendable {
 
         public func release() {
             inUse.store(false, ordering: .releasing)
-            poolWakeup.wake()
+            poolWakeup?.wake()
         }
     }
 
     private var buffers: [Buffer] = []
-    private let wakeup = Wakeup()
+    /// nil when the process had no descriptor left for its pipe: `acquire` then looks again every
+    /// millisecond instead of sleeping until a buffer comes back (slower to notice, never stopped).
+    private let wakeup = try? Wakeup()
 
     /// `count` buffers of `byteCount` bytes, each split into planes as `planeLayout` says.
     public init(count: Int, byteCount: Int, planeLayout: [(offset: Int, count: Int, bytesPerRow: Int)]) {
@@ -51,6 +53,10 @@ public final class BufferPool: @unchecked Sendable {
                 }
             }
             if !wait || shouldStop() { return nil }
+            guard let wakeup else {
+                MonotonicClock.sleep(until: MonotonicClock().now() + 1_000_000)
+                continue
+            }
             wakeup.prepareToSleep()
             if buffers.contains(where: { !$0.inUse.load(ordering: .acquiring) }) {
                 wakeup.cancelSleep()

@@ -52,7 +52,7 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
     /// The stream `start` made, taken by the capture thread.
     private var handoff: V4L2Stream?
     private let running = ManagedAtomic<Bool>(false)
-    private let wake = Wakeup()
+    private let wake: Wakeup
 
     /// Frames delivered from the device.
     let framesCaptured = ManagedAtomic<Int>(0)
@@ -132,6 +132,7 @@ public final class V4L2Source: CaptureSource, @unchecked Sendable {
     /// Opens and configures `path` at once, so a bad device, size or format is reported before
     /// anything else starts. Throws `.invalidArgument` with a message naming the device and what it supports.
     public init(path: String, options: V4L2Options, logger: Logger) throws(BroadcastError) {
+        self.wake = try Wakeup()
         self.path = path
         self.options = options
         self.logger = logger

@@ -39,10 +39,10 @@ enum ControlAPI {
                 return .error(400, "config not reloaded: \(message)")
             case .nextStart:
                 return .json(200, .object([("reloaded", .bool(true)), ("applies", .string("from the next start"))]))
-            case .applied(let outputs):
-                return .json(200, .object([
-                    ("reloaded", .bool(true)), ("applies", .string("now")), ("outputs", .array(outputs.map { .string($0) })),
-                ]))
+            case .applied(let report):
+                // 200 either way (the config is the daemon's now); `complete` false and each
+                // change's `result` say what did not apply, and why.
+                return .json(200, .object([("reloaded", .bool(true)), ("applies", .string(report.complete ? "now" : "partly"))] + report.fields))
             }
         case ("POST", "/v1/replay/save"):
             return ReplayAPI.save(name: nil, request: request, controller: controller)

@@ -140,11 +140,56 @@ public final class Daemon: Sendable {
 }
 
 /// What a reload did: refused (the running broadcast and config untouched), taken for the next
-/// start (no broadcast runs), or applied to the running broadcast (its outputs now).
+/// start (no broadcast runs), or applied to the running broadcast (what became of each output and
+/// source).
 enum ReloadOutcome: Equatable {
     case refused(String)
     case nextStart
-    case applied(outputs: [String])
+    case applied(ReloadReport)
+}
+
+/// What a reload did to a running broadcast, per output and per changed source: the `POST
+/// /v1/reload` answer and the `reload` event say it, "applied" only when all of it runs now.
+struct ReloadReport: Equatable {
+    /// The outputs running now, by name.
+    var outputs: [String]
+    /// Each output the config names or the broadcast ran: unchanged, added, replaced, removed,
+    /// kept (its new settings could not start; it goes on with the old ones) or failed (a new one
+    /// that could not start).
+    var changes: [OutputChange]
+    /// Each source the config changed: changed, kept (the old one again) or lost.
+    var sources: [SourceChange]
+    /// Changes that wait for the next start, one sentence each.
+    var nextStart: [String]
+    /// Set when the new output set was not applied by the time of the answer (why).
+    var pending: String?
+
+    /// Everything the new config asks for runs now.
+    var complete: Bool {
+        pending == nil && nextStart.isEmpty && changes.allSatisfy { $0.result != .kept && $0.result != .failed }
+            && sources.allSatisfy { $0.result == .changed }
+    }
+
+    /// The answer's and the event's fields after `reloaded`/`trigger`.
+    var fields: [(String, JSONValue)] {
+        var fields: [(String, JSONValue)] = [
+            ("complete", .bool(complete)),
+            ("outputs", .array(outputs.map { .string($0) })),
+            ("changes", .array(changes.map { change in
+                .object([("output", .string(change.name)), ("result", .string(change.result.rawValue))]
+                    + (change.reason.map { [("reason", JSONValue.string($0))] } ?? []))
+            })),
+            ("sources", .array(sources.map { change in
+                .object([
+                    ("source", .string(change.key)), ("was", .string(change.was)), ("now", .string(change.now)),
+                    ("result", .string(change.result.rawValue)),
+                ] + (change.reason.map { [("reason", JSONValue.string($0))] } ?? []))
+            })),
+            ("next_start", .array(nextStart.map { .string($0) })),
+        ]
+        if let pending { fields.append(("pending", .string(pending))) }
+        return fields
+    }
 }
 
 /// The daemon could not go on: exit 1, with one line when `message` is set (else it was logged).
@@ -492,7 +537,10 @@ final class BroadcastController: Sendable {
                 configuration.hookTimeout = output.hookTimeout
                 return configuration
             case .live(let url):
-                return OutputConfiguration(name: output.name, destination: try OutputDestination.parse(url))
+                let destination = try OutputDestination.parse(url)
+                // The config check refuses this; a file made of a URL without a scheme never is.
+                guard destination.isLive else { throw BroadcastError(.invalidArgument, "output \(output.name): url is not a stream URL (no scheme)") }
+                return OutputConfiguration(name: output.name, destination: destination)
             }
         }
     }
@@ -511,7 +559,7 @@ final class BroadcastController: Sendable {
         switch outcome {
         case .refused(let message): fields += [("result", .string("refused")), ("message", .string(message))]
         case .nextStart: fields += [("result", .string("next start"))]
-        case .applied(let outputs): fields += [("result", .string("applied")), ("outputs", .array(outputs.map { .string($0) }))]
+        case .applied(let report): fields += [("result", .string(report.complete ? "applied" : "partly applied"))] + report.fields
         }
         _ = events.publish("reload", fields)
         return outcome
@@ -549,30 +597,72 @@ final class BroadcastController: Sendable {
             logger.notice("\(trigger): config reloaded; it applies from the next start")
             return .nextStart
         }
-        // Unchanged outputs keep their configuration (a recording keeps the file it writes).
+        // Unchanged outputs keep their configuration (a recording keeps the file it writes). One
+        // whose new entry cannot be made keeps running as it is: a reload ends only what it leaves out.
         var desired: [OutputConfiguration] = []
+        var unmade: [OutputChange] = []
         for entry in fresh.outputs {
-            if let before = running.definitions[entry.name], Self.sameDefinition(before, entry),
-                let current = running.outputs.first(where: { $0.name == entry.name })
-            {
+            let current = running.outputs.first { $0.name == entry.name }
+            if let before = running.definitions[entry.name], Self.sameDefinition(before, entry), let current {
                 desired.append(current.configuration)
-            } else if let made = try? Self.outputConfigurations([entry]) {
+                continue
+            }
+            do {
                 // Sized like the others; not counted against the budget until the next start.
-                desired += made.map { running.memoryPlan.sized($0, replayLimitSet: entry.maxMemory != nil) }
+                desired += try Self.outputConfigurations([entry]).map { running.memoryPlan.sized($0, replayLimitSet: entry.maxMemory != nil) }
+            } catch {
+                let reason = (error as? BroadcastError)?.message ?? "\(error)"
+                if let current {
+                    desired.append(current.configuration)
+                    unmade.append(OutputChange(name: entry.name, result: .kept, reason: reason))
+                } else {
+                    unmade.append(OutputChange(name: entry.name, result: .failed, reason: reason))
+                }
+                logger.error("\(trigger): output \(entry.name): \(reason)\(current == nil ? "; not added" : "; it goes on with its old settings")")
             }
         }
-        running.outputControl.reconfigure(desired)
+        // Applied on the session's thread between two buffers, or at once while paused; the
+        // answer waits for what it did (the swap of a device waits its own way, below).
+        let request = running.outputControl.reconfigure(desired)
+        running.session.requestControl()
+        let deadline = MonotonicClock().now() + Self.reloadPatience
+        while request.result == nil && running.session.state != .finished && MonotonicClock().now() < deadline {
+            usleep(2000)
+        }
+        var changes = request.result ?? []
+        for change in unmade {
+            if let index = changes.firstIndex(where: { $0.name == change.name }) { changes[index] = change } else { changes.append(change) }
+        }
+        var pending: String?
+        if request.result == nil {
+            pending =
+                running.session.state == .finished
+                ? "the broadcast ended before the outputs changed"
+                : "the outputs change before the broadcast's next buffer; its thread was busy for \(Self.reloadPatience / 1_000_000_000) s"
+        }
         let applied = sourceReload?.apply(to: running.session, logger: logger)
         state.withLock { state in
-            state.running?.definitions = Dictionary(fresh.outputs.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
+            var definitions = Dictionary(fresh.outputs.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
+            // An output still on its old settings is compared with them at the next reload.
+            for change in changes where change.result == .kept || change.result == .failed {
+                definitions[change.name] = running.definitions[change.name]
+            }
+            state.running?.definitions = definitions
             if let applied, state.running?.session === running.session {
-                state.running?.sourceSettings = applied
+                state.running?.sourceSettings = applied.settings
                 state.running?.audioDevices = running.session.currentSources.compactMap { $0.source as? ALSASource }
             }
         }
-        logger.notice("\(trigger): config reloaded; outputs now \(desired.map(\.name).joined(separator: ", "))")
-        return .applied(outputs: desired.map(\.name))
+        let report = ReloadReport(
+            outputs: running.outputs.map(\.name), changes: changes, sources: applied?.changes ?? [],
+            nextStart: sourceReload?.deferred ?? [], pending: pending)
+        logger.notice(
+            "\(trigger): config reloaded\(report.complete ? "" : ", not all of it now"); outputs now \(report.outputs.joined(separator: ", "))")
+        return .applied(report)
     }
+
+    /// How long a reload waits for the session's thread to apply the new output set.
+    static let reloadPatience: Int64 = 30_000_000_000
 
     /// Whether two config entries describe the same output (their lines may differ).
     static func sameDefinition(_ a: DaemonConfiguration.Output, _ b: DaemonConfiguration.Output) -> Bool {

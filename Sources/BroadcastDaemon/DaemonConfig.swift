@@ -331,10 +331,14 @@ public struct DaemonConfiguration: Sendable {
                     }
                     kind = .recording(pathTemplate: path)
                 case (nil, let url?):
-                    do {
-                        _ = try OutputDestination.parse(url)
+                    do throws(BroadcastError) {
+                        guard case .live = try OutputDestination.parse(url) else {
+                            // Not echoed: what is there may be a stream key.
+                            throw BroadcastError(
+                                .invalidArgument, "not a stream URL: it needs a scheme, e.g. rtmp://host/app/key (a recording takes path = ...)")
+                        }
                     } catch {
-                        throw self.error(table.line, "output.url", error.message)
+                        throw self.error(table.entries["url"]?.line ?? table.line, "output.url", error.message)
                     }
                     kind = .live(url: url)
                 case (nil, nil):

@@ -2,6 +2,26 @@ import BroadcastCapture
 import BroadcastKit
 import BroadcastService
 import Logging
+import Synchronization
+
+/// What a reload did to one source.
+struct SourceChange: Equatable {
+    enum Result: String {
+        /// The new source captures now.
+        case changed
+        /// The new one could not start: the old settings were opened again and capture.
+        case kept
+        /// Neither could start: the broadcast goes on without this kind of media.
+        case lost
+    }
+
+    /// The config key: "[video] source", "[audio] mic".
+    var key: String
+    var was: String
+    var now: String
+    var result: Result
+    var reason: String?
+}
 
 /// What a reload does to a running broadcast's sources.
 ///
@@ -70,24 +90,38 @@ struct SourceReload {
     }
 
     /// Swaps each changed source in the running session, one at a time (the others and the
-    /// outputs go on); returns the source settings the broadcast then runs with.
-    func apply(to session: BroadcastSession, logger: Logger) -> SourceSettings {
+    /// outputs go on); returns the source settings the broadcast then runs with, and what became
+    /// of each change.
+    func apply(to session: BroadcastSession, logger: Logger) -> (settings: SourceSettings, changes: [SourceChange]) {
         var applied = running
+        var changes: [SourceChange] = []
         for replacement in replacements {
             let (type, fresh, running) = (replacement.type, self.fresh, self.running)
+            let restarted = Mutex<(any CaptureSource)?>(nil)
+            var change = SourceChange(key: Self.key(type), was: replacement.was, now: replacement.now, result: .changed)
+            logger.notice("reload: swapping the \(type) source: \(replacement.was) → \(replacement.now)")
             do {
                 try session.replaceSource(
                     of: type,
                     with: { try replacement.opened ?? Self.build(type, from: fresh, logger: logger) },
-                    fallback: { try Self.build(type, from: running, logger: logger) })
+                    fallback: {
+                        let source = try Self.build(type, from: running, logger: logger)
+                        restarted.withLock { $0 = source }
+                        return source
+                    })
                 Self.copy(type, from: fresh, into: &applied)
                 logger.notice("reload: \(type) source now \(replacement.now) (was \(replacement.was)); the other sources and the outputs went on")
             } catch {
-                logger.error("reload: \(type) source not changed to \(replacement.now): \(error)")
+                // The fallback runs when it is the type's source now; otherwise the type has none.
+                let back = restarted.withLock { $0 }.map { source in session.currentSources.contains { $0.source === source } } ?? false
+                change.result = back ? .kept : .lost
+                change.reason = "\(error)"
+                logger.error("reload: \(type) source not changed to \(replacement.now): \(error)\(back ? "; it goes on with \(replacement.was)" : "")")
             }
+            changes.append(change)
         }
         for sentence in deferred { logger.warning("reload: \(sentence)") }
-        return applied
+        return (applied, changes)
     }
 
     /// The config key a type comes from.

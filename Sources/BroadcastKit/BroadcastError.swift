@@ -14,6 +14,8 @@ public struct BroadcastError: Error, Sendable, Hashable, CustomStringConvertible
         public static let invalidArgument = Code(rawValue: "invalid-argument")
         /// Encoding, muxing or writing an output failed.
         public static let outputFailed = Code(rawValue: "output-failed")
+        /// The system refused something the broadcast needs (descriptors, threads).
+        public static let outOfResources = Code(rawValue: "out-of-resources")
 
         public var description: String { rawValue }
     }

@@ -20,10 +20,14 @@ public protocol BroadcastSampleHandler: AnyObject {
     /// The source of `type` lost its device or got it back. Buffers keep coming meanwhile (a
     /// "no signal" slate, silence), so outputs go on; this says what they show.
     func sourceHealthChanged(_ health: CaptureHealth, of type: SampleBufferType)
+    /// Someone called the session's `requestControl()`: a turn on the session's thread between
+    /// two buffers, also while paused (the built-in handler applies a reload's outputs here).
+    func controlRequested()
 }
 
 extension BroadcastSampleHandler {
     public func broadcastPaused() {}
     public func broadcastResumed() {}
     public func sourceHealthChanged(_ health: CaptureHealth, of type: SampleBufferType) {}
+    public func controlRequested() {}
 }

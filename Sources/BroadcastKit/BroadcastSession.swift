@@ -92,7 +92,14 @@ public final class BroadcastSession: @unchecked Sendable {
     /// Sequence number << 8 | lifecycle state: a transition is one compare-and-swap.
     private let stateWord = ManagedAtomic<UInt64>(UInt64(SessionLifecycle.State.idle.rawValue))
     private let commands = CommandStack<(sequence: UInt64, command: Command)>()
-    private let wakeup = Wakeup()
+    /// `requestControl()` was called: the handler's `controlRequested()` is due.
+    private let controlAsked = ManagedAtomic<Bool>(false)
+    /// The session thread sleeps on it; made by `run` (a pipe the system may refuse), nil before.
+    private let wakeupSlot = ManagedAtomic<WakeupBox?>(nil)
+    private final class WakeupBox: AtomicReference, Sendable {
+        let wakeup: Wakeup
+        init(_ wakeup: Wakeup) { self.wakeup = wakeup }
+    }
     private let counters: [SampleBufferType: Counters]
     /// Set once the sinks exist; read by `statistics()` from other threads.
     private let sinksReady = ManagedAtomic<Bool>(false)
@@ -164,7 +171,7 @@ public final class BroadcastSession: @unchecked Sendable {
 
     private func send(_ command: Command, sequence: UInt64) {
         commands.push((sequence, command))
-        wakeup.wake()
+        wakeupSlot.load(ordering: .acquiring)?.wakeup.wake()
     }
 
     /// Pauses delivery; the handler gets `broadcastPaused`. Throws unless the broadcast is running.
@@ -189,18 +196,28 @@ public final class BroadcastSession: @unchecked Sendable {
         send(.finish(error: error), sequence: try transition(.finish))
     }
 
+    /// Asks for a call of the handler's `controlRequested()` on the session's thread, between two
+    /// buffers, also while the broadcast is paused (when no buffer reaches the handler). Returns at
+    /// once; calls asked before the turn came are one call. From any thread.
+    public func requestControl() {
+        controlAsked.store(true, ordering: .releasing)
+        wakeupSlot.load(ordering: .acquiring)?.wakeup.wake()
+    }
+
     /// Marks the session finished from inside `run` (duration reached, a failure), whatever the state.
     private func forceFinished() {
         _ = try? transition(.finish)
     }
 
     /// How the session thread's sleeps ended: by a source's (or a command's) wake-up, or by a timeout.
-    public var wakeupStatistics: WakeupStatistics { wakeup.statistics }
+    public var wakeupStatistics: WakeupStatistics { wakeupSlot.load(ordering: .acquiring)?.wakeup.statistics ?? WakeupStatistics() }
 
-    /// A snapshot of the per-type figures.
+    /// A snapshot of the per-type figures. Never waits: the sources are read from the list the
+    /// last replacement published (an atomic reference), not under the replacement's lock, so a
+    /// swap that takes seconds (a device draining) holds up no status, metrics or watchdog read.
     public func statistics() -> [SampleBufferType: SampleBufferStatistics] {
         let ready = sinksReady.load(ordering: .acquiring)
-        let live = liveSources.withLock { $0 }
+        let live = publishedSources.load(ordering: .acquiring)
         var result: [SampleBufferType: SampleBufferStatistics] = [:]
         for (type, c) in counters {
             guard sources.contains(where: { $0.type == type }) else { continue }
@@ -227,7 +244,19 @@ public final class BroadcastSession: @unchecked Sendable {
     /// error when the session has already run, the handler's error when it aborts, or a source's
     /// error when one cannot start or fails.
     public func run(setupInfo: SetupInfo = SetupInfo()) throws -> SessionSummary {
-        try transition(.start)
+        let startSequence = try transition(.start)
+        // The pipes first: a process out of descriptors refuses the start with an error.
+        let wakeup: Wakeup
+        var spaceWakeups: [Wakeup] = []
+        do {
+            wakeup = try Wakeup()
+            for _ in sources { spaceWakeups.append(try Wakeup()) }
+        } catch {
+            forceFinished()
+            throw error
+        }
+        // Before anything can block on it (a command sent from now on wakes it).
+        wakeupSlot.store(WakeupBox(wakeup), ordering: .releasing)
         do {
             try handler.broadcastStarted(setupInfo: setupInfo)
         } catch {
@@ -240,13 +269,14 @@ public final class BroadcastSession: @unchecked Sendable {
         let startTime = clock.now()
 
         let realtime = sources.contains { $0.source.isRealtime }
-        sinks = sources.map {
+        sinks = zip(sources, spaceWakeups).map {
             SourceSink(
                 type: $0.type,
                 clock: clock,
                 startTime: startTime,
                 capacity: options.queueCapacity,
                 sessionWakeup: wakeup,
+                spaceWakeup: $1,
                 onFailure: { [weak self] error in _ = try? self?.finishBroadcast(with: error) }
             )
         }
@@ -272,7 +302,9 @@ public final class BroadcastSession: @unchecked Sendable {
         var loop = DeliveryLoop(
             session: self,
             startTime: startTime,
-            realtime: realtime
+            realtime: realtime,
+            wakeup: wakeup,
+            nextSequence: startSequence + 1
         )
         let outcome = loop.run()
         forceFinished()
@@ -306,6 +338,7 @@ public final class BroadcastSession: @unchecked Sendable {
         let session: BroadcastSession
         let startTime: Int64
         let realtime: Bool
+        let wakeup: Wakeup
         /// Closed pauses as capture-clock intervals [start, end), oldest first.
         var pauses: [(start: Int64, end: Int64)] = []
         /// Capture time at which the current pause began, if paused.
@@ -332,9 +365,17 @@ public final class BroadcastSession: @unchecked Sendable {
         /// The sources whose health is watched, as of `sourceGeneration` = `sourcesSeen`.
         var sources: [(type: SampleBufferType, source: any CaptureSource)]
         var sourcesSeen = 0
+        /// The sequence number of the next command to apply: every transition after the start is
+        /// a command, numbered by its compare-and-swap, so the numbers have no gaps.
+        var nextSequence: UInt64
+        /// Commands taken whose turn has not come: a later one can be pushed before an earlier one
+        /// (two threads between their compare-and-swap and their push), and may be taken alone.
+        var early: [(sequence: UInt64, command: Command)] = []
 
-        init(session: BroadcastSession, startTime: Int64, realtime: Bool) {
+        init(session: BroadcastSession, startTime: Int64, realtime: Bool, wakeup: Wakeup, nextSequence: UInt64) {
             self.session = session
+            self.wakeup = wakeup
+            self.nextSequence = nextSequence
             self.startTime = startTime
             self.realtime = realtime
             self.durationNanoseconds = session.options.duration.flatMap { $0.isNumeric ? $0.nanoseconds : nil }
@@ -356,6 +397,9 @@ public final class BroadcastSession: @unchecked Sendable {
             while true {
                 // Control first: the handler hears of pause/resume/finish between two buffers.
                 if let end = applyCommands(&queued) { return end }
+                if session.controlAsked.load(ordering: .relaxed), session.controlAsked.exchange(false, ordering: .acquiring) {
+                    session.handler.controlRequested()
+                }
                 if beginPendingPause() { continue }
                 // Device loss and return reach the handler between two buffers, like control.
                 reportHealthChanges()
@@ -380,7 +424,15 @@ public final class BroadcastSession: @unchecked Sendable {
         /// must wait for what was captured before it. Returns how the run ends, if a command ends it.
         private mutating func applyCommands(_ queued: inout [Command]) -> Result<SessionSummary.Reason, BroadcastError>? {
             commandsTakenAt = session.clock.now()
-            queued += session.commands.takeAll().sorted(by: { $0.sequence < $1.sequence }).map(\.command)
+            // In sequence order across batches: a resume never reaches the handler before the
+            // pause it follows, whichever thread pushed first.
+            early += session.commands.takeAll()
+            early.sort { $0.sequence < $1.sequence }
+            while let first = early.first, first.sequence == nextSequence {
+                queued.append(first.command)
+                early.removeFirst()
+                nextSequence += 1
+            }
             while pendingPause == nil, !queued.isEmpty {
                 switch queued.removeFirst() {
                 case .pause(let at):
@@ -443,6 +495,11 @@ public final class BroadcastSession: @unchecked Sendable {
             // The earliest capture time an empty queue's next buffer can have.
             var earliestFromEmpty = Int64.max
             for sink in session.sinks where !done.contains(sink.type) {
+                // `ended` before the ring: a source pushes its last buffers, then ends (release);
+                // read the other way round, a ring found empty just before those buffers came and
+                // `ended` read just after would lose them.
+                let ended = sink.hasEnded
+                sink.betweenEndAndRingForTesting?()
                 if let head = sink.ring.peek() {
                     // While a pause is pending only what was captured before it goes out.
                     if let pause = pendingPause, head.captureTime >= pause { continue }
@@ -450,7 +507,7 @@ public final class BroadcastSession: @unchecked Sendable {
                         best = sink
                         bestTime = head.captureTime
                     }
-                } else if sink.hasEnded {
+                } else if ended {
                     done.insert(sink.type)
                 } else {
                     earliestFromEmpty = min(earliestFromEmpty, nextCapture[sink.type] ?? .min)
@@ -501,7 +558,7 @@ public final class BroadcastSession: @unchecked Sendable {
         }
 
         private func sleep(timeout: Int64?) {
-            session.wakeup.prepareToSleep()
+            wakeup.prepareToSleep()
             // Anything that arrived between the last look and now would otherwise wait for the timeout.
             // Without a timeout the loop waits for any buffer; with one (the reorder window) it waits
             // for the empty queues, while another queue's head is already there: that head alone
@@ -511,11 +568,11 @@ public final class BroadcastSession: @unchecked Sendable {
                 timeout == nil
                 ? session.sinks.contains(where: { !$0.ring.isEmpty && !done.contains($0.type) })
                 : session.sinks.allSatisfy { done.contains($0.type) || $0.hasEnded || !$0.ring.isEmpty }
-            if arrived && pausedAt == nil {
-                session.wakeup.cancelSleep()
+            if (arrived && pausedAt == nil) || session.controlAsked.load(ordering: .relaxed) {
+                wakeup.cancelSleep()
                 return
             }
-            session.wakeup.sleep(timeoutNanoseconds: timeout ?? 250_000_000)
+            wakeup.sleep(timeoutNanoseconds: timeout ?? 250_000_000)
         }
 
         /// True when every source has delivered what it captured before `pause` (its next buffer starts

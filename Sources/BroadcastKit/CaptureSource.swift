@@ -86,7 +86,7 @@ public final class SourceSink: @unchecked Sendable {
     public let startTime: Int64
     let ring: SPSCRing<CapturedBuffer>
     private let sessionWakeup: Wakeup
-    private let spaceWakeup = Wakeup()
+    private let spaceWakeup: Wakeup
     private let stopping = ManagedAtomic<Bool>(false)
     private let ended = ManagedAtomic<Bool>(false)
     /// Buffers the source could not hand over because the session had not taken the earlier ones.
@@ -105,6 +105,7 @@ public final class SourceSink: @unchecked Sendable {
         startTime: Int64,
         capacity: Int,
         sessionWakeup: Wakeup,
+        spaceWakeup: Wakeup,
         onFailure: @escaping @Sendable (BroadcastError) -> Void
     ) {
         self.onFailure = onFailure
@@ -113,6 +114,7 @@ public final class SourceSink: @unchecked Sendable {
         self.startTime = startTime
         self.ring = SPSCRing(capacity: capacity)
         self.sessionWakeup = sessionWakeup
+        self.spaceWakeup = spaceWakeup
     }
 
     /// True once the session is finishing: the source should stop producing.
@@ -171,6 +173,11 @@ public final class SourceSink: @unchecked Sendable {
     }
 
     var hasEnded: Bool { ended.load(ordering: .acquiring) }
+
+    /// Tests only: called on the session thread between its look at `ended` and its look at the
+    /// ring (set by a test source in `start(into:)`, before the session looks), so a test can end
+    /// the stream exactly there. nil otherwise: one load per look.
+    var betweenEndAndRingForTesting: (() -> Void)?
 
     // Session side.
     func tookBuffer() { spaceWakeup.wake() }

@@ -14,19 +14,29 @@ struct LiveSources: Sendable {
 
 /// An immutable snapshot of the sources a session runs: `replaceSource` publishes a new one
 /// whole through an atomic reference, so the session thread reads it without a lock.
+/// `statistics()` reads it too: a read never waits for a replacement under way.
 final class SourceList: AtomicReference, Sendable {
     let entries: [(type: SampleBufferType, source: any CaptureSource)]
+    /// What the sources replaced before these had dropped and lost, per type.
+    let retiredDrops: [SampleBufferType: Int]
+    let retiredLosses: [SampleBufferType: Int]
 
-    init(_ entries: [(type: SampleBufferType, source: any CaptureSource)]) {
+    init(
+        _ entries: [(type: SampleBufferType, source: any CaptureSource)],
+        retiredDrops: [SampleBufferType: Int] = [:], retiredLosses: [SampleBufferType: Int] = [:]
+    ) {
         self.entries = entries
+        self.retiredDrops = retiredDrops
+        self.retiredLosses = retiredLosses
     }
 }
 
 extension BroadcastSession {
     /// Publishes the sources as they are now, for the session thread (release, then the
     /// generation it watches).
-    fileprivate func publish(_ entries: [(type: SampleBufferType, source: any CaptureSource)]) {
-        publishedSources.store(SourceList(entries), ordering: .releasing)
+    fileprivate func publish(_ live: LiveSources) {
+        publishedSources.store(
+            SourceList(live.entries, retiredDrops: live.retiredDrops, retiredLosses: live.retiredLosses), ordering: .releasing)
         sourceGeneration.wrappingIncrement(ordering: .releasing)
     }
 
@@ -104,13 +114,13 @@ extension BroadcastSession {
             }
             do {
                 live.entries[index].source = try startReplacement(make, until: drained)
-                publish(live.entries)
+                publish(live)
             } catch {
                 logger.error("\(type) source: the replacement for \(old.name) failed: \(error)")
                 if let fallback {
                     do {
                         live.entries[index].source = try startReplacement(fallback, until: clock.now() + patienceNanoseconds)
-                        publish(live.entries)
+                        publish(live)
                         logger.notice("\(type) source: back on \(live.entries[index].source.name)")
                     } catch {
                         logger.error("\(type) source: \(old.name) could not be restarted either (\(error)); the broadcast goes on without \(type)")

@@ -73,13 +73,13 @@ public final class Wakeup: @unchecked Sendable {
     private let lateCount = ManagedAtomic<Int>(0)
     private let writeCount = ManagedAtomic<Int>(0)
 
-    /// Stops the process when no pipe can be made (out of descriptors), as it did before: every
-    /// thread that sleeps needs one, and none can go on without.
-    public init() {
+    /// Throws `outOfResources` when no pipe can be made (the process is out of descriptors): what
+    /// needed it (a start, an output a reload adds) fails with that error; nothing stops the process.
+    public init() throws(BroadcastError) {
         do {
             (readEnd, writeEnd) = try FileDescriptor.pipe(options: [.nonBlocking, .closeOnExec])
         } catch {
-            preconditionFailure("cannot make a wake-up pipe: \(error)")
+            throw BroadcastError(.outOfResources, "cannot make a wake-up pipe: \(error)")
         }
     }
 

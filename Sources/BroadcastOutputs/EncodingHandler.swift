@@ -117,6 +117,8 @@ public final class EncodingHandler: BroadcastSampleHandler {
     /// Read from any thread: `counters.snapshot()`.
     public let counters = EncodingCounters()
     private let logger: Logger
+    /// Why the outputs could not be made at init (the start throws it).
+    private var unmade: BroadcastError?
 
     private var videoEncoder: VideoEncoder?
     private var audioEncoder: AudioEncoder?
@@ -164,11 +166,18 @@ public final class EncodingHandler: BroadcastSampleHandler {
         let failed = counters.failedOutputs
         let mediaClock = MediaClock(realtime: realtime)
         self.mediaClock = mediaClock
-        outputControl = OutputControl(
-            configuration.allOutputs.map {
-                Output(configuration: $0, keyframeRequest: keyframeRequest, failedOutputs: failed, logger: logger, mediaClock: mediaClock)
+        var outputs: [Output] = []
+        do {
+            for output in configuration.allOutputs {
+                outputs.append(
+                    try Output(configuration: output, keyframeRequest: keyframeRequest, failedOutputs: failed, logger: logger, mediaClock: mediaClock))
             }
-        )
+        } catch {
+            // Out of descriptors: the start fails with this (`broadcastStarted` throws it).
+            unmade = error
+            outputs = []
+        }
+        outputControl = OutputControl(outputs)
     }
 
     /// The replay outputs.
@@ -186,6 +195,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
     public func requestKeyframe() { keyframeRequest.store(true, ordering: .releasing) }
 
     public func broadcastStarted(setupInfo: SetupInfo) throws {
+        if let unmade { throw unmade }
         try configuration.validate()
         let globalHeader = configuration.allOutputs.contains {
             switch $0.destination {
@@ -233,7 +243,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
     private func makeWorker(for output: Output, joining: Bool = false) throws(BroadcastError) -> any OutputWorker {
         switch output.destination {
         case .file(let template) where output.configuration.replay != nil:
-            return ReplayWorker(
+            return try ReplayWorker(
                 output: output, settings: output.configuration.replay!, pathTemplate: template, streams: streams,
                 hook: output.fileFinishedHook, logger: logger)
         case .file(let path):
@@ -252,46 +262,93 @@ public final class EncodingHandler: BroadcastSampleHandler {
 
     /// Applies the output set asked through `outputControl` (on the session's thread): outputs whose
     /// configuration is unchanged go on untouched, others end, new ones start on a fresh keyframe.
-    private func applyRequestedOutputs(_ desired: [OutputConfiguration]) {
+    /// An output whose new configuration cannot start keeps running as it was: only an output the
+    /// set leaves out is ended. Returns what happened to each output.
+    @discardableResult
+    private func applyRequestedOutputs(_ desired: [OutputConfiguration]) -> [OutputChange] {
         let current = outputs
         var next: [Output] = []
+        var changes: [OutputChange] = []
         for configuration in desired {
             if let kept = current.first(where: { $0.configuration == configuration }) {
                 next.append(kept)
+                changes.append(OutputChange(name: configuration.name, result: .unchanged))
                 continue
             }
-            if self.configuration.frameRateMode == .vfr, configuration.destination.isLive {
-                record(BroadcastError(
-                    .outputFailed,
-                    "output \(configuration.name) not added: the frame rate mode is vfr, for files only; a live output needs cfr"))
-                continue
-            }
-            let output = Output(
-                configuration: configuration, keyframeRequest: keyframeRequest, failedOutputs: counters.failedOutputs,
-                logger: logger, mediaClock: mediaClock)
+            let predecessor = current.first { $0.name == configuration.name }
             do {
-                // Never two recordings in one file, whatever the new set says.
+                if self.configuration.frameRateMode == .vfr, configuration.destination.isLive {
+                    throw BroadcastError(
+                        .outputFailed, "the frame rate mode is vfr, for files only; a live output needs cfr")
+                }
+                // Never two recordings in one file, whatever the new set says: an output whose
+                // replacement would write the file it writes now keeps that file.
                 let others = current + next.filter { added in !current.contains { $0 === added } }
                 try OutputConfiguration.checkDistinctFiles(others.map(\.configuration) + [configuration])
+                let output = try Output(
+                    configuration: configuration, keyframeRequest: keyframeRequest, failedOutputs: counters.failedOutputs,
+                    logger: logger, mediaClock: mediaClock)
                 output.start(try makeWorker(for: output, joining: true))
                 next.append(output)
-                logger.notice("output \(output.name) added (\(output.target))")
+                changes.append(OutputChange(name: configuration.name, result: predecessor == nil ? .added : .replaced))
+                logger.notice("output \(output.name) \(predecessor == nil ? "added" : "started with its new settings") (\(output.target))")
             } catch {
-                record(BroadcastError(.outputFailed, "output \(configuration.name) not added: \(error.message)"))
+                let message = (error as? BroadcastError)?.message ?? "\(error)"
+                if let predecessor {
+                    next.append(predecessor)
+                    changes.append(OutputChange(name: configuration.name, result: .kept, reason: message))
+                    record(BroadcastError(
+                        .outputFailed, "output \(configuration.name): its new settings cannot start (\(message)); it goes on with its old ones"))
+                } else {
+                    changes.append(OutputChange(name: configuration.name, result: .failed, reason: message))
+                    record(BroadcastError(.outputFailed, "output \(configuration.name) not added: \(message)"))
+                }
             }
         }
         for output in current where !next.contains(where: { $0 === output }) {
             output.end()
             retired.append(output)
-            logger.notice("output \(output.name) removed (\(output.target))")
+            if !changes.contains(where: { $0.name == output.name }) {
+                changes.append(OutputChange(name: output.name, result: .removed))
+            }
+            logger.notice("output \(output.name) \(desired.contains { $0.name == output.name } ? "ended for its replacement" : "removed") (\(output.target))")
         }
         outputControl.publish(next)
         videoEncoder?.forceKeyframe()
+        return changes
+    }
+
+    /// Joins the outputs a reload removed whose threads have ended, keeping their failures: each
+    /// holds descriptors (its queue's wake-up pipes) until then. Session thread.
+    private func reapRetired() {
+        guard retired.contains(where: \.hasExited) else { return }
+        retired.removeAll { output in
+            guard output.hasExited else { return false }
+            output.join()
+            keepFailure(of: output)
+            return true
+        }
+    }
+
+    private func keepFailure(of output: Output) {
+        if let failure = output.failure, !failures.contains(failure) {
+            failures.append(failure)
+            if output.state != .failed { logger.error("\(failure)") }
+        }
+    }
+
+    /// A turn asked through the session (`requestControl()`): the output set a reload asked for
+    /// applies now, also while the broadcast is paused.
+    public func controlRequested() {
+        guard !finished else { return }
+        if let request = outputControl.takeRequest() { request.answer(applyRequestedOutputs(request.desired)) }
+        reapRetired()
     }
 
     public func processSampleBuffer(_ buffer: borrowing SampleBuffer, of type: SampleBufferType) throws {
         guard !finished else { return }
-        if let desired = outputControl.takeRequest() { applyRequestedOutputs(desired) }
+        if let request = outputControl.takeRequest() { request.answer(applyRequestedOutputs(request.desired)) }
+        if !retired.isEmpty { reapRetired() }
         let end = buffer.presentationTime.nanoseconds.map { $0 + (buffer.duration.nanoseconds ?? 0) } ?? deliveredEnd
         if end > deliveredEnd { deliveredEnd = end }
         switch type {
@@ -426,11 +483,9 @@ public final class EncodingHandler: BroadcastSampleHandler {
         for output in outputs { output.end() }
         for output in outputs + retired {
             output.join()
-            if let failure = output.failure, !failures.contains(failure) {
-                failures.append(failure)
-                if output.state != .failed { logger.error("\(failure)") }
-            }
+            keepFailure(of: output)
         }
+        retired = []
         updateBytesWritten()
     }
 
@@ -500,27 +555,76 @@ public final class OutputControl: Sendable {
         let outputs: [Output]
         init(_ outputs: [Output]) { self.outputs = outputs }
     }
-    final class Request: AtomicReference, Sendable {
-        let desired: [OutputConfiguration]
+    /// A set of outputs asked for, and what became of each once the session's thread applied it.
+    public final class Request: Sendable {
+        public let desired: [OutputConfiguration]
+        private let changes = ManagedAtomic<Answer?>(nil)
+        final class Answer: AtomicReference, Sendable {
+            let changes: [OutputChange]
+            init(_ changes: [OutputChange]) { self.changes = changes }
+        }
         init(_ desired: [OutputConfiguration]) { self.desired = desired }
+
+        func answer(_ changes: [OutputChange]) { self.changes.store(Answer(changes), ordering: .releasing) }
+
+        /// What happened to each output; nil until the session's thread applied the set (a newer
+        /// request taken first means this one never is).
+        public var result: [OutputChange]? { changes.load(ordering: .acquiring)?.changes }
+    }
+    final class Asked: AtomicReference, Sendable {
+        let request: Request
+        init(_ request: Request) { self.request = request }
     }
 
     private let list: ManagedAtomic<List>
-    private let request = ManagedAtomic<Request?>(nil)
+    private let request = ManagedAtomic<Asked?>(nil)
 
     init(_ outputs: [Output]) { list = ManagedAtomic(List(outputs)) }
 
     public var outputs: [Output] { list.load(ordering: .acquiring).outputs }
 
-    /// Asks for exactly these outputs; applied before the next buffer the handler gets.
-    public func reconfigure(_ desired: [OutputConfiguration]) {
-        request.store(Request(desired), ordering: .releasing)
+    /// Asks for exactly these outputs; applied before the next buffer the handler gets, or at
+    /// once when the session is asked for a turn (`BroadcastSession.requestControl()`). The
+    /// request's `result` says what became of each output.
+    @discardableResult
+    public func reconfigure(_ desired: [OutputConfiguration]) -> Request {
+        let request = Request(desired)
+        self.request.store(Asked(request), ordering: .releasing)
+        return request
     }
 
-    func takeRequest() -> [OutputConfiguration]? {
+    func takeRequest() -> Request? {
         guard request.load(ordering: .relaxed) != nil else { return nil }
-        return request.exchange(nil, ordering: .acquiring)?.desired
+        return request.exchange(nil, ordering: .acquiringAndReleasing)?.request
     }
 
     func publish(_ outputs: [Output]) { list.store(List(outputs), ordering: .releasing) }
+}
+
+/// What a change of the output set did to one output.
+public struct OutputChange: Sendable, Hashable {
+    public enum Result: String, Sendable, Hashable {
+        /// Its configuration did not change: it goes on untouched.
+        case unchanged
+        /// New: it started.
+        case added
+        /// Its configuration changed: the old one ended and the new one started.
+        case replaced
+        /// Left out of the set: it ended.
+        case removed
+        /// Its new configuration could not start: it goes on with the old one (`reason` says why).
+        case kept
+        /// New, and it could not start (`reason` says why).
+        case failed
+    }
+
+    public var name: String
+    public var result: Result
+    public var reason: String?
+
+    public init(name: String, result: Result, reason: String? = nil) {
+        self.name = name
+        self.result = result
+        self.reason = reason
+    }
 }

@@ -112,9 +112,9 @@ final class OutputStatus: Sendable {
 final class PacketFeed: Sendable {
     let ring: SPSCRing<EncodedPacket>
     /// The output's thread sleeps here when the ring is empty.
-    let dataWakeup = Wakeup()
+    let dataWakeup: Wakeup
     /// A lossless producer sleeps here when the ring is full.
-    let spaceWakeup = Wakeup()
+    let spaceWakeup: Wakeup
     /// No more packets will come.
     let ended = ManagedAtomic<Bool>(false)
     /// The consumer stopped taking packets (it failed or finished): the producer stops pushing.
@@ -124,7 +124,12 @@ final class PacketFeed: Sendable {
     /// dts (ns) of the newest packet pushed: what the backlog is measured against.
     let newestDTS = ManagedAtomic<Int64>(0)
 
-    init(capacity: Int) { ring = SPSCRing(capacity: capacity) }
+    /// Throws `outOfResources` when the process has no descriptors left for the two pipes.
+    init(capacity: Int) throws(BroadcastError) {
+        ring = SPSCRing(capacity: capacity)
+        dataWakeup = try Wakeup()
+        spaceWakeup = try Wakeup()
+    }
 
     /// Consumer: waits until a packet is there, the feed ended, or `timeout` passed (nil: no limit).
     func waitForPackets(timeout: Duration?) {
@@ -181,6 +186,8 @@ public final class Output: @unchecked Sendable {
     /// Session thread only.
     private var thread: OSThread?
     private var worker: (any OutputWorker)?
+    /// Set by the output's thread as it ends: `join()` no longer waits.
+    private let exited = ManagedAtomic<Bool>(false)
     private var lossless: Bool { !destination.isLive }
 
     init(
@@ -189,7 +196,7 @@ public final class Output: @unchecked Sendable {
         failedOutputs: ManagedAtomic<Int>,
         logger: Logger,
         mediaClock: MediaClock = MediaClock()
-    ) {
+    ) throws(BroadcastError) {
         self.mediaClock = mediaClock
         self.fileFinishedHook = configuration.onFileFinished.flatMap {
             $0.isEmpty
@@ -206,8 +213,8 @@ public final class Output: @unchecked Sendable {
         self.failedOutputs = failedOutputs
         self.logger = logger
         switch configuration.destination {
-        case .file: feed = PacketFeed(capacity: configuration.fileQueueCapacity)
-        case .live: feed = PacketFeed(capacity: configuration.live.queueCapacity)
+        case .file: feed = try PacketFeed(capacity: configuration.fileQueueCapacity)
+        case .live: feed = try PacketFeed(capacity: configuration.live.queueCapacity)
         }
     }
 
@@ -285,8 +292,15 @@ public final class Output: @unchecked Sendable {
         self.worker = worker
         // "bc-out-live", or the file's name for a recording named by its path.
         let name = configuration.name.split(separator: "/").last.map(String.init) ?? configuration.name
-        thread = OSThread(name: "bc-out-\(name)") { worker.run() }
+        let exited = self.exited
+        thread = OSThread(name: "bc-out-\(name)") {
+            worker.run()
+            exited.store(true, ordering: .releasing)
+        }
     }
+
+    /// The output's thread has ended (it finished or failed): `join()` returns at once.
+    var hasExited: Bool { exited.load(ordering: .acquiring) }
 
     /// Hands a packet to the output's thread. A live output never waits: when its queue is full the
     /// packet is dropped (and the output restarts on a keyframe). A file output never drops: it

@@ -202,10 +202,11 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
     private let logger: Logger
     private let hook: FileFinishedHook?
     private let jobs = CommandStack<Job>()
-    private let jobWakeup = Wakeup()
+    private let jobWakeup: Wakeup
     private let intakeEnded = ManagedAtomic<Bool>(false)
 
-    init(output: Output, settings: ReplaySettings, pathTemplate: String, streams: [StreamDescription], hook: FileFinishedHook?, logger: Logger) {
+    init(output: Output, settings: ReplaySettings, pathTemplate: String, streams: [StreamDescription], hook: FileFinishedHook?, logger: Logger) throws(BroadcastError) {
+        self.jobWakeup = try Wakeup()
         self.output = output
         self.settings = settings
         self.pathTemplate = pathTemplate

@@ -17,7 +17,9 @@ final class ControlExecutor: TaskExecutor, @unchecked Sendable {
     static let shared = ControlExecutor()
 
     private let jobs = Mutex<[UnownedJob]>([])
-    private let wakeup = Wakeup()
+    /// nil when the process had no descriptor left for its pipe (it is made once, at the first
+    /// control request): the loop then looks for jobs every 5 ms instead of sleeping until woken.
+    private let wakeup = try? Wakeup()
     /// Jobs run so far (a test reads it to see the thread alive).
     private let ran = Atomic<Int>(0)
 
@@ -28,7 +30,7 @@ final class ControlExecutor: TaskExecutor, @unchecked Sendable {
     func enqueue(_ job: consuming ExecutorJob) {
         let unowned = UnownedJob(job)
         jobs.withLock { $0.append(unowned) }
-        wakeup.wake()
+        wakeup?.wake()
     }
 
     var jobsRun: Int { ran.load(ordering: .relaxed) }
@@ -40,7 +42,7 @@ final class ControlExecutor: TaskExecutor, @unchecked Sendable {
                 return queue
             }
             for job in batch { job.runSynchronously(on: asUnownedTaskExecutor()) }
-            if batch.isEmpty {
+            if batch.isEmpty, let wakeup {
                 // Wakeup's protocol: say we sleep, look once more, then sleep (or not).
                 wakeup.prepareToSleep()
                 if jobs.withLock({ !$0.isEmpty }) {
@@ -48,6 +50,8 @@ final class ControlExecutor: TaskExecutor, @unchecked Sendable {
                 } else {
                     _ = wakeup.sleep(timeout: nil)
                 }
+            } else if batch.isEmpty {
+                MonotonicClock.sleep(until: MonotonicClock().now() + 5_000_000)
             } else {
                 ran.wrappingAdd(batch.count, ordering: .relaxed)
             }

@@ -117,11 +117,12 @@ func terminalColumns() -> Int {
 final class LiveStatusView: Sendable {
     static let eventsShown = 6
     private let events = SPSCRing<String>(capacity: 256)
-    private let wakeup = Wakeup()
+    private let wakeup: Wakeup
     private let stopping = ManagedAtomic<Bool>(false)
     private let thread: OSThread
 
     init(client: ControlClient) throws {
+        wakeup = try Wakeup()
         // The first draw here, so a daemon that is not there is the command's error at once.
         let first = try fetchStatus(client)
         let summary = StatusSummary(width: terminalColumns())
@@ -192,8 +193,11 @@ struct Reload: ParsableCommand {
         discussion: """
             The same as SIGHUP (systemctl reload), but answered: outputs added, removed or changed \
             apply at once (an unchanged recording goes on in the same file), a changed device is \
-            swapped alone, encoder settings wait for the next start. A config with an error is \
-            refused with its file:line and key (exit 1) and the broadcast goes on as it was.
+            swapped alone, encoder settings wait for the next start. The answer (JSON) says per \
+            output and source what happened ("complete": false when something did not apply; an \
+            output whose new settings cannot start goes on with its old ones, "kept"). A config \
+            with an error is refused with its file:line and key (exit 1) and the broadcast goes on \
+            as it was.
             """
     )
     @OptionGroup var control: ControlOptions

@@ -15,8 +15,8 @@ import Glibc
     /// `late` counter). The timeout is long (nothing else would end such a sleep; the producer
     /// never pushes twice), so under load an honest round never looks lost.
     @Test("no wake-up is lost when publish and sleep race (Dekker)")
-    func noLostWakeupsUnderStress() {
-        let wakeup = Wakeup()
+    func noLostWakeupsUnderStress() throws {
+        let wakeup = try Wakeup()
         let ring = SPSCRing<Int>(capacity: 4)
         let consumed = ManagedAtomic<Int>(0)
         let lost = ManagedAtomic<Int>(0)
@@ -90,8 +90,8 @@ import Glibc
     /// show it in either test: Swift's reference counting puts atomic read-modify-writes, full barriers
     /// on x86, between the two in practice. The fences make it hold by the memory model, not by luck.)
     @Test("Dekker litmus: the consumer sees the data or the producer sees the sleeper")
-    func dekkerLitmus() {
-        let wakeup = Wakeup()
+    func dekkerLitmus() throws {
+        let wakeup = try Wakeup()
         let ring = SPSCRing<Int>(capacity: 4)
         let go = ManagedAtomic<Int>(0)
         let done = ManagedAtomic<Int>(0)
@@ -141,8 +141,8 @@ import Glibc
     }
 
     @Test("a Duration timeout: the same sleep, a wake-up ends it, a zero or negative one returns at once")
-    func durationTimeout() {
-        let wakeup = Wakeup()
+    func durationTimeout() throws {
+        let wakeup = try Wakeup()
         wakeup.prepareToSleep()
         #expect(wakeup.sleep(timeout: .zero) == false)
         wakeup.prepareToSleep()
@@ -155,8 +155,8 @@ import Glibc
     }
 
     @Test("a sleep without a wake-up times out and says so")
-    func timeoutIsCounted() {
-        let wakeup = Wakeup()
+    func timeoutIsCounted() throws {
+        let wakeup = try Wakeup()
         wakeup.prepareToSleep()
         #expect(wakeup.sleep(timeoutNanoseconds: 1_000_000) == false)
         wakeup.prepareToSleep()
@@ -170,8 +170,8 @@ import Glibc
     }
 
     @Test("a wake with nobody about to sleep writes nothing")
-    func wakeWithoutSleeperIsFree() {
-        let wakeup = Wakeup()
+    func wakeWithoutSleeperIsFree() throws {
+        let wakeup = try Wakeup()
         for _ in 0..<100 { wakeup.wake() }
         #expect(wakeup.statistics.writes == 0)
         // Many wakers of one sleep: one byte.
