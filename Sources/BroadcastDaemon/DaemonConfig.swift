@@ -58,6 +58,8 @@ public struct DaemonConfiguration: Sendable {
         public var maxMemory: Int64? = nil
         /// Run for every finished file: an argument vector, `{path}` replaced.
         public var onFileFinished: [String]? = nil
+        /// rtmps://: how the server's certificate is checked (tls_verify, tls_ca).
+        public var tls = TLSVerification()
     }
 
     public var file: String
@@ -111,8 +113,16 @@ public struct DaemonConfiguration: Sendable {
     }
     static let controlKeys = ["socket", "socket_mode", "tcp", "token"]
     static let daemonKeys = ["autostart"]
-    static let outputKeys = ["name", "path", "url", "segment", "retain_for", "retain_bytes", "overwrite", "replay", "max_memory", "on_file_finished"]
+    static let outputKeys = ["name", "path", "url", "segment", "retain_for", "retain_bytes", "overwrite", "replay", "max_memory", "on_file_finished", "tls_ca", "tls_verify"]
     static let tables = ["video", "audio", "encoder", "setup", "control", "daemon", "limits", "output"]
+
+    /// The live outputs' URLs (their secrets are scrubbed from FFmpeg's log).
+    public var streamURLs: [StreamURL] {
+        outputs.compactMap { output -> StreamURL? in
+            guard case .live(let url) = output.kind else { return nil }
+            return try? StreamURL(url)
+        }
+    }
 
     /// The manifests of the recordings' files, one per base directory (see `RecordingManifest`).
     public var manifests: [RecordingManifest] {
@@ -235,6 +245,7 @@ public struct DaemonConfiguration: Sendable {
             var output: (name: String?, path: String?, url: String?, line: Int, segment: MediaTime?, retainFor: MediaTime?, retainBytes: Int64?) =
                 (nil, nil, nil, table.line, nil, nil, nil)
             var extra = ReplayKeys()
+            var tlsKeys = TLSKeys()
             for key in table.keys {
                 let entry = table.entries[key]!
                 let dotted = "\(tableName).\(key)"
@@ -307,6 +318,8 @@ public struct DaemonConfiguration: Sendable {
                         overwrite = b
                     case "replay", "max_memory", "on_file_finished":
                         try readReplayKey(key, entry, into: &extra, environment: environment)
+                    case "tls_ca", "tls_verify":
+                        try readTLSKey(key, entry, into: &tlsKeys, environment: environment)
                     default:
                         throw unknownKey(dotted, entry.line, known: Self.outputKeys, table: "[output]")
                     }
@@ -329,6 +342,12 @@ public struct DaemonConfiguration: Sendable {
                     }
                     kind = .recording(pathTemplate: path)
                 case (nil, let url?):
+                    // Not echoed: without its scheme nothing says which part is the key.
+                    guard StreamURL.looksLikeURL(url) else {
+                        throw error(
+                            table.entries["url"]?.line ?? table.line, "output.url",
+                            "not a stream URL (not shown: it may hold a key): expected rtmp://HOST/APP/KEY, rtmps://... or srt://HOST:PORT")
+                    }
                     do {
                         _ = try OutputDestination.parse(url)
                     } catch {
@@ -352,6 +371,7 @@ public struct DaemonConfiguration: Sendable {
                 }
                 var made = Output(name: name, kind: kind, line: table.line, segment: output.segment, retainFor: output.retainFor, retainBytes: output.retainBytes, overwrite: overwrite)
                 try applyReplayKeys(extra, to: &made)
+                try applyTLSKeys(tlsKeys, to: &made)
                 outputs.append(made)
             }
         }

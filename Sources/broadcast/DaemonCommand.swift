@@ -1,6 +1,7 @@
 import ArgumentParser
 import BroadcastDaemon
 import BroadcastMedia
+import BroadcastOutputs
 import BroadcastService
 import Logging
 
@@ -40,10 +41,13 @@ struct DaemonCommand: AsyncParsableCommand {
             throw ValueError("invalid --log-level '\(logLevel)': accepted are \(Logger.Level.allCases.map(\.rawValue).joined(separator: ", "))")
         }
         let logger = Logging.bootstrap(level: level)
-        FFmpegLog.install(logger)
+        // FFmpeg's protocols name what they open ("Sending publish command for 'KEY'" at debug):
+        // every line is scrubbed of the stream keys the config ever named.
+        let secrets = StreamSecrets()
+        FFmpegLog.install(logger, redact: { secrets.scrub($0) })
         let daemon = Daemon(
             configuration: configuration, environment: { ProcessEnvironment.current() }, metrics: DaemonMetrics.bootstrap(),
-            notifier: SystemdNotifier.fromProcessEnvironment(), logger: logger)
+            notifier: SystemdNotifier.fromProcessEnvironment(), secrets: secrets, logger: logger)
         Signals.startWatching { signal in
             switch signal {
             case SIGTERM, SIGINT, SIGQUIT:

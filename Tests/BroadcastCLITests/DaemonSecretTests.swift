@@ -1,0 +1,147 @@
+import Foundation
+import Testing
+
+/// What the daemon lets out and in (issue 24, items 4 and 5): the control token rotates at a
+/// reload; [control] changes a reload cannot apply are refused, saying "restart needed".
+@Suite(.serialized) struct DaemonSecretTests {
+    static func config(_ dir: TemporaryDirectory, port: Int, token: String, socket: String? = nil) -> String {
+        """
+        [video]
+        size = "320x180"
+        [control]
+        socket = "\(socket ?? dir.path("c.sock"))"
+        tcp = "127.0.0.1:\(port)"
+        token = "\(token)"
+        [[output]]
+        name = "rec"
+        path = "\(dir.path("rec.mkv"))"
+        """
+    }
+
+    static func statusCode(port: Int, token: String) throws -> String {
+        try run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", "Authorization: Bearer \(token)",
+            "http://127.0.0.1:\(port)/v1/status"]).stdout
+    }
+
+    /// A reload with a new token: the old one is 401 at once, the new one 200, without a restart.
+    /// A reload that moves the socket or the TCP listener is refused (restart needed), and the
+    /// token stays what it was.
+    @Test func reloadRotatesTheTokenAndRefusesWhatNeedsARestart() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let port = try freePort()
+        let old = "old-token-0123456789"
+        let new = "new-token-9876543210"
+        let daemon = try spawnDaemon(config: Self.config(dir, port: port, token: old), in: dir)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        var up = false
+        for _ in 0..<300 where !up {
+            up = (try? Self.statusCode(port: port, token: old)) == "200"
+            if !up { usleep(100_000) }
+        }
+        #expect(up, "the TCP listener never answered 200 with the token")
+
+        try Self.config(dir, port: port, token: new).write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
+        let reload = try broadcast(["reload", "--socket", dir.path("c.sock")], timeout: 60)
+        #expect(reload.status == 0, "\(reload.stdout) \(reload.stderr)")
+        #expect(try Self.statusCode(port: port, token: old) == "401", "the old token still works")
+        #expect(try Self.statusCode(port: port, token: new) == "200", "the new token does not work")
+
+        // Another TCP port, another socket path: refused, restart needed; the token is still the new one.
+        let otherPort = try freePort()
+        for (changed, key) in [
+            (Self.config(dir, port: otherPort, token: old), "control.tcp"),
+            (Self.config(dir, port: port, token: old, socket: dir.path("other.sock")), "control.socket"),
+        ] {
+            try changed.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
+            let refused = try broadcast(["reload", "--socket", dir.path("c.sock")], timeout: 60)
+            #expect(refused.status == 1, "\(refused.stdout) \(refused.stderr)")
+            #expect(refused.stderr.contains("\(dir.path("d.toml")):") && refused.stderr.contains("\(key): changed")
+                && refused.stderr.contains("restart needed"), "\(refused.stderr)")
+            #expect(try Self.statusCode(port: port, token: new) == "200", "a refused reload changed the token")
+            #expect(try Self.statusCode(port: port, token: old) == "401", "a refused reload changed the token")
+        }
+        daemon.signal(SIGTERM)
+        let ended = daemon.wait(timeout: 60)
+        #expect(ended.status == 0, "\(ended.stderr.suffix(2000))")
+        #expect(!ended.stderr.contains(old) && !ended.stderr.contains(new), "a token in the log")
+    }
+
+    /// A daemon at --log-level debug streaming to nginx-rtmp with its key from ${STREAM_KEY}:
+    /// FFmpeg's debug lines ("Sending publish command for ...") reach the log scrubbed, the key
+    /// is nowhere in it. The replay output's on_file_finished command sees only the documented
+    /// environment (no STREAM_KEY) and descriptors 0-2; a process it leaves behind holds nothing
+    /// of the daemon's: once the daemon exited, its TCP control port is closed.
+    @Test func noSecretInTheDebugLogOrTheHooks() throws {
+        let server = try RTMPServer()
+        defer { server.cleanup() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let key = "sk-env-5d1e7a90c3"
+        let port = try freePort()
+        let socket = dir.path("c.sock")
+        let hook = "env > '\(dir.path("env.txt"))'; ls -l /proc/$$/fd > '\(dir.path("fd.txt"))'; "
+            + "sleep 40 < /dev/null > /dev/null 2>&1 & echo $! > '\(dir.path("sleep.pid"))'"
+        let config = """
+            [video]
+            size = "320x180"
+            [encoder]
+            keyframe_interval = "1s"
+            [control]
+            socket = "\(socket)"
+            tcp = "127.0.0.1:\(port)"
+            token = "token-0123456789abcdef"
+            [[output]]
+            name = "live"
+            url = "rtmp://127.0.0.1:\(server.port)/live/${STREAM_KEY}"
+            [[output]]
+            name = "replay"
+            replay = "5s"
+            path = "\(dir.path("replay-%H%M%S.mp4"))"
+            on_file_finished = ["/bin/sh", "-c", "\(hook.replacing("\"", with: "\\\""))"]
+            """
+        try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
+        let daemon = try Child(
+            broadcastBinary, ["daemon", "--config", dir.path("d.toml"), "--log-level", "debug"], environment: ["STREAM_KEY": key])
+        var sleeper: Int32?
+        defer {
+            daemon.signal(SIGKILL)
+            _ = daemon.wait(timeout: 10)
+            if let sleeper { kill(sleeper, SIGKILL) }
+        }
+        // Live, and the server has the stream: the publish (and its debug lines) happened.
+        let live = daemon.waitForStderr(timeout: 60) { $0.contains("stream rtmp://127.0.0.1:\(server.port)/live/****: live") }
+        #expect(live, "\(daemon.stderrSoFar.suffix(3000))")
+        usleep(2_000_000)
+        let saved = try broadcast(["replay", "save", "--socket", socket], timeout: 60)
+        #expect(saved.status == 0, "\(saved.stderr)")
+        let hookRan = daemon.waitForStderr(timeout: 60) { $0.contains("on_file_finished for replay") }
+        #expect(hookRan, "\(daemon.stderrSoFar.suffix(2000))")
+        for _ in 0..<600 where !FileManager.default.fileExists(atPath: dir.path("sleep.pid")) { usleep(100_000) }
+        sleeper = Int32((try? String(contentsOfFile: dir.path("sleep.pid"), encoding: .utf8))?
+            .trimmingCharacters(in: .whitespacesAndNewlines) ?? "")
+        daemon.signal(SIGTERM)
+        let ended = daemon.wait(timeout: 60)
+        #expect(ended.status == 0, "\(ended.stderr.suffix(2000))")
+        #expect(ended.stderr.contains("Sending publish command for '****'"), "FFmpeg's debug lines are missing: \(ended.stderr.suffix(3000))")
+        #expect(!ended.stderr.contains(key), "the key in the log: \(ended.stderr.split(separator: "\n").filter { $0.contains(key) })")
+
+        let environment = (try? String(contentsOfFile: dir.path("env.txt"), encoding: .utf8)) ?? ""
+        #expect(environment.contains("BROADCAST_OUTPUT=replay") && environment.contains("BROADCAST_FILE=\(dir.path("replay-"))"), "\(environment)")
+        #expect(!environment.contains(key) && !environment.contains("STREAM_KEY"), "the hook got the key: \(environment)")
+        let names = environment.split(separator: "\n").compactMap { $0.split(separator: "=").first.map(String.init) }
+        let allowed: Set<String> = ["PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "BROADCAST_FILE", "BROADCAST_OUTPUT",
+            "PWD", "SHLVL", "_", "OLDPWD"]  // the last four: sh's own
+        #expect(names.allSatisfy { allowed.contains($0) || $0.hasPrefix("LC_") }, "\(names)")
+        let descriptors = ((try? String(contentsOfFile: dir.path("fd.txt"), encoding: .utf8)) ?? "").split(separator: "\n")
+            .filter { $0.contains(" -> ") }.compactMap { $0.split(separator: " ").dropLast(2).last.map(String.init) }
+        #expect(descriptors.sorted() == ["0", "1", "2"], "the hook's descriptors: \(descriptors)")
+
+        // The process the hook left behind holds no socket of the daemon's: the port is closed.
+        let sleeping = sleeper.map { kill($0, 0) == 0 } ?? false
+        #expect(sleeping, "the hook's sleep is not running")
+        let fd = connectLocal(port)
+        #expect(fd < 0, "the control port is still listening after the daemon exited")
+        if fd >= 0 { close(fd) }
+    }
+}
