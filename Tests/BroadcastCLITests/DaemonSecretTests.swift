@@ -69,9 +69,10 @@ import Testing
 
     /// A daemon at --log-level debug streaming to nginx-rtmp with its key from ${STREAM_KEY}:
     /// FFmpeg's debug lines ("Sending publish command for ...") reach the log scrubbed, the key
-    /// is nowhere in it. The replay output's on_file_finished command sees only the documented
-    /// environment (no STREAM_KEY) and descriptors 0-2; a process it leaves behind holds nothing
-    /// of the daemon's: once the daemon exited, its TCP control port is closed.
+    /// is nowhere in it. The replay output's on_file_finished command (`sleep 40`, looked at from
+    /// outside through /proc) has only the documented environment (no STREAM_KEY) and descriptors
+    /// 0-2; left behind when the daemon exits, it holds nothing of the daemon's: the TCP control
+    /// port is closed.
     @Test func noSecretInTheDebugLogOrTheHooks() throws {
         let server = try RTMPServer()
         defer { server.cleanup() }
@@ -80,8 +81,6 @@ import Testing
         let key = "sk-env-5d1e7a90c3"
         let port = try freePort()
         let socket = dir.path("c.sock")
-        let hook = "env > '\(dir.path("env.txt"))'; ls -l /proc/$$/fd > '\(dir.path("fd.txt"))'; "
-            + "sleep 40 < /dev/null > /dev/null 2>&1 & echo $! > '\(dir.path("sleep.pid"))'"
         let config = """
             [video]
             size = "320x180"
@@ -98,16 +97,16 @@ import Testing
             name = "replay"
             replay = "5s"
             path = "\(dir.path("replay-%H%M%S.mp4"))"
-            on_file_finished = ["/bin/sh", "-c", "\(hook.replacing("\"", with: "\\\""))"]
+            on_file_finished = ["/bin/sleep", "40"]
             """
         try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
         let daemon = try Child(
             broadcastBinary, ["daemon", "--config", dir.path("d.toml"), "--log-level", "debug"], environment: ["STREAM_KEY": key])
-        var sleeper: Int32?
+        var hook: Int32?
         defer {
             daemon.signal(SIGKILL)
             _ = daemon.wait(timeout: 10)
-            if let sleeper { kill(sleeper, SIGKILL) }
+            if let hook { kill(hook, SIGKILL) }
         }
         // Live, and the server has the stream: the publish (and its debug lines) happened.
         let live = daemon.waitForStderr(timeout: 60) { $0.contains("stream rtmp://127.0.0.1:\(server.port)/live/****: live") }
@@ -115,31 +114,29 @@ import Testing
         usleep(2_000_000)
         let saved = try broadcast(["replay", "save", "--socket", socket], timeout: 60)
         #expect(saved.status == 0, "\(saved.stderr)")
-        let hookRan = daemon.waitForStderr(timeout: 60) { $0.contains("on_file_finished for replay") }
-        #expect(hookRan, "\(daemon.stderrSoFar.suffix(2000))")
-        for _ in 0..<600 where !FileManager.default.fileExists(atPath: dir.path("sleep.pid")) { usleep(100_000) }
-        sleeper = Int32((try? String(contentsOfFile: dir.path("sleep.pid"), encoding: .utf8))?
-            .trimmingCharacters(in: .whitespacesAndNewlines) ?? "")
+        for _ in 0..<600 where hook == nil {
+            hook = Int32(try run("/usr/bin/pgrep", ["-P", "\(daemon.pid)", "-x", "sleep"]).stdout.split(separator: "\n").first ?? "")
+            if hook == nil { usleep(100_000) }
+        }
+        let pid = try #require(hook, "the hook never ran: \(daemon.stderrSoFar.suffix(2000))")
+        let environ = (try? Data(contentsOf: URL(fileURLWithPath: "/proc/\(pid)/environ"))) ?? Data()
+        let environment = environ.split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
+        #expect(environment.contains("BROADCAST_OUTPUT=replay") && environment.contains { $0.hasPrefix("BROADCAST_FILE=\(dir.path("replay-"))") },
+            "\(environment)")
+        #expect(!environment.contains { $0.contains(key) || $0.hasPrefix("STREAM_KEY=") }, "the hook got the key: \(environment)")
+        let allowed: Set<String> = ["PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "BROADCAST_FILE", "BROADCAST_OUTPUT"]
+        let names = environment.compactMap { $0.split(separator: "=").first.map(String.init) }
+        #expect(names.allSatisfy { allowed.contains($0) || $0.hasPrefix("LC_") }, "\(names)")
+        let descriptors = try FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").sorted()
+        #expect(descriptors == ["0", "1", "2"], "the hook's descriptors: \(descriptors)")
+
         daemon.signal(SIGTERM)
         let ended = daemon.wait(timeout: 60)
         #expect(ended.status == 0, "\(ended.stderr.suffix(2000))")
         #expect(ended.stderr.contains("Sending publish command for '****'"), "FFmpeg's debug lines are missing: \(ended.stderr.suffix(3000))")
         #expect(!ended.stderr.contains(key), "the key in the log: \(ended.stderr.split(separator: "\n").filter { $0.contains(key) })")
-
-        let environment = (try? String(contentsOfFile: dir.path("env.txt"), encoding: .utf8)) ?? ""
-        #expect(environment.contains("BROADCAST_OUTPUT=replay") && environment.contains("BROADCAST_FILE=\(dir.path("replay-"))"), "\(environment)")
-        #expect(!environment.contains(key) && !environment.contains("STREAM_KEY"), "the hook got the key: \(environment)")
-        let names = environment.split(separator: "\n").compactMap { $0.split(separator: "=").first.map(String.init) }
-        let allowed: Set<String> = ["PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "BROADCAST_FILE", "BROADCAST_OUTPUT",
-            "PWD", "SHLVL", "_", "OLDPWD"]  // the last four: sh's own
-        #expect(names.allSatisfy { allowed.contains($0) || $0.hasPrefix("LC_") }, "\(names)")
-        let descriptors = ((try? String(contentsOfFile: dir.path("fd.txt"), encoding: .utf8)) ?? "").split(separator: "\n")
-            .filter { $0.contains(" -> ") }.compactMap { $0.split(separator: " ").dropLast(2).last.map(String.init) }
-        #expect(descriptors.sorted() == ["0", "1", "2"], "the hook's descriptors: \(descriptors)")
-
-        // The process the hook left behind holds no socket of the daemon's: the port is closed.
-        let sleeping = sleeper.map { kill($0, 0) == 0 } ?? false
-        #expect(sleeping, "the hook's sleep is not running")
+        // The hook outlived the daemon and holds none of its sockets: the port is closed.
+        #expect(kill(pid, 0) == 0, "the hook's sleep is not running")
         let fd = connectLocal(port)
         #expect(fd < 0, "the control port is still listening after the daemon exited")
         if fd >= 0 { close(fd) }
