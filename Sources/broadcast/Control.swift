@@ -180,7 +180,9 @@ struct Reload: ParsableCommand {
         discussion: """
             The same as SIGHUP (systemctl reload), but answered: outputs added, removed or changed \
             apply at once (an unchanged recording goes on in the same file), a changed device is \
-            swapped alone, encoder settings wait for the next start. A config with an error is \
+            swapped alone, encoder settings wait for the next start; a new control token applies \
+            at once (the old one is refused), a changed control socket or TCP address refuses the \
+            reload (restart needed). A config with an error is \
             refused with its file:line and key (exit 1) and the broadcast goes on as it was.
             """
     )

@@ -26,6 +26,12 @@ struct DaemonCommand: AsyncParsableCommand {
             Under systemd (Type=notify) it reports READY=1 once the outputs are up, STATUS= \
             lines, and WATCHDOG=1 only while frames flow. SIGTERM finishes cleanly (encoders \
             flushed, files finalized); SIGHUP re-reads the config's outputs.
+
+            Stream keys are never printed (FFmpeg's log lines are scrubbed of them too); an \
+            output's on_file_finished command gets only PATH, HOME, USER, LOGNAME, LANG, \
+            LANGUAGE, LC_*, TZ, TMPDIR, BROADCAST_FILE and BROADCAST_OUTPUT in its environment \
+            and descriptors 0-2. An rtmps:// output checks the server's certificate (tls_ca: a \
+            private CA; tls_verify = false: no check, with a warning).
             """
     )
 

@@ -141,4 +141,22 @@ import Testing
         #expect(fd < 0, "the control port is still listening after the daemon exited")
         if fd >= 0 { close(fd) }
     }
+
+    /// A url without a scheme is refused at its line without being echoed (main took it for a
+    /// recording path and failed at start naming it); the command line does the same.
+    @Test func schemeLessURLIsRefusedWithoutEchoingIt() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let key = "sk-plain-81c4be20f7"
+        let file = dir.path("bad.toml")
+        try "[control]\nsocket = \"\(dir.path("c.sock"))\"\n[[output]]\nname = \"live\"\nurl = \"example.com/live/\(key)\"\n"
+            .write(toFile: file, atomically: true, encoding: .utf8)
+        let daemon = try broadcast(["daemon", "--config", file], timeout: 30)
+        #expect(daemon.status == 2, "exit \(daemon.status): \(daemon.stderr)")
+        #expect(daemon.stderr.contains("\(file):5: output.url: not a stream URL"), "\(daemon.stderr)")
+        #expect(!daemon.stderr.contains(key), "\(daemon.stderr)")
+        let stream = try broadcast(["stream", "example.com/live/\(key)", "--duration", "1s"], timeout: 30)
+        #expect(stream.status == 2 && stream.stderr.contains("not a stream URL"), "\(stream.stderr)")
+        #expect(!stream.stderr.contains(key), "\(stream.stderr)")
+    }
 }
