@@ -145,15 +145,6 @@ public struct StreamURL: Sendable, Hashable, CustomStringConvertible {
         self.secrets = Array(Set(secrets.filter { $0.count >= 3 })).sorted { $0.count > $1.count }
     }
 
-    /// The secrets of every stream URL in `text` (a word with a scheme, such as a config line or an
-    /// error message), for scrubbing it; empty when it holds none.
-    public static func secrets(in text: String) -> [String] {
-        text.split(whereSeparator: { $0 == " " || $0 == "\"" || $0 == "'" || $0 == "\n" }).flatMap { word -> [String] in
-            guard looksLikeURL(String(word)), let url = try? StreamURL(String(word)) else { return [] }
-            return url.secrets
-        }
-    }
-
     /// True when `text` looks like a URL (has a scheme), so a file path is not mistaken for one.
     public static func looksLikeURL(_ text: String) -> Bool {
         guard let r = text.firstRange(of: "://") else { return false }

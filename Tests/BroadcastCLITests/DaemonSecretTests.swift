@@ -18,6 +18,19 @@ import Testing
         """
     }
 
+    /// The descriptors above 2 of process `pid` without O_CLOEXEC in their fdinfo flags, with what they are.
+    static func inheritableDescriptors(of pid: Int32) -> [String] {
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")) ?? []
+        return names.filter { name in
+            guard let fd = Int(name), fd > 2,
+                let info = try? String(contentsOfFile: "/proc/\(pid)/fdinfo/\(name)", encoding: .utf8),
+                let line = info.split(separator: "\n").first(where: { $0.hasPrefix("flags:") }),
+                let flags = Int(line.dropFirst("flags:".count).trimmingCharacters(in: .whitespaces), radix: 8)
+            else { return false }
+            return flags & 0o2000000 == 0
+        }.map { name in "\(name) -> \((try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/fd/\(name)")) ?? "?")" }
+    }
+
     static func statusCode(port: Int, token: String) throws -> String {
         try run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", "Authorization: Bearer \(token)",
             "http://127.0.0.1:\(port)/v1/status"]).stdout
@@ -129,6 +142,15 @@ import Testing
         #expect(names.allSatisfy { allowed.contains($0) || $0.hasPrefix("LC_") }, "\(names)")
         let descriptors = try FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").sorted()
         #expect(descriptors == ["0", "1", "2"], "the hook's descriptors: \(descriptors)")
+        // The daemon's own descriptors above 2 are all close-on-exec (SwiftNIO's included), once
+        // no control connection is open (an accepted one is NIO's and only lives for a request).
+        var inheritable: [String] = []
+        for _ in 0..<300 {
+            inheritable = Self.inheritableDescriptors(of: daemon.pid)
+            if inheritable.isEmpty { break }
+            usleep(100_000)
+        }
+        #expect(inheritable.isEmpty, "descriptors of the daemon without close-on-exec: \(inheritable)")
 
         daemon.signal(SIGTERM)
         let ended = daemon.wait(timeout: 60)
