@@ -402,7 +402,8 @@ public struct DaemonConfiguration: Sendable {
         while let start = rest.firstRange(of: "${") {
             out += rest[..<start.lowerBound]
             guard let end = rest[start.upperBound...].firstIndex(of: "}") else {
-                throw error(entry.line, key, "unterminated ${ in \"\(raw)\"")
+                // The value is not echoed: it may be a URL with its key, or a token.
+                throw error(entry.line, key, "unterminated ${: write ${NAME} or ${credential:NAME}")
             }
             let name = String(rest[start.upperBound..<end])
             if name.hasPrefix("credential:") {

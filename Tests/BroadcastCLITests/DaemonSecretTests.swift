@@ -177,6 +177,12 @@ import Testing
         #expect(daemon.status == 2, "exit \(daemon.status): \(daemon.stderr)")
         #expect(daemon.stderr.contains("\(file):5: output.url: not a stream URL"), "\(daemon.stderr)")
         #expect(!daemon.stderr.contains(key), "\(daemon.stderr)")
+        // A broken ${ in a url or token is not echoed either.
+        try "[control]\nsocket = \"\(dir.path("c.sock"))\"\n[[output]]\nname = \"live\"\nurl = \"rtmp://h/live/\(key)${X\"\n"
+            .write(toFile: file, atomically: true, encoding: .utf8)
+        let unterminated = try broadcast(["daemon", "--config", file], timeout: 30)
+        #expect(unterminated.status == 2 && unterminated.stderr.contains("\(file):5: output.url: unterminated ${"), "\(unterminated.stderr)")
+        #expect(!unterminated.stderr.contains(key), "\(unterminated.stderr)")
         let stream = try broadcast(["stream", "example.com/live/\(key)", "--duration", "1s"], timeout: 30)
         #expect(stream.status == 2 && stream.stderr.contains("not a stream URL"), "\(stream.stderr)")
         #expect(!stream.stderr.contains(key), "\(stream.stderr)")
