@@ -4,13 +4,13 @@ import Testing
 /// What the daemon lets out and in (issue 24, items 4 and 5): the control token rotates at a
 /// reload; [control] changes a reload cannot apply are refused, saying "restart needed".
 @Suite(.serialized) struct DaemonSecretTests {
-    static func config(_ dir: TemporaryDirectory, port: Int, token: String, socket: String? = nil) -> String {
+    static func config(_ dir: TemporaryDirectory, port: Int?, token: String, socket: String? = nil) -> String {
         """
         [video]
         size = "320x180"
         [control]
         socket = "\(socket ?? dir.path("c.sock"))"
-        tcp = "127.0.0.1:\(port)"
+        \(port.map { "tcp = \"127.0.0.1:\($0)\"" } ?? "")
         token = "\(token)"
         [[output]]
         name = "rec"
@@ -60,10 +60,12 @@ import Testing
         #expect(try Self.statusCode(port: port, token: old) == "401", "the old token still works")
         #expect(try Self.statusCode(port: port, token: new) == "200", "the new token does not work")
 
-        // Another TCP port, another socket path: refused, restart needed; the token is still the new one.
+        // Another TCP port, no TCP listener, another socket path: refused, restart needed; the
+        // token is still the new one.
         let otherPort = try freePort()
         for (changed, key) in [
             (Self.config(dir, port: otherPort, token: old), "control.tcp"),
+            (Self.config(dir, port: nil, token: old), "control.tcp"),
             (Self.config(dir, port: port, token: old, socket: dir.path("other.sock")), "control.socket"),
         ] {
             try changed.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
