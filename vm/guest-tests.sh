@@ -403,7 +403,13 @@ queue_full=$(sed -n 's/.*video: .*dropped: \([0-9]*\) queue full.*/\1/p' daemon.
 captured=$(sed -n 's/.*\/dev\/video0: \([0-9]*\) frames delivered.*/\1/p' daemon.log | tail -1)
 figures daemon.log
 echo "daemon-rec.mp4: $n frames; the session delivered ${delivered:-?}, dropped ${queue_full:-?} (queue full); the source captured ${captured:-?}; intervals $(intervals daemon-rec.mp4)"
-check "daemon: every frame the session delivered is in the recording ($n of ${delivered:-?})" [ "${n:-0}" = "${delivered:-x}" ]
+# What the handler left out, each counted by its reason (two buffers within 1 ms of each other from a
+# starved device, a frame that does not decode, ...): its last "frames encoded; left out" line.
+left_out=$(sed -n 's/.*frames encoded; left out: \([0-9]*\) less than 1 ms after the previous, \([0-9]*\) undecodable, \([0-9]*\) too close after a resume.*/\1 + \2 + \3/p' daemon.log | tail -1)
+left_out=$(echo "${left_out:-0}" | bc)
+echo "the handler left out $left_out of them: $(grep -o 'frames encoded; left out: .*' daemon.log | tail -1)"
+check "daemon: every frame the session delivered is in the recording or counted left out by the handler ($n of ${delivered:-?} - $left_out)" \
+    sh -c "[ -n '${delivered:-}' ] && [ ${n:-0} = $((${delivered:-0} - left_out)) ]"
 # What the source handed over and the session neither delivered nor counted dropped is what was still
 # in its queue when SIGTERM finished the broadcast (a finish does not wait for the queue): at most the
 # queue's 64 buffers. Anything beyond would be frames lost unaccounted, e.g. by a reload.

@@ -407,6 +407,14 @@ public final class EncodingHandler: BroadcastSampleHandler {
         } catch {
             record(BroadcastError(.outputFailed, "flushing the encoders: \(error)"))
         }
+        if let videoEncoder {
+            // Every frame the session delivered is either encoded or left out here, for a reason
+            // with a count: a check of "delivered = in the file" must subtract these (a starved
+            // device handing over two buffers within 1 ms of each other is one).
+            logger.info(
+                "video: \(counters.videoFrames.load(ordering: .relaxed)) frames encoded; left out: \(videoEncoder.droppedFrames) less than 1 ms after the previous, \(videoEncoder.undecodableFrames) undecodable, \(framesDroppedAfterResume) too close after a resume, \(repeatsNotSent) unchanged (vfr)"
+            )
+        }
         // The encoders are done: their memory (x264's frames and lookahead, tens of MB at 1080p)
         // goes back before the recordings are finalized, which builds a long file's whole index
         // in memory; the process's peak stays the recording's.

@@ -67,6 +67,7 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
         status.set(.recording)
         status.everDelivered.store(true, ordering: .releasing)
         var awaitingKeyframe = false
+        var bitrate = BitrateWindow()
         // An output added while the broadcast runs joins mid-GOP: its file starts on a keyframe.
         var joining = joinsRunningBroadcast
         while true {
@@ -76,7 +77,10 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
                 continue
             }
             if output.isPaused {
-                if status.current != .paused { status.set(.paused) }
+                if status.current != .paused {
+                    status.set(.paused)
+                    status.bitrate.store(0, ordering: .relaxed)
+                }
                 status.drop(.paused)
                 awaitingKeyframe = true
                 continue
@@ -101,6 +105,7 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
                 // Skip the paused time: this keyframe follows the last packet written directly.
                 join.resume(at: dts)
                 status.set(.recording)
+                bitrate.restart(at: .now())
             }
             if segmentStart == nil { segmentStart = dts }
             if let segments, let length = segments.length, let start = segmentStart, isStartPoint(packet),
@@ -127,6 +132,7 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
             }
             status.sent(packet)
             status.bytes.store(recording.bytesWritten, ordering: .relaxed)
+            if let rate = bitrate.add(packet.size, now: .now()) { status.bitrate.store(rate, ordering: .relaxed) }
             status.setBacklog(max(0, feed.newestDTS.load(ordering: .relaxed) - dts))
         }
         do {
@@ -134,6 +140,7 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
             // What finishing wrote counts too (an audio-only recording may write nothing before).
             status.bytes.store(recording.bytesWritten, ordering: .relaxed)
             status.set(.finished)
+            status.bitrate.store(0, ordering: .relaxed)
             output.fileFinished(recording.path)
         } catch {
             output.failed(error.message)

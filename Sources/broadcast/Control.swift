@@ -1,4 +1,6 @@
 import ArgumentParser
+import Atomics
+import BroadcastKit
 import BroadcastService
 
 #if canImport(Glibc)
@@ -24,40 +26,50 @@ struct ControlOptions: ParsableArguments {
 
 struct Status: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Show a running daemon's status (JSON), or follow it live with --watch.",
+        abstract: "Show a running daemon's status, or follow it live with --watch.",
         discussion: """
-            --watch follows the daemon's events (GET /v1/events): on a terminal a compact view \
-            redrawn at each change; otherwise, or with --json, one JSON line per event \
-            ({"id":..,"event":..,"time":.., ...}). A dropped or broken stream is resumed from \
-            the last event seen (Last-Event-ID); it ends when the daemon stops.
+            On a terminal: a summary to read (the broadcast's state, uptime, media time, fps and \
+            bitrate; memory against the budget; each source's state and drops; each output's \
+            kind, state, bitrate, backlog, drops, reconnects and target, stream keys masked; \
+            replay buffers; the last error). When standard output is not a terminal, or with \
+            --json, the status document as JSON (GET /v1/status), so scripts keep working.
+
+            --watch: on a terminal the same summary, its figures refreshed every second and at \
+            every event, the last events listed below it. Otherwise, or with --json, one JSON \
+            line per event ({"id":..,"event":..,"time":.., ...}). A dropped or broken stream is \
+            resumed from the last event seen (Last-Event-ID); it ends when the daemon stops.
             """
     )
     @OptionGroup var control: ControlOptions
     @Flag(help: "Follow the daemon's state as it changes.")
     var watch = false
-    @Flag(help: "With --watch: one JSON line per event, even on a terminal.")
+    @Flag(help: "JSON even on a terminal: the status document, or with --watch one line per event.")
     var json = false
 
     func run() throws {
-        guard watch else { return try control.call("GET", "/v1/status") }
+        let forPeople = !json && isatty(1) != 0
+        guard watch else {
+            guard forPeople else { return try control.call("GET", "/v1/status") }
+            print(StatusSummary(width: terminalColumns()).render(try fetchStatus(ControlClient(socketPath: control.socket))), terminator: "")
+            return
+        }
         let client = ControlClient(socketPath: control.socket)
-        let redraw = !json && isatty(1) != 0
-        var view = WatchView()
+        let view: LiveStatusView? = forPeople ? try LiveStatusView(client: client) : nil
+        defer { view?.end() }
         var lastID: UInt64?
         var reconnects = 0
         func handle(_ event: ControlClient.Event) -> Bool {
             if let id = event.id { lastID = id }
             if event.type == "dropped" { return false }
             let data = JSONValue.parse(event.data) ?? .object([])
-            if redraw {
-                view.apply(event.type, data)
-                print("\u{1B}[H\u{1B}[2J" + view.render(), terminator: "")
+            if let view {
+                view.add(StatusSummary.describe(event.type, data))
             } else {
                 var fields: [(String, JSONValue)] = [("id", event.id.map { .number(Double($0)) } ?? .null), ("event", .string(event.type))]
                 if case .object(let members) = data { fields += members }
                 print(JSONValue.object(fields).serialized())
+                fflush(nil)
             }
-            fflush(nil)
             return true
         }
         while true {
@@ -77,75 +89,75 @@ struct Status: ParsableCommand {
             reconnects += 1
             usleep(reconnects < 3 ? 100_000 : 1_000_000)
         }
-
     }
 }
 
-/// `status --watch`'s compact view: the broadcast's state, each output's, the devices and the
-/// last file finished, from the first `state` event and the changes after it.
-struct WatchView {
-    var broadcast = "idle"
-    var outputs: [(name: String, state: String)] = []
-    var devices: [String: String] = [:]
-    var lastFile: String?
-    var lastEvent = ""
-    var time = ""
+/// The daemon's status document, or the daemon's refusal as the command's error.
+func fetchStatus(_ client: ControlClient) throws -> JSONValue {
+    let (status, body) = try client.send(method: "GET", path: "/v1/status")
+    let text = String(decoding: body, as: UTF8.self)
+    guard status < 400, let document = JSONValue.parse(text) else {
+        FileStandardError.write("broadcast: the daemon refused: \(text)")
+        throw ExitCode.failure
+    }
+    return document
+}
 
-    mutating func apply(_ type: String, _ data: JSONValue) {
-        time = data["time"]?.stringValue ?? time
-        switch type {
-        case "state":
-            let status = data["status"] ?? .object([])
-            broadcast = status["state"]?.stringValue ?? broadcast
-            if case .array(let items)? = status["outputs"] {
-                outputs = items.compactMap { item in
-                    guard let name = item["name"]?.stringValue else { return nil }
-                    let paused = item["paused"] == .bool(true)
-                    return (name, paused ? "paused" : item["state"]?.stringValue ?? "?")
-                }
+/// The terminal's width (TIOCGWINSZ), else $COLUMNS, else 80.
+func terminalColumns() -> Int {
+    var size = winsize()
+    if ioctl(1, UInt(TIOCGWINSZ), &size) == 0, size.ws_col > 0 { return Int(size.ws_col) }
+    return Int(getenv("COLUMNS").map { String(cString: $0) } ?? "") ?? 80
+}
+
+/// `status --watch` on a terminal: the summary redrawn every second with fresh figures and at
+/// once when an event arrives, the last events below it. The event stream's thread hands each
+/// event's line over through a single-producer ring and a wake-up (no lock); the view's own thread
+/// fetches the status and draws.
+final class LiveStatusView: Sendable {
+    static let eventsShown = 6
+    private let events = SPSCRing<String>(capacity: 256)
+    private let wakeup = Wakeup()
+    private let stopping = ManagedAtomic<Bool>(false)
+    private let thread: OSThread
+
+    init(client: ControlClient) throws {
+        // The first draw here, so a daemon that is not there is the command's error at once.
+        let first = try fetchStatus(client)
+        let summary = StatusSummary(width: terminalColumns())
+        Self.draw(summary.render(first))
+        let (events, wakeup, stopping) = (events, wakeup, stopping)
+        thread = OSThread(name: "bc-status-view") {
+            var recent: [String] = []
+            var status = first
+            while !stopping.load(ordering: .acquiring) {
+                wakeup.prepareToSleep()
+                if events.isEmpty { _ = wakeup.sleep(timeout: .seconds(1)) } else { wakeup.cancelSleep() }
+                _ = wakeup.drain()
+                while let line = events.pop() { recent.append(line) }
+                if recent.count > Self.eventsShown { recent.removeFirst(recent.count - Self.eventsShown) }
+                if stopping.load(ordering: .acquiring) { break }
+                // A daemon that went away keeps its last figures on screen; the stream's end ends us.
+                if let fresh = try? fetchStatus(client) { status = fresh }
+                Self.draw(StatusSummary(width: terminalColumns()).render(status, events: recent))
             }
-            if case .object(let types)? = status["types"] {
-                for (type, fields) in types { devices[type] = fields["source_state"]?.stringValue ?? "capturing" }
-            }
-            lastEvent = "connected"
-        case "broadcast":
-            let state = data["state"]?.stringValue ?? "?"
-            broadcast = state == "resumed" ? "started" : state
-            lastEvent = "broadcast \(state)"
-        case "output":
-            let name = data["name"]?.stringValue ?? "?"
-            let state = data["state"]?.stringValue ?? "?"
-            if let i = outputs.firstIndex(where: { $0.name == name }) { outputs[i].state = state } else { outputs.append((name, state)) }
-            lastEvent = "\(name) \(state)"
-        case "device":
-            let type = data["type"]?.stringValue ?? "?"
-            let state = data["state"]?.stringValue ?? "?"
-            devices[type] = state == "lost" ? "device-lost" : "capturing"
-            lastEvent = "\(type) device \(state)"
-        case "file":
-            lastFile = data["path"]?.stringValue
-            lastEvent = "\(data["output"]?.stringValue ?? "?") finished a file"
-        case "reload":
-            let result = data["result"]?.stringValue ?? "?"
-            lastEvent = "config reload (\(data["trigger"]?.stringValue ?? "?")): \(result)"
-                + (result == "refused" ? ": \(data["message"]?.stringValue ?? "")" : "")
-        default:
-            lastEvent = type
         }
     }
 
-    func render() -> String {
-        var lines = ["broadcast  \(broadcast)"]
-        let width = outputs.map(\.name.count).max() ?? 0
-        for output in outputs {
-            lines.append("  \(output.name)\(String(repeating: " ", count: width - output.name.count))  \(output.state)")
-        }
-        if !devices.isEmpty {
-            lines.append("devices    " + devices.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))
-        }
-        if let lastFile { lines.append("last file  \(lastFile)") }
-        lines.append("\(time)  \(lastEvent)")
-        return lines.joined(separator: "\n") + "\n"
+    /// Called on the event stream's thread.
+    func add(_ line: String) {
+        if events.push(line) { wakeup.wake() }
+    }
+
+    func end() {
+        stopping.store(true, ordering: .releasing)
+        wakeup.wake()
+        thread.join()
+    }
+
+    private static func draw(_ text: String) {
+        print("\u{1B}[H\u{1B}[2J" + text, terminator: "")
+        fflush(nil)
     }
 }
 

@@ -25,7 +25,8 @@ struct DaemonCommand: AsyncParsableCommand {
 
             Under systemd (Type=notify) it reports READY=1 once the outputs are up, STATUS= \
             lines, and WATCHDOG=1 only while frames flow. SIGTERM finishes cleanly (encoders \
-            flushed, files finalized); SIGHUP re-reads the config's outputs.
+            flushed, files finalized); SIGHUP (or `broadcast reload`) re-reads the config: \
+            outputs, sources and encoder settings (see `broadcast reload --help`).
 
             Stream keys are never printed (FFmpeg's log lines are scrubbed of them too); an \
             output's on_file_finished command gets only PATH, HOME, USER, LOGNAME, LANG, \

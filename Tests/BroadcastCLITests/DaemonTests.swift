@@ -242,6 +242,7 @@ final class NotifyListener: @unchecked Sendable {
         // which only a drop the daemon counted (a busy host: the source had no free buffer) explains.
         daemon.signal(SIGTERM)
         let exited = daemon.wait(timeout: 30)
+        #expect(exited.reason == .exit && exited.status == 0, "after stop and SIGTERM: \(exited.reason) \(exited.status): \(exited.stderr.suffix(1500))")
         let gaps = zip(video, video.dropFirst()).map { $1 - $0 }
         let missing = gaps.filter { $0 > 2 * Self.frame + 0.0015 }.map { Int(($0 / Self.frame).rounded()) - 1 }.reduce(0, +)
         let counted = countedVideoDrops(exited.stderr)

@@ -47,6 +47,9 @@ final class Child: @unchecked Sendable {
 
     var pid: Int32 { process.processIdentifier }
 
+    /// What the child has written to stdout so far (it keeps running).
+    var stdoutSoFar: String { (try? String(contentsOf: outURL, encoding: .utf8)) ?? "" }
+
     /// What the child has written to stderr so far (it keeps running).
     var stderrSoFar: String { (try? String(contentsOf: errURL, encoding: .utf8)) ?? "" }
 

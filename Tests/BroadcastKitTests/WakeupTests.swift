@@ -113,7 +113,10 @@ import Glibc
         var random: UInt64 = 0xD1B5_4A32_D192_ED03
         var lost = 0
         var played = 0
-        let deadline = MonotonicClock().now() + 5_000_000_000
+        // The deadline bounds the run on a very busy machine; below `minimumRounds` played the test
+        // exercised too little to say anything, and fails rather than pass on nothing.
+        let minimumRounds = 1_000
+        let deadline = MonotonicClock().now() + 30_000_000_000
         for round in 1...rounds {
             if MonotonicClock().now() > deadline { break }
             let writesBefore = wakeup.statistics.writes
@@ -134,6 +137,7 @@ import Glibc
         go.store(Int.max, ordering: .releasing)  // lets a producer left behind by the deadline run out
         producer.join()
         #expect(lost == 0, "lost wake-ups in \(played) rounds: \(lost)")
+        #expect(played >= minimumRounds, "only \(played) rounds played before the deadline")
     }
 
     @Test("a Duration timeout: the same sleep, a wake-up ends it, a zero or negative one returns at once")

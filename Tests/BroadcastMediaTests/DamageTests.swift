@@ -64,6 +64,10 @@ struct DamageConversionTests {
         let damaged: Scaler
         let whole: Scaler
         var frames = 0
+        /// Frames the damage-aware scaler converted in part (less than the whole picture), and whole:
+        /// a scaler that ignored the damage would still match pixel for pixel, but count no partials.
+        var partialConversions = 0
+        var wholeConversions = 0
 
         init(width: Int, height: Int) throws {
             let format = VideoFormat(pixelFormat: .bgr0, width: width, height: height)
@@ -72,11 +76,17 @@ struct DamageConversionTests {
         }
 
         mutating func feed(_ screen: Screen, changed: [PixelRegion]?, sourceLocation: SourceLocation = #_sourceLocation) throws {
+            let convertedBefore = damaged.convertedPixels
             try screen.withBuffer(index: frames, changed: changed) { buffer in
                 try damaged.update(buffer, changed: buffer.changedRegions)
                 try whole.update(buffer, changed: nil)
             }
             frames += 1
+            if damaged.convertedPixels - convertedBefore < screen.width * screen.height {
+                partialConversions += 1
+            } else {
+                wholeConversions += 1
+            }
             let got = damaged.pictureBytes()
             let want = whole.pictureBytes()
             for plane in 0..<3 where got[plane] != want[plane] {
@@ -104,6 +114,7 @@ struct DamageConversionTests {
             try comparison.feed(screen, changed: [changed])
         }
         #expect(comparison.damaged.convertedPixels * 10 < comparison.whole.convertedPixels)
+        #expect(comparison.wholeConversions == 1 && comparison.partialConversions == 60, "\(comparison.partialConversions) partial, \(comparison.wholeConversions) whole")
     }
 
     @Test("a window moved over a damaged area: old and new places are both reported")
@@ -131,6 +142,7 @@ struct DamageConversionTests {
             screen.fill(window, 0x00_20_80_ff)
             try comparison.feed(screen, changed: [old, window, clock])
         }
+        #expect(comparison.wholeConversions == 1 && comparison.partialConversions == 41, "\(comparison.partialConversions) partial, \(comparison.wholeConversions) whole")
     }
 
     @Test("damage touching every edge and corner of the screen")
@@ -158,6 +170,7 @@ struct DamageConversionTests {
         try comparison.feed(screen, changed: [beyond, PixelRegion(x: -10, y: -10, width: 13, height: 12)])
         screen.paint(PixelRegion(x: 0, y: 0, width: 3, height: 2))
         try comparison.feed(screen, changed: [PixelRegion(x: -10, y: -10, width: 13, height: 12)])
+        #expect(comparison.wholeConversions == 1 && comparison.partialConversions == 8, "\(comparison.partialConversions) partial, \(comparison.wholeConversions) whole")
     }
 
     @Test("odd offsets and sizes against the 4:2:0 chroma grid", arguments: [(1, 1), (1, 0), (0, 1), (3, 5), (15, 17), (17, 15)])
@@ -172,6 +185,7 @@ struct DamageConversionTests {
                 try comparison.feed(screen, changed: [region])
             }
         }
+        #expect(comparison.wholeConversions == 1 && comparison.partialConversions == 24, "\(comparison.partialConversions) partial, \(comparison.wholeConversions) whole")
     }
 
     @Test("a frame the scaler did not see makes the next conversion whole")
@@ -183,5 +197,6 @@ struct DamageConversionTests {
         comparison.damaged.forgetPicture()
         let changed = screen.paint(PixelRegion(x: 80, y: 60, width: 10, height: 10))
         try comparison.feed(screen, changed: [changed])
+        #expect(comparison.wholeConversions == 2 && comparison.partialConversions == 0, "after forgetting, converted whole: \(comparison.partialConversions) partial, \(comparison.wholeConversions) whole")
     }
 }

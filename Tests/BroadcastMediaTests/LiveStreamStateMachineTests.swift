@@ -220,17 +220,24 @@ import Testing
         var m = Self.machine(clock, jitter: { Double.random(in: 0..<1, using: &generator) })
         var low = 2.0
         var high = 0.0
-        for _ in 0..<500 {
+        var capped = 0
+        for attempt in 0..<500 {
             _ = m.nextAction(now: clock.now)
-            guard case .reconnect(let delay, _, _, _, _) = m.connectFailed(isNetworkFailure: true, now: clock.now) else { return }
+            let action = m.connectFailed(isNetworkFailure: true, now: clock.now)
+            guard case .reconnect(let delay, _, _, _, _) = action else {
+                Issue.record("network failure \(attempt + 1) gave \(action), not a reconnect")
+                return
+            }
             let ratio = delay.inSeconds / 2.5  // capped from the third failure on
             if m.failures >= 3 {
                 #expect(ratio >= 0.5 && ratio < 1.5)
                 low = min(low, ratio)
                 high = max(high, ratio)
+                capped += 1
             }
             clock.advance(delay)
         }
+        #expect(capped >= 490, "capped delays judged: \(capped) of 500 failures")
         #expect(low < 0.6 && high > 1.4, "jitter does not spread: \(low)...\(high)")
     }
 
