@@ -75,9 +75,13 @@ public final class FileFinishedHook: Sendable {
         unsafeBitCast($0, to: AddCloseFrom.self)
     }
 
-    /// The variables a command inherits from the daemon (when set); everything else, a secret the
-    /// config took from the environment among it, is left out.
-    public static let inheritedEnvironment: Set<String> = ["PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR"]
+    /// The variables a command inherits from the daemon (when set): where things are and the
+    /// locale, and the desktop session's addresses (a user service's command may notify the user);
+    /// everything else, a secret the config took from the environment among it, is left out.
+    public static let inheritedEnvironment: Set<String> = [
+        "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+        "XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS", "DISPLAY", "WAYLAND_DISPLAY",
+    ]
 
     /// The inherited part of a command's environment: `inheritedEnvironment` and the locale's
     /// LC_* variables from `environ`, PATH set to a default when missing.

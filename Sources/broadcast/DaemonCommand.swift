@@ -30,8 +30,9 @@ struct DaemonCommand: AsyncParsableCommand {
 
             Stream keys are never printed (FFmpeg's log lines are scrubbed of them too); an \
             output's on_file_finished command gets only PATH, HOME, USER, LOGNAME, LANG, \
-            LANGUAGE, LC_*, TZ, TMPDIR, BROADCAST_FILE and BROADCAST_OUTPUT in its environment \
-            and descriptors 0-2. An rtmps:// output checks the server's certificate (tls_ca: a \
+            LANGUAGE, LC_*, TZ, TMPDIR, the desktop session's XDG_RUNTIME_DIR, \
+            DBUS_SESSION_BUS_ADDRESS, DISPLAY and WAYLAND_DISPLAY, BROADCAST_FILE and \
+            BROADCAST_OUTPUT in its environment and descriptors 0-2. An rtmps:// output checks the server's certificate (tls_ca: a \
             private CA; tls_verify = false: no check, with a warning).
             """
     )

@@ -139,7 +139,10 @@ import Testing
         #expect(environment.contains("BROADCAST_OUTPUT=replay") && environment.contains { $0.hasPrefix("BROADCAST_FILE=\(dir.path("replay-"))") },
             "\(environment)")
         #expect(!environment.contains { $0.contains(key) || $0.hasPrefix("STREAM_KEY=") }, "the hook got the key: \(environment)")
-        let allowed: Set<String> = ["PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "BROADCAST_FILE", "BROADCAST_OUTPUT"]
+        let allowed: Set<String> = [
+            "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS",
+            "DISPLAY", "WAYLAND_DISPLAY", "BROADCAST_FILE", "BROADCAST_OUTPUT",
+        ]
         let names = environment.compactMap { $0.split(separator: "=").first.map(String.init) }
         #expect(names.allSatisfy { allowed.contains($0) || $0.hasPrefix("LC_") }, "\(names)")
         let descriptors = try FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").sorted()
