@@ -50,7 +50,9 @@ public enum FFmpegLog {
                 )
             },
             target,
-            avLevel(for: logger.logLevel)
+            // Errors always reach the callback (`collectingErrors` needs them); the logger itself
+            // drops what is below its level.
+            max(avLevel(for: logger.logLevel), AV_LOG_ERROR)
         )
     }
 
