@@ -106,7 +106,7 @@ public struct PortalTokenStore: Sendable {
     }
 
     public func load(_ kind: ScreenCastPortal.SourceKind) -> String? {
-        guard let file = fopen(path(for: kind), "r") else { return nil }
+        guard let file = fopen(path(for: kind), "re") else { return nil }
         defer { fclose(file) }
         var buffer = [CChar](repeating: 0, count: 512)
         guard fgets(&buffer, Int32(buffer.count), file) != nil else { return nil }

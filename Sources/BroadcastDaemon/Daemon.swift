@@ -2,7 +2,7 @@ import Atomics
 import BroadcastCapture
 public import BroadcastKit
 import BroadcastMedia
-import BroadcastOutputs
+public import BroadcastOutputs
 public import BroadcastService
 import Dispatch
 public import Logging
@@ -32,11 +32,17 @@ public final class Daemon: Sendable {
     /// The running service group, or a shutdown asked for before it ran.
     private let groupState = Mutex<(group: ServiceGroup?, shutdownAsked: Bool)>((nil, false))
 
+    /// The stream URLs' secrets, which FFmpeg's log is scrubbed of (`FFmpegLog.install(_:redact:)`
+    /// with `secrets.scrub`); each start and reload adds its outputs'.
+    public let secrets: StreamSecrets
+
     /// `environment` is read at the start and at each reload (${VAR} and ${credential:NAME} in the config).
     public init(
         configuration: DaemonConfiguration, environment: @escaping @Sendable () -> [String: String],
-        metrics: DaemonMetrics, notifier: SystemdNotifier, logger: Logger
+        metrics: DaemonMetrics, notifier: SystemdNotifier, secrets: StreamSecrets = StreamSecrets(), logger: Logger
     ) {
+        self.secrets = secrets
+        secrets.add(configuration.streamURLs)
         self.configuration = configuration
         self.configPath = configuration.file
         self.environment = environment
@@ -96,12 +102,14 @@ public final class Daemon: Sendable {
             FileFinishedHook(arguments: argv, outputName: output.name, timeout: output.hookTimeout,
                              manifest: RecordingManifest(template: template), logger: logger).runPendingCommands()
         }
-        let controller = BroadcastController(config: configuration, locks: locks, events: events, logger: logger)
+        let token = ControlToken(configuration.token)
+        let controller = BroadcastController(
+            config: configuration, locks: locks, events: events, controlToken: token, secrets: secrets, logger: logger)
         controllerState.withLock { $0 = controller }
         let environment = self.environment
         let configPath = self.configPath
         let server = try Self.controlServer(
-            configuration, controller: controller, events: events, metrics: metrics,
+            configuration, token: token, controller: controller, events: events, metrics: metrics,
             reload: { controller.reload(path: configPath, environment: environment(), trigger: "POST /v1/reload") }, logger: logger)
         let service = DaemonService(
             controller: controller, notifier: notifier, server: server, autostart: configuration.autostart, configPath: configPath, logger: logger)
@@ -225,6 +233,7 @@ extension Daemon {
     /// The control API's server; a socket that cannot be used ends the daemon with exit code 1.
     static func controlServer(
         _ configuration: DaemonConfiguration,
+        token: ControlToken,
         controller: BroadcastController,
         events: ControlEvents,
         metrics: DaemonMetrics,
@@ -236,7 +245,7 @@ extension Daemon {
                 socketPath: configuration.socketPath,
                 mode: configuration.socketMode,
                 tcp: configuration.tcp.map { ($0.host, $0.port) },
-                token: configuration.token,
+                token: token,
                 events: events,
                 snapshot: { controller.status() },
                 logger: logger
@@ -279,6 +288,8 @@ struct DaemonService: Service {
         // The API is up before the broadcast starts (a client can watch it start).
         try await server.waitUntilListening()
         logger.notice("control API on \(server.socketPath)")
+        let marked = ProcessDescriptors.markCloseOnExec()
+        logger.debug("\(marked) descriptors (SwiftNIO's) marked close-on-exec")
         if autostart {
             do {
                 try await offThePool { try controller.start() }
@@ -380,10 +391,20 @@ final class BroadcastController: Sendable {
     /// Held for a whole reload: SIGHUP and `POST /v1/reload` apply one after the other.
     private let reloading = Mutex(())
 
-    init(config: DaemonConfiguration, locks: DirectoryLocks, events: ControlEvents = ControlEvents(), logger: Logger) {
+    /// The control server's TCP token, which a reload replaces.
+    private let controlToken: ControlToken
+    /// What FFmpeg's log is scrubbed of: a reload adds the new outputs' keys.
+    private let secrets: StreamSecrets
+
+    init(
+        config: DaemonConfiguration, locks: DirectoryLocks, events: ControlEvents = ControlEvents(),
+        controlToken: ControlToken? = nil, secrets: StreamSecrets = StreamSecrets(), logger: Logger
+    ) {
+        self.secrets = secrets
         self.state = Mutex((config, nil, false))
         self.locks = locks
         self.events = events
+        self.controlToken = controlToken ?? ControlToken(config.token)
         self.logger = logger
     }
 
@@ -540,7 +561,9 @@ final class BroadcastController: Sendable {
                 let destination = try OutputDestination.parse(url)
                 // The config check refuses this; a file made of a URL without a scheme never is.
                 guard destination.isLive else { throw BroadcastError(.invalidArgument, "output \(output.name): url is not a stream URL (no scheme)") }
-                return OutputConfiguration(name: output.name, destination: destination)
+                var live = LiveStreamSettings()
+                live.tls = output.tls
+                return OutputConfiguration(name: output.name, destination: destination, live: live)
             }
         }
     }
@@ -571,6 +594,7 @@ final class BroadcastController: Sendable {
         do {
             let holding = state.withLock { $0.running }.flatMap { $0.session.state == .finished ? nil : $0 }
             fresh = try DaemonConfiguration.load(path: path, environment: environment, openingDevices: holding == nil)
+            secrets.add(fresh.streamURLs)
             sourceReload = try holding.map {
                 try SourceReload(
                     running: $0.sourceSettings, types: Set($0.session.currentSources.map(\.type)), fresh: fresh.sources, logger: logger)
@@ -578,6 +602,12 @@ final class BroadcastController: Sendable {
         } catch {
             logger.error("\(trigger): config not reloaded: \(error)")
             return .refused("\(error)")
+        }
+        // The control socket and TCP listener are bound once: a change to them refuses the reload
+        // (restart needed); the token alone is replaced now.
+        if let problem = Self.controlChangeNeedingRestart(from: state.withLock { $0.config }, to: fresh) {
+            logger.error("\(trigger): config not reloaded: \(problem)")
+            return .refused("\(problem)")
         }
         // New directories are locked like the first ones; one held by another daemon refuses the reload.
         do {
@@ -592,6 +622,10 @@ final class BroadcastController: Sendable {
         let running = state.withLock { state -> Running? in
             state.config = fresh
             return state.running
+        }
+        if controlToken.current != fresh.token {
+            controlToken.replace(with: fresh.token)
+            logger.notice("\(trigger): control token replaced: the old one is refused from now on")
         }
         guard let running, running.session.state != .finished else {
             logger.notice("\(trigger): config reloaded; it applies from the next start")
@@ -664,6 +698,18 @@ final class BroadcastController: Sendable {
     /// How long a reload waits for the session's thread to apply the new output set.
     static let reloadPatience: Int64 = 30_000_000_000
 
+    /// A [control] change a reload cannot apply (the socket, its mode, the TCP listener are bound
+    /// once), as a config error naming the key: restart needed. nil when only the token changed.
+    static func controlChangeNeedingRestart(from old: DaemonConfiguration, to new: DaemonConfiguration) -> ConfigError? {
+        let changed: String? =
+            old.socketPath != new.socketPath ? "socket" : old.socketMode != new.socketMode ? "socket_mode" : old.tcp != new.tcp ? "tcp" : nil
+        guard let changed else { return nil }
+        let key = "control.\(changed)"
+        return ConfigError(
+            file: new.file, line: new.lines[key] ?? old.lines[key] ?? 0, key: key,
+            message: "changed, which applies only at a restart: restart needed (a reload changes control.token, not the socket or TCP listener)")
+    }
+
     /// Whether two config entries describe the same output (their lines may differ).
     static func sameDefinition(_ a: DaemonConfiguration.Output, _ b: DaemonConfiguration.Output) -> Bool {
         let sameKind: Bool
@@ -672,7 +718,7 @@ final class BroadcastController: Sendable {
         default: sameKind = false
         }
         return sameKind && a.name == b.name && a.segment == b.segment && a.retainFor == b.retainFor
-            && a.retainBytes == b.retainBytes && a.overwrite == b.overwrite && sameReplayKeys(a, b)
+            && a.retainBytes == b.retainBytes && a.overwrite == b.overwrite && sameReplayKeys(a, b) && a.tls == b.tls
     }
 
     func deliveredFrames() -> Int {

@@ -60,6 +60,8 @@ public struct DaemonConfiguration: Sendable {
         public var onFileFinished: [String]? = nil
         /// How long one on_file_finished command may run before it is stopped.
         public var hookTimeout: Duration = FileFinishedHook.defaultTimeout
+        /// rtmps://: how the server's certificate is checked (tls_verify, tls_ca).
+        public var tls = TLSVerification()
     }
 
     public var file: String
@@ -113,8 +115,16 @@ public struct DaemonConfiguration: Sendable {
     }
     static let controlKeys = ["socket", "socket_mode", "tcp", "token"]
     static let daemonKeys = ["autostart"]
-    static let outputKeys = ["name", "path", "url", "segment", "retain_for", "retain_bytes", "overwrite", "replay", "max_memory", "on_file_finished", "hook_timeout"]
+    static let outputKeys = ["name", "path", "url", "segment", "retain_for", "retain_bytes", "overwrite", "replay", "max_memory", "on_file_finished", "hook_timeout", "tls_ca", "tls_verify"]
     static let tables = ["video", "audio", "encoder", "setup", "control", "daemon", "limits", "output"]
+
+    /// The live outputs' URLs (their secrets are scrubbed from FFmpeg's log).
+    public var streamURLs: [StreamURL] {
+        outputs.compactMap { output -> StreamURL? in
+            guard case .live(let url) = output.kind else { return nil }
+            return try? StreamURL(url)
+        }
+    }
 
     /// The manifests of the recordings' files, one per base directory (see `RecordingManifest`).
     public var manifests: [RecordingManifest] {
@@ -237,6 +247,7 @@ public struct DaemonConfiguration: Sendable {
             var output: (name: String?, path: String?, url: String?, line: Int, segment: MediaTime?, retainFor: MediaTime?, retainBytes: Int64?) =
                 (nil, nil, nil, table.line, nil, nil, nil)
             var extra = ReplayKeys()
+            var tlsKeys = TLSKeys()
             for key in table.keys {
                 let entry = table.entries[key]!
                 let dotted = "\(tableName).\(key)"
@@ -309,6 +320,8 @@ public struct DaemonConfiguration: Sendable {
                         overwrite = b
                     case "replay", "max_memory", "on_file_finished", "hook_timeout":
                         try readReplayKey(key, entry, into: &extra, environment: environment)
+                    case "tls_ca", "tls_verify":
+                        try readTLSKey(key, entry, into: &tlsKeys, environment: environment)
                     default:
                         throw unknownKey(dotted, entry.line, known: Self.outputKeys, table: "[output]")
                     }
@@ -331,12 +344,14 @@ public struct DaemonConfiguration: Sendable {
                     }
                     kind = .recording(pathTemplate: path)
                 case (nil, let url?):
-                    do throws(BroadcastError) {
-                        guard case .live = try OutputDestination.parse(url) else {
-                            // Not echoed: what is there may be a stream key.
-                            throw BroadcastError(
-                                .invalidArgument, "not a stream URL: it needs a scheme, e.g. rtmp://host/app/key (a recording takes path = ...)")
-                        }
+                    // Not echoed: without its scheme nothing says which part is the key.
+                    guard StreamURL.looksLikeURL(url) else {
+                        throw error(
+                            table.entries["url"]?.line ?? table.line, "output.url",
+                            "not a stream URL (not shown: it may hold a key): expected rtmp://HOST/APP/KEY, rtmps://... or srt://HOST:PORT")
+                    }
+                    do {
+                        _ = try OutputDestination.parse(url)
                     } catch {
                         throw self.error(table.entries["url"]?.line ?? table.line, "output.url", error.message)
                     }
@@ -358,6 +373,7 @@ public struct DaemonConfiguration: Sendable {
                 }
                 var made = Output(name: name, kind: kind, line: table.line, segment: output.segment, retainFor: output.retainFor, retainBytes: output.retainBytes, overwrite: overwrite)
                 try applyReplayKeys(extra, to: &made)
+                try applyTLSKeys(tlsKeys, to: &made)
                 outputs.append(made)
             }
         }
@@ -388,7 +404,8 @@ public struct DaemonConfiguration: Sendable {
         while let start = rest.firstRange(of: "${") {
             out += rest[..<start.lowerBound]
             guard let end = rest[start.upperBound...].firstIndex(of: "}") else {
-                throw error(entry.line, key, "unterminated ${ in \"\(raw)\"")
+                // The value is not echoed: it may be a URL with its key, or a token.
+                throw error(entry.line, key, "unterminated ${: write ${NAME} or ${credential:NAME}")
             }
             let name = String(rest[start.upperBound..<end])
             if name.hasPrefix("credential:") {

@@ -6,6 +6,10 @@ internal import CSwResample
 internal import CSwScale
 public import Logging
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// Routes FFmpeg's log (av_log, process-wide) into swift-log.
 ///
 /// FFmpeg has one log callback for the whole process, so this is the application's choice, made
@@ -36,6 +40,9 @@ public enum FFmpegLog {
             { level, line, context in
                 guard let line, let context else { return }
                 let target = Unmanaged<Target>.fromOpaque(context).takeUnretainedValue()
+                if level <= AV_LOG_ERROR, let collector = pthread_getspecific(FFmpegLog.collectorKey) {
+                    Unmanaged<ErrorLines>.fromOpaque(collector).takeUnretainedValue().lines.append(target.redact(String(cString: line)))
+                }
                 target.logger.log(
                     level: FFmpegLog.loggerLevel(avLevel: level),
                     "\(target.redact(String(cString: line)))",
@@ -43,8 +50,40 @@ public enum FFmpegLog {
                 )
             },
             target,
-            avLevel(for: logger.logLevel)
+            // Errors always reach the callback (`collectingErrors` needs them); the logger itself
+            // drops what is below its level.
+            max(avLevel(for: logger.logLevel), AV_LOG_ERROR)
         )
+    }
+
+    /// The error lines FFmpeg logged on one thread (see `collectingErrors`).
+    private final class ErrorLines {
+        var lines: [String] = []
+    }
+
+    /// Where the calling thread's `ErrorLines` is, while `collectingErrors` runs.
+    private static let collectorKey: pthread_key_t = {
+        var key = pthread_key_t()
+        precondition(pthread_key_create(&key, nil) == 0, "no thread-specific key left for FFmpeg's error lines")
+        return key
+    }()
+
+    /// Runs `body` and returns its outcome with the error lines FFmpeg logged on this thread
+    /// meanwhile (redacted like the log). FFmpeg says why a TLS handshake failed ("Peer
+    /// certificate failed verification") only in its log; the error code is a plain EIO. Empty
+    /// when the log is not installed.
+    public static func collectingErrors<T, E: Error>(_ body: () throws(E) -> T) -> (Result<T, E>, [String]) {
+        let collector = ErrorLines()
+        let previous = pthread_getspecific(collectorKey)
+        pthread_setspecific(collectorKey, Unmanaged.passUnretained(collector).toOpaque())
+        defer { pthread_setspecific(collectorKey, previous) }
+        let result: Result<T, E>
+        do {
+            result = .success(try body())
+        } catch {
+            result = .failure(error)
+        }
+        return withExtendedLifetime(collector) { (result, collector.lines) }
     }
 
     /// Puts FFmpeg's own stderr logging back.

@@ -75,7 +75,7 @@ final class LatencyProbe {
             "{\"count\": \(sorted.count), \"p50_ms\": \(percentile(0.5, of: sorted)), \"p90_ms\": \(percentile(0.9, of: sorted)), "
             + "\"p99_ms\": \(percentile(0.99, of: sorted)), \"max_ms\": \(percentile(1, of: sorted)), "
             + "\"beyond_encoder_p50_ms\": \(percentile(0.5, of: beyond)), \"beyond_encoder_p99_ms\": \(percentile(0.99, of: beyond))}\n"
-        guard let file = fopen(path, "w") else { return }
+        guard let file = fopen(path, "we") else { return }
         fputs(json, file)
         fclose(file)
     }
@@ -107,7 +107,7 @@ public final class StageLog {
     public static func now() -> Int64 { MonotonicClock().now() }
 
     public func write() {
-        guard let file = fopen(path, "w") else { return }
+        guard let file = fopen(path, "we") else { return }
         fputs(columns.joined(separator: "\t") + "\n", file)
         var i = 0
         while i + columns.count <= rows.count {

@@ -10,7 +10,11 @@ import Glibc
 /// Runs a user's command for every file an output finishes (a replay saved, a segment closed, a
 /// recording stopped): `["/usr/local/bin/upload", "{path}"]`, an argument vector started without a
 /// shell, `{path}` and `{name}` replaced in each argument, and the path and output name also in
-/// the environment (BROADCAST_FILE, BROADCAST_OUTPUT). One command at a time per output, on a
+/// the environment (BROADCAST_FILE, BROADCAST_OUTPUT). The command gets only a small, documented
+/// environment (`inheritedEnvironment`: PATH, HOME, locale, ...; never the daemon's secrets such as
+/// a STREAM_KEY it expanded into its config) and only descriptors 0-2 (stdin /dev/null, the
+/// daemon's stdout and stderr): a command that leaves a process behind holds no socket, log or
+/// file of the daemon's. One command at a time per output, on a
 /// thread of the hook's own: the next file waits for the previous command, the output never does.
 /// The exit status is logged; nothing else depends on it.
 ///
@@ -139,20 +143,45 @@ public final class FileFinishedHook: Sendable {
         arguments.map { $0.replacing("{path}", with: path).replacing("{name}", with: outputName) }
     }
 
+    /// glibc's posix_spawn_file_actions_addclosefrom_np (2.34 and later), which Swift's Glibc
+    /// module does not declare (it is under _GNU_SOURCE): found at run time.
+    private typealias AddCloseFrom = @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>?, Int32) -> Int32
+    private static let addCloseFrom: AddCloseFrom? = dlsym(nil, "posix_spawn_file_actions_addclosefrom_np").map {
+        unsafeBitCast($0, to: AddCloseFrom.self)
+    }
+
+    /// The variables a command inherits from the daemon (when set): where things are and the
+    /// locale, and the desktop session's addresses (a user service's command may notify the user);
+    /// everything else, a secret the config took from the environment among it, is left out.
+    public static let inheritedEnvironment: Set<String> = [
+        "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+        "XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS", "DISPLAY", "WAYLAND_DISPLAY",
+    ]
+
+    /// The inherited part of a command's environment: `inheritedEnvironment` and the locale's
+    /// LC_* variables from `environ`, PATH set to a default when missing.
+    static func environment(inheriting environ: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?) -> [String] {
+        var kept: [String] = []
+        var pointer = environ
+        while let entry = pointer?.pointee {
+            let text = String(cString: entry)
+            if let eq = text.firstIndex(of: "=") {
+                let name = text[..<eq]
+                if inheritedEnvironment.contains(String(name)) || name.hasPrefix("LC_") { kept.append(text) }
+            }
+            pointer = pointer.map { $0 + 1 }
+        }
+        if !kept.contains(where: { $0.hasPrefix("PATH=") }) { kept.append("PATH=/usr/local/bin:/usr/bin:/bin") }
+        return kept
+    }
+
     /// Runs the command for `path`; false when it was cut short at the program's end (it stays
     /// pending for the next start).
     private func run(_ path: String) -> Bool {
         let argv = argv(for: path)
         started.wrappingIncrement(ordering: .relaxed)
         let start = MonotonicClock().now()
-        var environment: [String] = []
-        var pointer = environ
-        while let entry = pointer.pointee {
-            let text = String(cString: entry)
-            if !text.hasPrefix("BROADCAST_FILE="), !text.hasPrefix("BROADCAST_OUTPUT=") { environment.append(text) }
-            pointer += 1
-        }
-        environment += ["BROADCAST_FILE=\(path)", "BROADCAST_OUTPUT=\(outputName)"]
+        let environment = Self.environment(inheriting: environ) + ["BROADCAST_FILE=\(path)", "BROADCAST_OUTPUT=\(outputName)"]
         let cArgv = argv.map { strdup($0) } + [nil]
         let cEnv = environment.map { strdup($0) } + [nil]
         defer {
@@ -163,6 +192,15 @@ public final class FileFinishedHook: Sendable {
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
         posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        // Whatever was opened without close-on-exec (a library's socket or epoll) stays here too.
+        if let closeFrom = Self.addCloseFrom {
+            guard closeFrom(&actions, 3) == 0 else {
+                logger.error("on_file_finished for \(outputName) (\(path)): cannot run \(argv[0]): posix_spawn_file_actions_addclosefrom_np failed")
+                return true
+            }
+        } else {
+            ProcessDescriptors.markCloseOnExec()
+        }
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
         defer { posix_spawnattr_destroy(&attributes) }
@@ -241,5 +279,27 @@ public final class FileFinishedHook: Sendable {
             }
             usleep(20_000)
         }
+    }
+}
+
+/// This process's open descriptors.
+public enum ProcessDescriptors {
+    /// Marks every descriptor above 2 close-on-exec; returns how many were not. Ours are opened so
+    /// (O_CLOEXEC, SOCK_CLOEXEC, pipe2, fopen's "e"); SwiftNIO opens its epoll and its sockets
+    /// without it, so the daemon marks them once its listeners are bound. (A command the daemon
+    /// runs has everything above 2 closed anyway: see `FileFinishedHook`.)
+    @discardableResult
+    public static func markCloseOnExec() -> Int {
+        guard let directory = opendir("/proc/self/fd") else { return 0 }
+        defer { closedir(directory) }
+        let own = dirfd(directory)
+        var marked = 0
+        while let entry = readdir(directory) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            guard let fd = Int32(name), fd > 2, fd != own else { continue }
+            let flags = fcntl(fd, F_GETFD)
+            if flags >= 0, flags & FD_CLOEXEC == 0, fcntl(fd, F_SETFD, flags | FD_CLOEXEC) == 0 { marked += 1 }
+        }
+        return marked
     }
 }

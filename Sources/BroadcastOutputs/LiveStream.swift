@@ -57,6 +57,10 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
     func run() {
         defer { stages?.write() }
         status.set(.connecting)
+        if url.scheme == .rtmps, !settings.tls.verify {
+            let who = "whoever answers at \(url.host) receives the stream and its key"
+            logger.warning("stream \(url.redacted): the server's certificate is not checked (--tls-insecure, tls_verify = false): \(who)")
+        }
         loop: while true {
             intake()
             if feed.ended.load(ordering: .acquiring) {
@@ -73,10 +77,18 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
                 feed.waitForPackets(timeout: timeout)
             case .connect:
                 publishState()
-                do {
-                    muxer = try connect()
-                } catch {
-                    lost(machine.connectFailed(isNetworkFailure: Self.isNetworkFailure(error), now: .now()), error, sending: false)
+                let (opened, errorLines) = FFmpegLog.collectingErrors { () throws(FFmpegError) -> Muxer in try connect() }
+                switch opened {
+                case .success(let connection):
+                    muxer = connection
+                case .failure(let failure):
+                    // A certificate that is not trusted is a refusal (counted; three in a row give
+                    // up), never a network failure to retry for ever.
+                    let certificate = certificateProblem(errorLines)
+                    let error = certificate.map { FFmpegError(code: failure.code, reason: $0, operation: failure.operation) } ?? failure
+                    lost(
+                        machine.connectFailed(isNetworkFailure: certificate == nil && Self.isNetworkFailure(error), now: .now()), error,
+                        sending: false, certificate: certificate != nil)
                     continue
                 }
                 let connected = machine.connected(now: .now())
@@ -143,7 +155,9 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
     }
 
     /// Performs what the state machine decided after a connect or a write failed.
-    private func lost(_ action: LiveStreamStateMachine<EncodedPacket>.LossAction, _ error: FFmpegError, sending: Bool) {
+    private func lost(
+        _ action: LiveStreamStateMachine<EncodedPacket>.LossAction, _ error: FFmpegError, sending: Bool, certificate: Bool = false
+    ) {
         // What is left of the connection closes here, within the action's close deadline.
         muxer = nil
         machine.closed()
@@ -167,6 +181,8 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
         status.setError(message)
         status.attempt.store(machine.failures, ordering: .relaxed)
         switch action {
+        case .fail(.refused(let times), _, _, _) where certificate:
+            output.failed("stream \(url.redacted): the server's certificate was refused \(times) times in a row; giving up. \(message)")
         case .fail(.refused(let times), _, _, _):
             output.failed(
                 "stream \(url.redacted): the server refused the stream \(times) times in a row "
@@ -264,8 +280,33 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
         case .srt:
             ioOptions["connect_timeout"] = "\(Int64(settings.timeout * 1000))"
         }
+        if url.scheme == .rtmps {
+            // FFmpeg checks nothing unless asked: with tls_verify the chain (to the system's store, or
+            // ca_file instead) and the URL's host against the certificate.
+            ioOptions["tls_verify"] = settings.tls.verify ? "1" : "0"
+            if let file = settings.tls.authorityFile { ioOptions["ca_file"] = file }
+        }
         try muxer.writeHeader(options: options, ioOptions: ioOptions)
         return muxer
+    }
+
+    /// Why the server's certificate was not accepted, from the error lines FFmpeg logged while
+    /// connecting (its error code is a plain EIO), or nil when the failure was something else.
+    private func certificateProblem(_ lines: [String]) -> String? {
+        guard url.scheme == .rtmps, settings.tls.verify,
+            let line = lines.first(where: { $0.lowercased().contains("certificate") })
+        else { return nil }
+        let trust = settings.tls.authorityFile.map { "the authorities in \($0)" } ?? "the system's certificate authorities"
+        let why: String
+        if line.contains("does not match hostname") {
+            why = "it is not issued for \(url.host)"
+        } else if line.contains("failed verification") || line.contains("verify failed") {
+            why = "it is not signed by \(trust) (self-signed, another CA, or expired)"
+        } else {
+            why = String(line.split(separator: "\n").first ?? "")
+        }
+        return "certificate of \(url.host) not accepted: \(why); trust a private CA with --tls-ca FILE (daemon: tls_ca), "
+            + "or skip the check with --tls-insecure (tls_verify = false)"
     }
 
     /// Errors that say the network or server is not there (retry without counting a refusal).

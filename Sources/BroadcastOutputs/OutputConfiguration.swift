@@ -1,5 +1,9 @@
 public import BroadcastKit
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// Where one output of the encode goes.
 public enum OutputDestination: Sendable, Hashable, CustomStringConvertible {
     /// A local recording; the container follows the extension.
@@ -81,8 +85,51 @@ public struct LiveStreamSettings: Sendable, Hashable {
     public var sendBufferBytes: Int?
     /// Seconds spent sending what is queued when the broadcast finishes.
     public var finishTimeout: Double = 5
+    /// How an rtmps:// output checks the server's certificate.
+    public var tls = TLSVerification()
 
     public init() {}
+}
+
+/// How an rtmps:// output checks whom it talks to: by default the server's certificate must chain
+/// to a trusted authority (the system's store, or `authorityFile`) and name the URL's host, so a
+/// man in the middle gets neither the stream nor its key. FFmpeg's own default is not to check.
+public struct TLSVerification: Sendable, Hashable {
+    /// Check the certificate (FFmpeg's `tls_verify`). Off (`--tls-insecure`, `tls_verify = false`):
+    /// whoever answers at the address receives the stream and its key.
+    public var verify = true
+    /// A PEM file of the authorities to trust instead of the system's store (FFmpeg's `ca_file`):
+    /// a private CA.
+    public var authorityFile: String?
+
+    public init(verify: Bool = true, authorityFile: String? = nil) {
+        self.verify = verify
+        self.authorityFile = authorityFile
+    }
+
+    /// Why `path` cannot serve as an authority file (unreadable, not PEM certificates), or nil.
+    /// FFmpeg only logs a file it cannot load and then trusts nothing: checked before the start.
+    public static func problem(withAuthorityFile path: String) -> String? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return "cannot read \(path): \(String(cString: strerror(errno)))" }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG else { return "\(path) is not a regular file" }
+        var buffer = [UInt8](repeating: 0, count: 1 << 20)
+        var count = 0
+        while count < buffer.count {
+            let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress! + count, $0.count - count) }
+            if n < 0, errno == EINTR { continue }
+            guard n >= 0 else { return "cannot read \(path): \(String(cString: strerror(errno)))" }
+            if n == 0 { break }
+            count += n
+        }
+        let text = String(decoding: buffer[..<count], as: UTF8.self)
+        guard text.contains("-----BEGIN CERTIFICATE-----") else {
+            return "\(path) holds no PEM certificate (expected -----BEGIN CERTIFICATE-----)"
+        }
+        return nil
+    }
 }
 
 /// A recording cut into files of a set length, each named by a strftime(3) template, with old

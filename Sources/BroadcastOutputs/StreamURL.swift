@@ -1,3 +1,4 @@
+import Atomics
 public import BroadcastKit
 
 /// A live destination: rtmp://, rtmps:// (FLV) or srt:// (MPEG-TS), parsed once, with the form
@@ -82,14 +83,20 @@ public struct StreamURL: Sendable, Hashable, CustomStringConvertible {
             }
             port = p
         }
-        // Path: every element but the last is shown; the last is the stream key (RTMP). SRT
-        // carries its stream id and passphrase in the query instead.
+        // Path: only the first element (the RTMP application) is shown; everything after it is the
+        // stream key, which may itself hold slashes (rtmp://h/live/KEY/extra). A lone element
+        // (rtmp://h/KEY) is masked too: a server may take the key there. SRT carries its stream id
+        // and passphrase in the query instead.
         var elements = path.split(separator: "/", omittingEmptySubsequences: false).map(String.init)
         if elements.last == "" { elements.removeLast() }
         var shownPath = elements
-        if elements.count >= 2 || (schemeText != Scheme.srt.rawValue && elements.count == 1 && !query.isEmpty) {
-            secrets.append(elements.last!)
-            shownPath[shownPath.count - 1] = "****"
+        if elements.count >= 2 {
+            secrets.append(elements[1...].joined(separator: "/"))
+            secrets += elements[1...]
+            shownPath = [elements[0], "****"]
+        } else if elements.count == 1 {
+            secrets.append(elements[0])
+            shownPath = ["****"]
         }
         var shownQuery: [String] = []
         for pair in query.split(separator: "&") {
@@ -158,5 +165,38 @@ public struct StreamURL: Sendable, Hashable, CustomStringConvertible {
             result = result.replacing(secret, with: "****")
         }
         return result
+    }
+}
+
+/// The secrets of every stream URL a process was given, for scrubbing text that others write
+/// (FFmpeg's log, on any thread). Secrets are only added (a reload's new outputs), never removed:
+/// an output that ended may still be named in a late line. Reading is one atomic load, no lock.
+public final class StreamSecrets: Sendable {
+    private final class List: AtomicReference, Sendable {
+        let secrets: [String]
+        init(_ secrets: [String]) { self.secrets = secrets }
+    }
+
+    private let list = ManagedAtomic(List([]))
+
+    public init(_ urls: [StreamURL] = []) { add(urls) }
+
+    /// Adds the secrets of `urls` (kept longest first, so one containing another is replaced whole).
+    public func add(_ urls: [StreamURL]) {
+        let new = urls.flatMap(\.secrets)
+        guard !new.isEmpty else { return }
+        var current = list.load(ordering: .acquiring)
+        while true {
+            let merged = Array(Set(current.secrets + new)).sorted { $0.count > $1.count || ($0.count == $1.count && $0 < $1) }
+            if merged == current.secrets { return }
+            let (exchanged, original) = list.compareExchange(expected: current, desired: List(merged), ordering: .acquiringAndReleasing)
+            if exchanged { return }
+            current = original
+        }
+    }
+
+    /// `text` with every known secret replaced by `****`.
+    public func scrub(_ text: String) -> String {
+        StreamURL.scrub(text, secrets: list.load(ordering: .acquiring).secrets)
     }
 }

@@ -53,7 +53,7 @@ public struct ControlClient: Sendable {
             raw.copyBytes(from: socketPath.utf8)
             raw[socketPath.utf8.count] = 0
         }
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw BroadcastError(.outputFailed, "control socket: \(String(cString: strerror(errno)))") }
         let connected = withUnsafePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }

@@ -68,13 +68,23 @@ public struct ControlResponse: Error, Sendable, Equatable {
 ///
 /// A `Service`: `run()` binds and serves until graceful shutdown, then ends the event streams,
 /// lets open requests finish and removes the socket file.
+/// The bearer token the TCP listener checks. A reload replaces it (`replace(with:)`), so a token is
+/// rotated without a restart: the next request is checked against the new one, the old one is 401.
+public final class ControlToken: Sendable {
+    private let value: Mutex<String?>
+    public init(_ value: String?) { self.value = Mutex(value) }
+    public var current: String? { value.withLock { $0 } }
+    public func replace(with token: String?) { value.withLock { $0 = token } }
+}
+
 public final class ControlServer: Service, Sendable {
     public typealias Handler = @Sendable (ControlRequest) -> ControlResponse
 
     public let socketPath: String
     private let mode: UInt32
     private let tcp: (host: String, port: UInt16)?
-    private let token: String?
+    /// The TCP listener's token, replaced by a reload.
+    public let token: ControlToken
     private let handler: Handler
     private let events: ControlEvents?
     private let snapshot: @Sendable () -> JSONValue
@@ -100,7 +110,7 @@ public final class ControlServer: Service, Sendable {
 
     /// Checks the addresses (a live daemon on the socket, a file that is not a socket, a TCP
     /// listener without a token): nothing is bound until `run`.
-    public init(
+    public convenience init(
         socketPath: String,
         mode: UInt32 = 0o660,
         tcp: (host: String, port: UInt16)? = nil,
@@ -111,7 +121,24 @@ public final class ControlServer: Service, Sendable {
         logger: Logger,
         handler: @escaping Handler
     ) throws(BroadcastError) {
-        if tcp != nil && (token ?? "").isEmpty {
+        try self.init(
+            socketPath: socketPath, mode: mode, tcp: tcp, token: ControlToken(token), events: events, snapshot: snapshot,
+            requestDeadline: requestDeadline, logger: logger, handler: handler)
+    }
+
+    /// With a `ControlToken` the caller keeps, to replace the token later (a reload).
+    public init(
+        socketPath: String,
+        mode: UInt32 = 0o660,
+        tcp: (host: String, port: UInt16)? = nil,
+        token: ControlToken,
+        events: ControlEvents? = nil,
+        snapshot: @escaping @Sendable () -> JSONValue = { .object([]) },
+        requestDeadline: Duration = .seconds(2),
+        logger: Logger,
+        handler: @escaping Handler
+    ) throws(BroadcastError) {
+        if tcp != nil && (token.current ?? "").isEmpty {
             throw BroadcastError(.invalidArgument, "control tcp: a TCP control listener needs a token")
         }
         try Self.checkSocketPath(socketPath)
@@ -279,7 +306,7 @@ public final class ControlServer: Service, Sendable {
     private func respond(_ request: Request, _ writer: consuming ResponseWriter, _ channel: any Channel, needsToken: Bool) async throws {
         if needsToken {
             let given = request.head.headerFields[values: .authorization]
-            guard let token, given.count == 1, let bearer = Self.bearerToken(given[0]), Self.sameBytes(bearer, token) else {
+            guard let token = token.current, given.count == 1, let bearer = Self.bearerToken(given[0]), Self.sameBytes(bearer, token) else {
                 try await Self.send(.error(401, "a bearer token is required on the TCP control listener"), with: writer)
                 return
             }

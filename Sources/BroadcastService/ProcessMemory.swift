@@ -33,7 +33,7 @@ public struct ProcessMemory: Sendable, Hashable {
     public static func of(pid: Int32) -> ProcessMemory? { read(path: "/proc/\(pid)/smaps_rollup") }
 
     static func read(path: String) -> ProcessMemory? {
-        guard let file = fopen(path, "r") else { return nil }
+        guard let file = fopen(path, "re") else { return nil }
         defer { fclose(file) }
         var text: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 4096)

@@ -102,7 +102,7 @@ public enum RecordingRecovery {
 
     /// The four-character types of the top-level boxes of an ISO BMFF file, reading only headers.
     static func topLevelBoxes(_ path: String) -> [String]? {
-        guard let file = fopen(path, "rb") else { return nil }
+        guard let file = fopen(path, "rbe") else { return nil }
         defer { fclose(file) }
         var types: [String] = []
         var header = [UInt8](repeating: 0, count: 16)

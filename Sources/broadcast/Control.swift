@@ -193,11 +193,12 @@ struct Reload: ParsableCommand {
         discussion: """
             The same as SIGHUP (systemctl reload), but answered: outputs added, removed or changed \
             apply at once (an unchanged recording goes on in the same file), a changed device is \
-            swapped alone, encoder settings wait for the next start. The answer (JSON) says per \
-            output and source what happened ("complete": false when something did not apply; an \
-            output whose new settings cannot start goes on with its old ones, "kept"). A config \
-            with an error is refused with its file:line and key (exit 1) and the broadcast goes on \
-            as it was.
+            swapped alone, encoder settings wait for the next start; a new control token applies \
+            at once (the old one is refused), a changed control socket or TCP address refuses the \
+            reload (restart needed). The answer (JSON) says per output and source what happened \
+            ("complete": false when something did not apply; an output whose new settings cannot \
+            start goes on with its old ones, "kept"). A config with an error is refused with its \
+            file:line and key (exit 1) and the broadcast goes on as it was.
             """
     )
     @OptionGroup var control: ControlOptions

@@ -1,6 +1,7 @@
 import ArgumentParser
 import BroadcastDaemon
 import BroadcastMedia
+import BroadcastOutputs
 import BroadcastService
 import Logging
 
@@ -26,6 +27,13 @@ struct DaemonCommand: AsyncParsableCommand {
             lines, and WATCHDOG=1 only while frames flow. SIGTERM finishes cleanly (encoders \
             flushed, files finalized); SIGHUP (or `broadcast reload`) re-reads the config: \
             outputs, sources and encoder settings (see `broadcast reload --help`).
+
+            Stream keys are never printed (FFmpeg's log lines are scrubbed of them too); an \
+            output's on_file_finished command gets only PATH, HOME, USER, LOGNAME, LANG, \
+            LANGUAGE, LC_*, TZ, TMPDIR, the desktop session's XDG_RUNTIME_DIR, \
+            DBUS_SESSION_BUS_ADDRESS, DISPLAY and WAYLAND_DISPLAY, BROADCAST_FILE and \
+            BROADCAST_OUTPUT in its environment and descriptors 0-2. An rtmps:// output checks the server's certificate (tls_ca: a \
+            private CA; tls_verify = false: no check, with a warning).
             """
     )
 
@@ -41,10 +49,13 @@ struct DaemonCommand: AsyncParsableCommand {
             throw ValueError("invalid --log-level '\(logLevel)': accepted are \(Logger.Level.allCases.map(\.rawValue).joined(separator: ", "))")
         }
         let logger = Logging.bootstrap(level: level)
-        FFmpegLog.install(logger)
+        // FFmpeg's protocols name what they open ("Sending publish command for 'KEY'" at debug):
+        // every line is scrubbed of the stream keys the config ever named.
+        let secrets = StreamSecrets()
+        FFmpegLog.install(logger, redact: { secrets.scrub($0) })
         let daemon = Daemon(
             configuration: configuration, environment: { ProcessEnvironment.current() }, metrics: DaemonMetrics.bootstrap(),
-            notifier: SystemdNotifier.fromProcessEnvironment(), logger: logger)
+            notifier: SystemdNotifier.fromProcessEnvironment(), secrets: secrets, logger: logger)
         Signals.startWatching { signal in
             switch signal {
             case SIGTERM, SIGINT, SIGQUIT:

@@ -21,6 +21,11 @@ struct Stream: ParsableCommand {
             The stream key (an RTMP URL's last element) and any password or query secret are \
             never printed: messages show rtmp://HOST/APP/****.
 
+            rtmps:// checks the server's certificate (the system's certificate authorities, the \
+            URL's host name): one that is not trusted is refused like a wrong key, saying \
+            "certificate" and why. --tls-ca FILE trusts a private CA; --tls-insecure skips the \
+            check, with a warning.
+
             When the network is slower than the encoder, a stream drops video by backlog, like \
             OBS: non-reference frames past --drop-threshold, every frame but keyframes past \
             --drop-threshold-ref; never audio or keyframes; after a drop it resumes on a \
@@ -66,6 +71,12 @@ struct Stream: ParsableCommand {
     @Option(name: .customLong("drop-threshold-ref"), help: ArgumentHelp("Backlog past which every video frame but keyframes is dropped.", valueName: "duration"))
     var dropThresholdReference: String = "900ms"
 
+    @Option(name: .customLong("tls-ca"), help: ArgumentHelp("rtmps://: trust the certificate authorities in this PEM file (a private CA) instead of the system's.", valueName: "file"))
+    var tlsCA: String?
+
+    @Flag(name: .customLong("tls-insecure"), help: "rtmps://: do not check the server's certificate (a warning says so): whoever answers at the address receives the stream and its key.")
+    var tlsInsecure = false
+
     @OptionGroup(title: "Sources") var sources: SourceOptions
     @OptionGroup(title: "Encoding") var encoding: EncoderOptions
     @OptionGroup(title: "Run") var runOptions: RunOptions
@@ -85,6 +96,11 @@ struct Stream: ParsableCommand {
         guard live.referenceDropThreshold >= live.dropThreshold else {
             throw ValueError("invalid --drop-threshold-ref '\(dropThresholdReference)': must be at least --drop-threshold")
         }
+        if let tlsCA {
+            if tlsInsecure { throw ValueError("--tls-ca and --tls-insecure contradict each other: choose one") }
+            if let problem = TLSVerification.problem(withAuthorityFile: tlsCA) { throw ValueError("invalid --tls-ca '\(tlsCA)': \(problem)") }
+        }
+        live.tls = TLSVerification(verify: !tlsInsecure, authorityFile: tlsCA)
         return live
     }
 
@@ -97,7 +113,8 @@ struct Stream: ParsableCommand {
         }
         let live = try liveSettings()
         guard StreamURL.looksLikeURL(url) else {
-            throw ValueError("not a stream URL: '\(url)': expected rtmp://HOST/APP/KEY, rtmps://... or srt://HOST:PORT")
+            // Not echoed: without its scheme nothing says which part is the key.
+            throw ValueError("not a stream URL (not shown: it may hold a key): expected rtmp://HOST/APP/KEY, rtmps://... or srt://HOST:PORT")
         }
         let overwrite = runOptions.overwrite
         var configured = [OutputConfiguration(destination: try OutputDestination.parse(url), live: live)]
@@ -106,6 +123,12 @@ struct Stream: ParsableCommand {
             configured.append(OutputConfiguration(destination: try OutputDestination.parse(text), live: live, overwrite: overwrite))
         }
         if let replay = try replayOptions.output(beside: record) { configured.append(replay) }
+        if tlsCA != nil || tlsInsecure, !configured.contains(where: {
+            if case .live(let u) = $0.destination { return u.scheme == .rtmps }
+            return false
+        }) {
+            throw ValueError("\(tlsCA != nil ? "--tls-ca" : "--tls-insecure") applies to rtmps:// outputs, and none is given")
+        }
         let secrets = configured.flatMap { output -> [String] in
             if case .live(let u) = output.destination { return u.secrets }
             return []

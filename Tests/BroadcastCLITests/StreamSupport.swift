@@ -46,11 +46,13 @@ final class RTMPServer {
     var recordDirectory: String { directory.path("rec") }
     var pidFile: String { directory.path("nginx.pid") }
 
-    /// With `tls`: also RTMPS on `tlsPort`, nginx's stream module ending TLS (a self-signed
-    /// certificate made here with openssl) in front of the RTMP port.
+    /// With `tls`: also RTMPS on `tlsPort`, nginx's stream module ending TLS in front of the RTMP
+    /// port, with a certificate for `certificateName` (a subjectAltName) signed by a private CA made
+    /// here with openssl (`caFile`: trusted by no system store).
     private(set) var tlsPort: Int?
+    var caFile: String { directory.path("ca.pem") }
 
-    init(tls: Bool = false) throws {
+    init(tls: Bool = false, certificateName: String = "IP:127.0.0.1") throws {
         directory = try TemporaryDirectory()
         port = try freePort()
         try FileManager.default.createDirectory(atPath: directory.path("rec"), withIntermediateDirectories: true)
@@ -59,11 +61,18 @@ final class RTMPServer {
         if tls {
             let tlsPort = try freePort()
             self.tlsPort = tlsPort
-            let made = try run(
-                "/usr/bin/openssl",
-                ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                 "-keyout", directory.path("key.pem"), "-out", directory.path("cert.pem")])
-            guard made.status == 0 else { throw ProbeError(message: "openssl: \(made.stderr)") }
+            try "subjectAltName=\(certificateName)\n".write(toFile: directory.path("san.cnf"), atomically: true, encoding: .utf8)
+            for arguments in [
+                ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=broadcast test CA",
+                 "-keyout", directory.path("ca-key.pem"), "-out", caFile],
+                ["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=broadcast test server",
+                 "-keyout", directory.path("key.pem"), "-out", directory.path("cert.csr")],
+                ["x509", "-req", "-in", directory.path("cert.csr"), "-CA", caFile, "-CAkey", directory.path("ca-key.pem"),
+                 "-CAcreateserial", "-days", "1", "-extfile", directory.path("san.cnf"), "-out", directory.path("cert.pem")],
+            ] {
+                let made = try run("/usr/bin/openssl", arguments)
+                guard made.status == 0 else { throw ProbeError(message: "openssl \(arguments[0]): \(made.stderr)") }
+            }
             streamModule = "load_module /usr/lib/nginx/modules/ngx_stream_module.so;"
             tlsBlock = """
                 stream {
