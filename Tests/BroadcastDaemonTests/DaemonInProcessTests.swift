@@ -187,6 +187,20 @@ import Testing
         }
         #expect(try client.send(method: "POST", path: "/v1/outputs/rec/resume").status == 200)
         _ = try await poll("rec recording again") { Self.status(client).flatMap { Self.outputStates($0)["rec"] == "recording" ? true : nil } }
+        // The events are published by a watcher that looks every so often: the stop waits until
+        // it has published the resume (on a busy host it could see paused, then finished).
+        var events: [ControlEvent] = []
+        func outputStatesSeen() -> [String] {
+            events.filter { $0.type == "output" }.compactMap { Dictionary($0.fields, uniquingKeysWith: { a, _ in a })["state"]?.stringValue }
+        }
+        let resumeSeen = Date().addingTimeInterval(120)
+        while !(outputStatesSeen().contains("paused") && outputStatesSeen().last == "recording") && Date() < resumeSeen {
+            if (daemon.events.queued(watch) ?? 0) > 0, case .event(let event) = await daemon.events.next(watch) {
+                events.append(event)
+            } else {
+                try await Task.sleep(for: .milliseconds(100))
+            }
+        }
         #expect(try client.send(method: "POST", path: "/v1/broadcast/stop").status == 200)
         let stopped = try await poll("the broadcast finished") { Self.status(client).flatMap { $0["state"]?.stringValue == "finished" ? $0 : nil } }
         #expect(stopped["types"]?["video"]?["source_state"]?.stringValue == "stopped", "\(stopped.serialized())")
@@ -199,7 +213,6 @@ import Testing
         let failed = try #require(Self.status(client))
         #expect(failed["types"]?["video"]?["source_state"]?.stringValue == "failed", "\(failed.serialized())")
         // Every event up to the reload's (published after everything before it) is in.
-        var events: [ControlEvent] = []
         let deadline = Date().addingTimeInterval(120)
         while !events.contains(where: { $0.type == "reload" }) && Date() < deadline {
             if (daemon.events.queued(watch) ?? 0) > 0, case .event(let event) = await daemon.events.next(watch) {
@@ -210,7 +223,7 @@ import Testing
         }
         #expect(events.contains { $0.type == "reload" }, "no reload event: \(events.map(\.type))")
         daemon.events.unsubscribe(watch)
-        let states = events.filter { $0.type == "output" }.compactMap { Dictionary($0.fields, uniquingKeysWith: { a, _ in a })["state"]?.stringValue }
+        let states = outputStatesSeen()
         #expect(states.contains("paused") && states.contains("recording"), "\(states)")
         let drops = events.filter { $0.type == "drops" }.map { Dictionary($0.fields, uniquingKeysWith: { a, _ in a }) }
         #expect(!drops.contains { $0["output"] != nil }, "drops events for a pause (\(left) packets left out): \(drops)")
