@@ -75,9 +75,9 @@ public final class OSThread: @unchecked Sendable {
     /// Waits for the thread's body to return; from any number of threads, any number of times.
     public func join() {
         released.withLock { released in
+            // A join that failed (the thread joining itself: EDEADLK) joined nothing.
             guard !released else { return }
-            pthread_join(handle, nil)
-            released = true
+            released = pthread_join(handle, nil) == 0
         }
     }
 
@@ -85,8 +85,7 @@ public final class OSThread: @unchecked Sendable {
     public func detach() {
         released.withLock { released in
             guard !released else { return }
-            pthread_detach(handle)
-            released = true
+            released = pthread_detach(handle) == 0
         }
     }
 }

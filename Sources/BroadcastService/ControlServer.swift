@@ -186,6 +186,10 @@ public final class ControlServer: Service, Sendable {
             throw error
         }
         let stagedPath = staging + "/s"
+        // Hummingbird's "listening on" line would name the staged path: the daemon names the
+        // socket itself once it is in place.
+        var unixLogger = logger
+        unixLogger.logLevel = max(logger.logLevel, .notice)
         defer {
             unlink(stagedPath)
             rmdir(staging)
@@ -206,7 +210,7 @@ public final class ControlServer: Service, Sendable {
                 if bound.one() { self.listened() }
             },
             eventLoopGroup: MultiThreadedEventLoopGroup.singleton,
-            logger: logger
+            logger: unixLogger
         )
         // TCP first: once the socket file exists, both listeners are up (clients wait for the file).
         let (tcpBound, tcpBoundSignal) = AsyncStream.makeStream(of: Void.self)

@@ -194,9 +194,14 @@ import Testing
         let fifo = try running.client.send(method: "POST", path: "/v1/reload")
         #expect(fifo.status == 400 && String(decoding: fifo.body, as: UTF8.self).contains("FIFO"), "\(String(decoding: fifo.body, as: UTF8.self))")
         #expect(try running.client.send(method: "POST", path: "/v1/outputs/rec/pause").status == 200)
-        let status = try #require(DaemonInProcessTests.status(running.client))
+        #expect(try running.client.send(method: "POST", path: "/v1/outputs/rec/resume").status == 200)
+        let status = try await poll("both outputs recording") { () -> JSONValue? in
+            guard let status = DaemonInProcessTests.status(running.client),
+                DaemonInProcessTests.outputStates(status) == ["replay": "recording", "rec": "recording"]
+            else { return nil }
+            return status
+        }
         #expect(status["state"]?.stringValue == "started")
-        #expect(DaemonInProcessTests.outputStates(status) == ["replay": "recording", "rec": "recording"], "\(status.serialized())")
         try await running.stop()
     }
 
