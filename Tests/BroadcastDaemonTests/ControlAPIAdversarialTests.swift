@@ -162,7 +162,9 @@ import Testing
                 #expect(Self.isOneLine(answer.body), "\(method) \(target): \(String(decoding: answer.body, as: UTF8.self))")
             }
         }
-        #expect(statuses.isSuperset(of: [200, 400, 404, 405]), "\(statuses.sorted())")
+        // The generation reached the routes (a 400 needs a POST of a bad `seconds` to a save
+        // endpoint, about 1 in 90 requests: the test above covers it).
+        #expect(statuses.isSuperset(of: [200, 404, 405]), "\(statuses.sorted())")
         // Whatever was paused, the broadcast still runs and answers.
         _ = try? running.client.send(method: "POST", path: "/v1/broadcast/resume")
         #expect(DaemonInProcessTests.status(running.client)?["state"]?.stringValue == "started")
