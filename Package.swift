@@ -71,6 +71,9 @@ let package = Package(
         // PipeWire/SPA's macros and variadic builders, apart from the FFmpeg/V4L2 shim so that only
         // what captures from PipeWire links libpipewire.
         .target(name: "CPipeWireShim", dependencies: ["CPipeWire"], path: "Sources/CPipeWireShim"),
+        // The executable's first moments (.preinit_array): the handled signals blocked before any
+        // library initializer runs.
+        .target(name: "CProcessShim", path: "Sources/CProcessShim"),
 
         .target(
             name: "BroadcastKit",
@@ -142,6 +145,7 @@ let package = Package(
             name: "broadcast",
             dependencies: [
                 "BroadcastKit", "BroadcastCapture", "BroadcastMedia", "BroadcastOutputs", "BroadcastService", "BroadcastDaemon",
+                "CProcessShim",
                 .product(name: "Atomics", package: "swift-atomics"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -200,6 +204,7 @@ let package = Package(
             dependencies: [
                 "BroadcastDaemon", "BroadcastService", "BroadcastKit",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "PropertyBased", package: "swift-property-based"),
             ],
             swiftSettings: swiftSettings
         ),

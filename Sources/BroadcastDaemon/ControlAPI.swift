@@ -13,7 +13,7 @@ enum ControlAPI {
         switch (request.method, request.path) {
         case ("GET", "/v1/status"), ("HEAD", "/v1/status"):
             return .json(200, controller.status())
-        case ("GET", "/metrics"):
+        case ("GET", "/metrics"), ("HEAD", "/metrics"):
             return ControlResponse(status: 200, contentType: "text/plain; version=0.0.4", body: metrics.render(controller.metricsFigures()))
         case ("POST", let path) where path.hasPrefix("/v1/broadcast/"):
             let verb = path.dropFirst("/v1/broadcast/".count)
@@ -85,6 +85,9 @@ struct MetricsFigures {
     }
 
     struct OutputFigures {
+        /// Which output of that name (`Output.serial`): one removed and added again by a reload
+        /// counts from zero again.
+        var serial: UInt64 = 0
         var name: String
         var kind: String
         var state: String
@@ -98,6 +101,9 @@ struct MetricsFigures {
     }
 
     var uptimeSeconds: Double
+    /// Which broadcast the figures are of (its start on the monotonic clock; 0: none has run): a
+    /// new one counts from zero again.
+    var broadcast: Int64 = 0
     /// idle, started, paused, finished.
     var state = "idle"
     var mediaSeconds = 0.0
@@ -122,14 +128,17 @@ struct MetricsFigures {
 /// atomics (`MetricsFigures`): nothing on the data path records metrics.
 ///
 /// Totals are Prometheus counters (`_total`): each scrape adds what a figure grew by since the
-/// last one, and a new broadcast (its figures start from zero again) adds its own from zero, so a
-/// counter only ever grows over the daemon's life. Per output and per sample type, labels
-/// (`output="live"`, `type="video"`, `reason="..."`).
+/// last one, and a new broadcast or a new output of the same name (its figures start from zero
+/// again) adds its own from zero, so a counter only ever grows over the daemon's life. Per output
+/// and per sample type, labels (`output="live"`, `type="video"`, `reason="..."`); the series of an
+/// output or type that is gone are removed at the next scrape.
 public final class DaemonMetrics: Sendable {
     private let registry: PrometheusCollectorRegistry
-    /// Last value seen per counter series (scrapes run one at a time: the handler's read queue is
+    /// The broadcast's own series are made here, bootstrapped or not.
+    private let factory: PrometheusMetricsFactory
+    /// What the last scrape saw (scrapes run one at a time: the handler's read queue is
     /// concurrent, so this lock orders them).
-    private let lastSeen = Mutex<[String: Int]>([:])
+    private let lastScrape = Mutex(Scrape())
 
     /// Call once, before any metric is made.
     public static func bootstrap() -> DaemonMetrics {
@@ -139,76 +148,110 @@ public final class DaemonMetrics: Sendable {
     }
 
     /// Without making the registry swift-metrics' factory (in-process tests, which cannot bootstrap
-    /// the process's metrics system more than once): /metrics is then empty.
+    /// the process's metrics system more than once): /metrics then has the broadcast's figures only.
     public convenience init() {
         self.init(registry: PrometheusCollectorRegistry())
     }
 
     private init(registry: PrometheusCollectorRegistry) {
         self.registry = registry
+        self.factory = PrometheusMetricsFactory(registry: registry)
     }
 
-    private func gauge(_ label: String, _ value: Double, _ dimensions: [(String, String)] = []) {
-        Metrics.Gauge(label: label, dimensions: dimensions).record(value)
+    /// One series: its name and labels.
+    private struct Series: Hashable {
+        var label: String
+        var dimensions: [String]
+        var pairs: [(String, String)] { stride(from: 0, to: dimensions.count, by: 2).map { (dimensions[$0], dimensions[$0 + 1]) } }
+        init(_ label: String, _ dimensions: [(String, String)]) {
+            self.label = label
+            self.dimensions = dimensions.flatMap { [$0.0, $0.1] }
+        }
     }
 
-    /// Adds to the counter what `total` grew by since the last scrape (all of it after a reset).
-    private func counter(_ label: String, _ total: Int, _ dimensions: [(String, String)] = [], seen: inout [String: Int]) {
-        let key = label + dimensions.map { "|\($0.0)=\($0.1)" }.joined()
-        let last = seen[key] ?? 0
-        let grown = total >= last ? total - last : total
-        seen[key] = total
-        let counter = Metrics.Counter(label: label, dimensions: dimensions)
-        if grown > 0 { counter.increment(by: grown) } else { counter.increment(by: 0) }
+    /// Each counter's last total and whose it was; the gauges recorded.
+    private struct Scrape {
+        var counters: [Series: (of: String, total: Int)] = [:]
+        var gauges: Set<Series> = []
+    }
+
+    private func gauge(_ label: String, _ value: Double, _ dimensions: [(String, String)] = [], into scrape: inout Scrape) {
+        Metrics.Gauge(label: label, dimensions: dimensions, factory: factory).record(value)
+        scrape.gauges.insert(Series(label, dimensions))
+    }
+
+    /// Adds to the counter what `total` grew by since the last scrape; all of it when the figure is
+    /// another's now (`of`: a new broadcast, a new output of the same name), which starts from zero.
+    private func counter(
+        _ label: String, _ total: Int, _ dimensions: [(String, String)] = [], of owner: String, last: Scrape, into scrape: inout Scrape
+    ) {
+        let series = Series(label, dimensions)
+        let before = last.counters[series].flatMap { $0.of == owner ? $0.total : nil } ?? 0
+        let grown = total >= before ? total - before : total
+        scrape.counters[series] = (owner, total)
+        Metrics.Counter(label: label, dimensions: dimensions, factory: factory).increment(by: max(grown, 0))
     }
 
     func render(_ figures: MetricsFigures) -> [UInt8] {
-        lastSeen.withLock { seen in
-            gauge("broadcast_uptime_seconds", figures.uptimeSeconds)
-            gauge("broadcast_running", figures.state == "started" || figures.state == "paused" ? 1 : 0)
-            gauge("broadcast_paused", figures.state == "paused" ? 1 : 0)
-            gauge("broadcast_media_seconds", figures.mediaSeconds)
-            gauge("broadcast_bitrate_bits_per_second", Double(figures.bitrate))
-            gauge("broadcast_failed_outputs", Double(figures.failedOutputs))
-            gauge("broadcast_event_clients", Double(figures.eventClients))
-            counter("broadcast_video_frames_encoded_total", figures.videoFramesEncoded, seen: &seen)
-            counter("broadcast_audio_frames_encoded_total", figures.audioFramesEncoded, seen: &seen)
-            counter("broadcast_bytes_written_total", figures.bytesWritten, seen: &seen)
+        lastScrape.withLock { last in
+            var now = Scrape()
+            let broadcast = "\(figures.broadcast)"
+            gauge("broadcast_uptime_seconds", figures.uptimeSeconds, into: &now)
+            gauge("broadcast_running", figures.state == "started" || figures.state == "paused" ? 1 : 0, into: &now)
+            gauge("broadcast_paused", figures.state == "paused" ? 1 : 0, into: &now)
+            gauge("broadcast_media_seconds", figures.mediaSeconds, into: &now)
+            gauge("broadcast_bitrate_bits_per_second", Double(figures.bitrate), into: &now)
+            gauge("broadcast_failed_outputs", Double(figures.failedOutputs), into: &now)
+            gauge("broadcast_event_clients", Double(figures.eventClients), into: &now)
+            counter("broadcast_video_frames_encoded_total", figures.videoFramesEncoded, of: broadcast, last: last, into: &now)
+            counter("broadcast_audio_frames_encoded_total", figures.audioFramesEncoded, of: broadcast, last: last, into: &now)
+            counter("broadcast_bytes_written_total", figures.bytesWritten, of: broadcast, last: last, into: &now)
             for t in figures.types {
-                counter("broadcast_buffers_delivered_total", t.delivered, [("type", t.type)], seen: &seen)
-                counter("broadcast_device_losses_total", t.deviceLosses, [("type", t.type)], seen: &seen)
-                gauge("broadcast_device_lost", t.deviceLost ? 1 : 0, [("type", t.type)])
+                let type = [("type", t.type)]
+                counter("broadcast_buffers_delivered_total", t.delivered, type, of: broadcast, last: last, into: &now)
+                counter("broadcast_device_losses_total", t.deviceLosses, type, of: broadcast, last: last, into: &now)
+                gauge("broadcast_device_lost", t.deviceLost ? 1 : 0, type, into: &now)
                 for (reason, count) in t.dropped {
-                    counter("broadcast_buffers_dropped_total", count, [("type", t.type), ("reason", reason)], seen: &seen)
+                    counter("broadcast_buffers_dropped_total", count, type + [("reason", reason)], of: broadcast, last: last, into: &now)
                 }
             }
             for (device, ppm) in figures.audioDrift {
-                gauge("broadcast_audio_drift_ppm", ppm, [("device", device)])
+                gauge("broadcast_audio_drift_ppm", ppm, [("device", device)], into: &now)
             }
             for o in figures.outputs {
                 let output = [("output", o.name)]
-                counter("broadcast_output_bytes_total", o.bytes, output, seen: &seen)
-                counter("broadcast_output_reconnects_total", o.reconnects, output, seen: &seen)
-                gauge("broadcast_output_backlog_seconds", Double(o.backlogMilliseconds) / 1000, output)
-                gauge("broadcast_output_bitrate_bits_per_second", Double(o.bitrate), output)
-                gauge("broadcast_output_paused", o.paused ? 1 : 0, output)
-                gauge("broadcast_output_up", ["live", "recording"].contains(o.state) && !o.paused ? 1 : 0, output)
+                let owner = "\(broadcast)/\(o.serial)"
+                counter("broadcast_output_bytes_total", o.bytes, output, of: owner, last: last, into: &now)
+                counter("broadcast_output_reconnects_total", o.reconnects, output, of: owner, last: last, into: &now)
+                gauge("broadcast_output_backlog_seconds", Double(o.backlogMilliseconds) / 1000, output, into: &now)
+                gauge("broadcast_output_bitrate_bits_per_second", Double(o.bitrate), output, into: &now)
+                gauge("broadcast_output_paused", o.paused ? 1 : 0, output, into: &now)
+                gauge("broadcast_output_up", ["live", "recording"].contains(o.state) && !o.paused ? 1 : 0, output, into: &now)
                 for (reason, count) in o.drops {
-                    counter("broadcast_output_dropped_packets_total", count, output + [("reason", reason)], seen: &seen)
+                    counter("broadcast_output_dropped_packets_total", count, output + [("reason", reason)], of: owner, last: last, into: &now)
                 }
                 if let r = o.replay {
-                    gauge("broadcast_replay_buffered_seconds", r.bufferedSeconds, output)
-                    gauge("broadcast_replay_buffered_bytes", Double(r.bufferedBytes), output)
-                    gauge("broadcast_replay_saves_done", Double(r.savesDone), output)
-                    gauge("broadcast_replay_saves_failed", Double(r.savesFailed), output)
+                    gauge("broadcast_replay_buffered_seconds", r.bufferedSeconds, output, into: &now)
+                    gauge("broadcast_replay_buffered_bytes", Double(r.bufferedBytes), output, into: &now)
+                    gauge("broadcast_replay_saves_done", Double(r.savesDone), output, into: &now)
+                    gauge("broadcast_replay_saves_failed", Double(r.savesFailed), output, into: &now)
                 }
             }
             // Memory: the process's footprint, and of it the replay buffers (room for more figures).
             let memory = BroadcastController.memoryFigures(figures.outputs.compactMap(\.replay))
-            gauge("broadcast_resident_bytes", Double(memory.residentBytes))
-            gauge("broadcast_replay_buffers_bytes", Double(memory.replayBuffersBytes))
-            gauge("broadcast_private_dirty_bytes", Double(memory.privateDirtyBytes))
-            gauge("broadcast_memory_budget_bytes", Double(figures.memoryBudgetBytes))
+            gauge("broadcast_resident_bytes", Double(memory.residentBytes), into: &now)
+            gauge("broadcast_replay_buffers_bytes", Double(memory.replayBuffersBytes), into: &now)
+            gauge("broadcast_private_dirty_bytes", Double(memory.privateDirtyBytes), into: &now)
+            gauge("broadcast_memory_budget_bytes", Double(figures.memoryBudgetBytes), into: &now)
+            // The series of outputs and types that are gone (a reload removed them, a new broadcast
+            // has other sources) go with them.
+            for series in last.counters.keys where now.counters[series] == nil {
+                Metrics.Counter(label: series.label, dimensions: series.pairs, factory: factory).destroy()
+            }
+            for series in last.gauges.subtracting(now.gauges) {
+                Metrics.Gauge(label: series.label, dimensions: series.pairs, factory: factory).destroy()
+            }
+            last = now
         }
         var buffer: [UInt8] = []
         registry.emit(into: &buffer)

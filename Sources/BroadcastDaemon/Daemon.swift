@@ -740,6 +740,7 @@ final class BroadcastController: Sendable {
         guard let running else { return figures }
         let stats = running.session.statistics()
         let encoding = running.counters.snapshot()
+        figures.broadcast = running.startedAt
         figures.state = running.session.state.description
         figures.mediaSeconds = Double(stats.values.map(\.mediaTimeNanoseconds).max() ?? 0) / 1e9
         figures.videoFramesEncoded = encoding.videoFramesEncoded
@@ -757,7 +758,7 @@ final class BroadcastController: Sendable {
         figures.outputs = running.outputs.map { output in
             let o = output.statistics()
             return .init(
-                name: o.name, kind: o.isLive ? "live" : output.isReplay ? "replay" : "recording", state: "\(o.state)",
+                serial: output.serial, name: o.name, kind: o.isLive ? "live" : output.isReplay ? "replay" : "recording", state: "\(o.state)",
                 paused: output.isPaused, bytes: Int(o.bytesSent), bitrate: o.bitrate, backlogMilliseconds: o.backlogMilliseconds,
                 reconnects: o.reconnects, drops: o.drops.sorted { $0.key.rawValue < $1.key.rawValue }.map { ("\($0.key)", $0.value) },
                 replay: output.replayStatistics())

@@ -190,7 +190,10 @@ public struct DaemonConfiguration: Sendable {
         func problem(_ error: Errno) -> ReadProblem { ReadProblem(reason: String(cString: strerror(error.rawValue))) }
         let fd: FileDescriptor
         do {
-            fd = try FileDescriptor.open(FilePath(path), .readOnly, options: .closeOnExec)
+            // Non-blocking: a FIFO put where the config was blocked the open until a writer came,
+            // and with it every control action (a reload opens the file). Only what fstat calls
+            // a regular file is read.
+            fd = try FileDescriptor.open(FilePath(path), .readOnly, options: [.closeOnExec, .nonBlocking])
         } catch {
             return .failure(problem(error as? Errno ?? .ioError))
         }
@@ -198,7 +201,12 @@ public struct DaemonConfiguration: Sendable {
         defer { try? fd.close() }
         var info = stat()
         guard fstat(fd.rawValue, &info) == 0 else { return .failure(problem(Errno(rawValue: errno))) }
-        if info.st_mode & S_IFMT == S_IFDIR { return .failure(ReadProblem(reason: "it is a directory")) }
+        switch info.st_mode & S_IFMT {
+        case S_IFREG: break
+        case S_IFDIR: return .failure(ReadProblem(reason: "it is a directory"))
+        case S_IFIFO: return .failure(ReadProblem(reason: "it is a FIFO, not a regular file"))
+        default: return .failure(ReadProblem(reason: "it is not a regular file"))
+        }
         var bytes: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 65536)
         while true {

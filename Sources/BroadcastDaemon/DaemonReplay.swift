@@ -97,10 +97,14 @@ enum ReplayAPI {
     static func save(name: String?, request: ControlRequest, controller: BroadcastController) -> ControlResponse {
         var seconds: Double?
         if let text = request.query["seconds"] {
-            guard let value = Double(text), value > 0, value.isFinite else {
-                return .error(400, "invalid seconds '\(text)': expected a number of seconds more than zero")
+            // The parser `broadcast replay save --seconds` and the config use: a number of seconds
+            // or a duration ("90", "1.5", "2m"), more than zero and at most 3650d, so no value
+            // reaches a conversion that traps (1e10 s in nanoseconds did: exit 132).
+            do {
+                seconds = Double(try Values.duration(text, option: "seconds").nanoseconds ?? 0) / 1e9
+            } catch {
+                return .error(400, "\(error)")
             }
-            seconds = value
         }
         do {
             let outcome = try controller.saveReplay(named: name, seconds: seconds)

@@ -26,8 +26,8 @@ extension DaemonConfiguration {
             keys.replay = (length, entry.line)
         case "max_memory":
             let text = try scalarText(entry, key: dotted, environment: environment)
-            guard let bytes = try? Values.byteCount(text, option: dotted), bytes >= 1 << 20 else {
-                throw error(entry.line, dotted, "expected a size of at least 1M, such as \"200M\" or \"1G\", got \(text)")
+            guard let bytes = try? Values.replayMaxMemory(text, option: dotted) else {
+                throw error(entry.line, dotted, "expected a size from 1M to 1T, such as \"200M\" or \"1G\", got \(text)")
             }
             keys.maxMemory = (bytes, entry.line)
         case "hook_timeout":

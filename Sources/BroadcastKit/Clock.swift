@@ -1,3 +1,5 @@
+import Synchronization
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -29,6 +31,10 @@ public struct MonotonicClock: BroadcastClock {
 /// A thread of the operating system's, for work that blocks (a device read, the session loop).
 public final class OSThread: @unchecked Sendable {
     private let handle: pthread_t
+    /// Joined or detached: pthread_join a second time (a stop asked over the API and by SIGTERM
+    /// at once) is undefined and hung for ever. Held while joining, so a second `join` waits for
+    /// the first one's end.
+    private let released = Mutex(false)
 
     private final class Body {
         let name: String
@@ -66,13 +72,20 @@ public final class OSThread: @unchecked Sendable {
         close(fd)
     }
 
-    /// Waits for the thread's body to return.
+    /// Waits for the thread's body to return; from any number of threads, any number of times.
     public func join() {
-        pthread_join(handle, nil)
+        released.withLock { released in
+            // A join that failed (the thread joining itself: EDEADLK) joined nothing.
+            guard !released else { return }
+            released = pthread_join(handle, nil) == 0
+        }
     }
 
     /// Lets the thread's resources go when its body returns, for a thread nobody joins.
     public func detach() {
-        pthread_detach(handle)
+        released.withLock { released in
+            guard !released else { return }
+            released = pthread_detach(handle) == 0
+        }
     }
 }

@@ -102,7 +102,8 @@ public struct MemoryPlan: Sendable, Hashable, CustomStringConvertible {
     }
 
     static func mebibytes(_ bytes: Int64) -> String {
-        let tenths = (bytes * 10 + (1 << 19)) >> 20
+        // Whole MiB and the rest apart: bytes * 10 overflowed from about 800000T (exit 132).
+        let tenths = (bytes >> 20) * 10 + ((bytes & 0xFFFFF) * 10 + (1 << 19)) >> 20
         return tenths % 10 == 0 ? "\(tenths / 10) MiB" : "\(tenths / 10).\(tenths % 10) MiB"
     }
 

@@ -162,6 +162,10 @@ final class PacketFeed: Sendable {
 /// Start, `offer` and finish are the encoding handler's, on the session's thread.
 public final class Output: @unchecked Sendable {
     public let name: String
+    /// Distinct for every output the process makes: one removed and added again under its name
+    /// is another (its counters start from zero again).
+    public let serial = Output.made.wrappingIncrementThenLoad(ordering: .relaxed)
+    private static let made = ManagedAtomic<UInt64>(0)
     public let destination: OutputDestination
     public let configuration: OutputConfiguration
     let status = OutputStatus()

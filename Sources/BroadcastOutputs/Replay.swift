@@ -187,6 +187,13 @@ extension Output {
 /// other through `Recording` (the same muxing and MP4 finalizing as any recording). So a slow disk
 /// delays only the next save, never the buffer, capture or the other outputs; saves queue in order.
 final class ReplayWorker: OutputWorker, @unchecked Sendable {
+    /// A save's length in nanoseconds: more than the buffer can hold means all of it, so a length
+    /// beyond Int64's range (a library caller's 1e10 s) is all of it too, never a trap.
+    static func nanoseconds(_ seconds: Double) -> Int64 {
+        let nanoseconds = (seconds * 1e9).rounded()
+        return nanoseconds < 0x1p63 ? Int64(max(nanoseconds, 0)) : .max
+    }
+
     private struct Job: @unchecked Sendable {
         let save: ReplaySave
         let selection: ReplayBuffer<EncodedPacket>.Selection?
@@ -296,7 +303,7 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
                 }
                 guard covered || ended || output.isPaused || now >= save.waitUntil else { break }
                 pending.removeFirst()
-                let wanted = save.seconds.map { Int64(($0 * 1e9).rounded()) }
+                let wanted = save.seconds.map { Self.nanoseconds($0) }
                 let selection = buffer.selection(cut: save.cut, nanoseconds: wanted)
                 let empty =
                     buffer.overflows > 0 && buffer.isEmpty

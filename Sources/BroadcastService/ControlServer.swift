@@ -101,6 +101,10 @@ public final class ControlServer: Service, Sendable {
         case stopped
     }
 
+    /// Connections open at once on the TCP listener; more are answered 503 (each is held at most
+    /// `requestDeadline` from its accept, so the descriptors it can take are bounded too).
+    static let maxTCPConnections = 64
+    private let tcpConnections = ConnectionCount()
     static let maxHeaderBytes = 8 * 1024
     static let maxBodyBytes = 64 * 1024
     /// Event streams at once (each may hold up to `ControlEvents.clientQueueLimit` events).
@@ -198,25 +202,53 @@ public final class ControlServer: Service, Sendable {
                 maxHeaderFieldSize: Self.maxHeaderBytes, maxHeaderListSize: Self.maxHeaderBytes, maxHeaderFieldCount: 100)
         )
         let bound = ListenerCount(expected: tcp == nil ? 1 : 2)
+        // The socket is bound in a directory of its own that only we can enter (mkdtemp: 0700),
+        // given its mode there, and renamed into place: it never exists where clients look with
+        // the mode bind gave it (0777 less the umask), and a mode that cannot be set is an error.
+        let staging: String
+        do {
+            staging = try Self.stagingDirectory(beside: socketPath)
+        } catch {
+            ended(error)
+            throw error
+        }
+        let stagedPath = staging + "/s"
+        // Hummingbird's "listening on" line would name the staged path: the daemon names the
+        // socket itself once it is in place.
+        var unixLogger = logger
+        unixLogger.logLevel = max(logger.logLevel, .notice)
+        defer {
+            unlink(stagedPath)
+            rmdir(staging)
+        }
         let unix = Server(
             childChannelSetup: HTTP1Channel(
                 responder: { request, writer, channel in try await self.respond(request, writer, channel, needsToken: false) },
                 configuration: channel),
-            configuration: ServerConfiguration(address: .unixDomainSocket(path: socketPath)),
+            configuration: ServerConfiguration(address: .unixDomainSocket(path: stagedPath)),
             onServerRunning: { _ in
-                chmod(self.socketPath, mode_t(self.mode))
+                let problem = Self.moveIntoPlace(stagedPath, to: self.socketPath, mode: self.mode)
+                rmdir(staging)
+                if let problem {
+                    // Nobody can reach the staged socket: waiters (the daemon) end with this line.
+                    self.ended(BroadcastError(.invalidArgument, "control socket \(self.socketPath): \(problem)"))
+                    return
+                }
                 if bound.one() { self.listened() }
             },
             eventLoopGroup: MultiThreadedEventLoopGroup.singleton,
-            logger: logger
+            logger: unixLogger
         )
         // TCP first: once the socket file exists, both listeners are up (clients wait for the file).
         let (tcpBound, tcpBoundSignal) = AsyncStream.makeStream(of: Void.self)
+        var tcpChannel = channel
+        let tcpConnections = self.tcpConnections
+        tcpChannel.additionalChannelHandlers = { [ConnectionDeadline(TimeAmount(self.requestDeadline), counting: tcpConnections)] }
         let tcpServer = tcp.map { tcp in
             Server(
                 childChannelSetup: HTTP1Channel(
                     responder: { request, writer, channel in try await self.respond(request, writer, channel, needsToken: true) },
-                    configuration: channel),
+                    configuration: tcpChannel),
                 configuration: ServerConfiguration(address: .hostname(tcp.host, port: Int(tcp.port))),
                 onServerRunning: { _ in
                     tcpBoundSignal.finish()
@@ -235,13 +267,18 @@ public final class ControlServer: Service, Sendable {
                 try await withGracefulShutdownHandler {
                     try await withThrowingDiscardingTaskGroup { group in
                         if let tcpServer, let tcp {
+                            let failed = Mutex(false)
                             group.addTask {
                                 do { try await tcpServer.run() } catch {
+                                    // A port that is taken: the wait below ends too (it waited for
+                                    // ever, and the daemon hung at start with nothing logged).
+                                    failed.withLock { $0 = true }
+                                    tcpBoundSignal.finish()
                                     throw BroadcastError(.invalidArgument, "control tcp \(tcp.host):\(tcp.port): \(error)")
                                 }
                             }
                             for await _ in tcpBound {}
-                            if Task.isCancelled { return }
+                            if Task.isCancelled || Task.isShuttingDownGracefully || failed.withLock({ $0 }) { return }
                         }
                         group.addTask {
                             do { try await unix.run() } catch {
@@ -251,6 +288,7 @@ public final class ControlServer: Service, Sendable {
                     }
                 } onGracefulShutdown: {
                     self.events?.finish()
+                    tcpBoundSignal.finish()
                 }
             }
         } catch {
@@ -260,6 +298,35 @@ public final class ControlServer: Service, Sendable {
         }
         ended(nil)
         unlink(socketPath)
+    }
+
+    /// A new directory beside `socketPath` only this user can enter, for the socket to be bound in.
+    private static func stagingDirectory(beside socketPath: String) throws(BroadcastError) -> String {
+        let directory = socketPath.lastIndex(of: "/").map { String(socketPath[..<$0]) } ?? "."
+        var template = Array("\(directory.isEmpty ? "" : directory)/.bind-XXXXXX".utf8CString)
+        let made = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) != nil }
+        guard made else {
+            throw BroadcastError(.invalidArgument, "control socket \(socketPath): cannot make a directory beside it: \(String(cString: strerror(errno)))")
+        }
+        let path = template.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
+        guard path.utf8.count + 2 < MemoryLayout.size(ofValue: sockaddr_un().sun_path) else {
+            rmdir(path)
+            throw BroadcastError(.invalidArgument, "control socket \(socketPath): its directory's path is too long to bind in")
+        }
+        return path
+    }
+
+    /// Gives the bound socket its mode and renames it to where clients look; why not, or nil.
+    static func moveIntoPlace(_ staged: String, to socketPath: String, mode: UInt32) -> String? {
+        defer { unlink(staged) }
+        var info = stat()
+        guard chmod(staged, mode_t(mode)) == 0, stat(staged, &info) == 0, info.st_mode & 0o7777 == mode else {
+            return "cannot set its mode \(String(mode, radix: 8)): \(String(cString: strerror(errno)))"
+        }
+        guard rename(staged, socketPath) == 0 else {
+            return "cannot move it into place: \(String(cString: strerror(errno)))"
+        }
+        return nil
     }
 
     /// Counts listeners up; true once all are bound.
@@ -304,6 +371,10 @@ public final class ControlServer: Service, Sendable {
     // MARK: Requests
 
     private func respond(_ request: Request, _ writer: consuming ResponseWriter, _ channel: any Channel, needsToken: Bool) async throws {
+        if needsToken && tcpConnections.current > Self.maxTCPConnections {
+            try await Self.send(.error(503, "already \(Self.maxTCPConnections) connections on the TCP control listener: try again later"), with: writer)
+            return
+        }
         if needsToken {
             let given = request.head.headerFields[values: .authorization]
             guard let token = token.current, given.count == 1, let bearer = Self.bearerToken(given[0]), Self.sameBytes(bearer, token) else {
@@ -365,20 +436,23 @@ public final class ControlServer: Service, Sendable {
     /// events missed since), then each event as it is published, until the client goes, falls
     /// behind (told with a `dropped` event) or the daemon stops.
     private func streamEvents(_ events: ControlEvents, _ request: ControlRequest, _ writer: consuming ResponseWriter, _ channel: any Channel) async throws {
-        guard events.clientCount < Self.maxEventClients else {
+        // A client that reads nothing keeps this task waiting in a write: its connection is closed
+        // by the publisher's drop, after a moment to read the `dropped` notice if it can. The limit
+        // is checked as the client subscribes, before any await.
+        let lastEventID = request.headers["last-event-id"].flatMap { UInt64($0) }
+        guard
+            let subscription = events.subscribe(lastEventID: lastEventID, atMost: Self.maxEventClients, onDrop: {
+                channel.eventLoop.scheduleTask(in: Self.droppedGrace) { channel.close(promise: nil) }
+            })
+        else {
             try await Self.send(.error(503, "already \(Self.maxEventClients) event streams: try again later"), with: writer)
             return
         }
+        channel.closeFuture.whenComplete { _ in events.unsubscribe(subscription) }
+        defer { events.unsubscribe(subscription) }
         // Small socket buffers: what a client has not read stays in its queue here, where it is counted.
         _ = try? await channel.setOption(ChannelOptions.writeBufferWaterMark, value: .init(low: 2048, high: 8192)).get()
         _ = try? await channel.setOption(ChannelOptions.socketOption(.so_sndbuf), value: 8192).get()
-        // A client that reads nothing keeps this task waiting in a write: its connection is closed
-        // by the publisher's drop, after a moment to read the `dropped` notice if it can.
-        let subscription = events.subscribe(lastEventID: request.headers["last-event-id"].flatMap { UInt64($0) }) {
-            channel.eventLoop.scheduleTask(in: Self.droppedGrace) { channel.close(promise: nil) }
-        }
-        channel.closeFuture.whenComplete { _ in events.unsubscribe(subscription) }
-        defer { events.unsubscribe(subscription) }
         var fields = HTTPFields()
         fields[.contentType] = "text/event-stream"
         fields[.cacheControl] = "no-cache"
@@ -560,8 +634,14 @@ final class ConnectionDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     private let limit: TimeAmount
     private var timer: Scheduled<Void>?
     private var received = false
+    /// The listener's open connections, this one counted from its start to its end.
+    private let connections: ConnectionCount?
+    private var counted = false
 
-    init(_ limit: TimeAmount) { self.limit = limit }
+    init(_ limit: TimeAmount, counting connections: ConnectionCount? = nil) {
+        self.limit = limit
+        self.connections = connections
+    }
 
     func handlerAdded(context: ChannelHandlerContext) {
         if context.channel.isActive { arm(context) }
@@ -570,6 +650,7 @@ final class ConnectionDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     func handlerRemoved(context: ChannelHandlerContext) {
         timer?.cancel()
         timer = nil
+        uncount()
     }
 
     func channelActive(context: ChannelHandlerContext) {
@@ -577,7 +658,21 @@ final class ConnectionDeadline: ChannelDuplexHandler, RemovableChannelHandler {
         context.fireChannelActive()
     }
 
+    func channelInactive(context: ChannelHandlerContext) {
+        uncount()
+        context.fireChannelInactive()
+    }
+
+    private func uncount() {
+        if counted { connections?.closed() }
+        counted = false
+    }
+
     private func arm(_ context: ChannelHandlerContext) {
+        if !counted, let connections {
+            counted = true
+            connections.opened()
+        }
         guard timer == nil else { return }
         let channel = context.channel
         timer = context.eventLoop.scheduleTask(in: limit) { channel.close(promise: nil) }
@@ -605,4 +700,12 @@ final class ConnectionDeadline: ChannelDuplexHandler, RemovableChannelHandler {
         timer?.cancel()
         timer = context.eventLoop.scheduleTask(in: limit) { channel.close(promise: nil) }
     }
+}
+
+/// Connections a listener has open.
+final class ConnectionCount: Sendable {
+    private let count = Mutex(0)
+    var current: Int { count.withLock { $0 } }
+    func opened() { count.withLock { $0 += 1 } }
+    func closed() { count.withLock { $0 -= 1 } }
 }

@@ -188,7 +188,10 @@ private struct Parser {
         }
     }
 
-    mutating func value(key: String) throws(TOMLDocument.ParseError) -> TOMLDocument.Value {
+    /// Arrays nest at most this deep: each level is a call, and 100 000 of them overflowed the stack.
+    static let maximumDepth = 32
+
+    mutating func value(key: String, depth: Int = 0) throws(TOMLDocument.ParseError) -> TOMLDocument.Value {
         guard let first = rest.first else { throw error("missing value for key '\(key)'") }
         switch first {
         case "\"":
@@ -203,6 +206,9 @@ private struct Parser {
             rest = rest[rest.index(after: end)...]
             return .string(s)
         case "[":
+            guard depth < Self.maximumDepth else {
+                throw error("arrays nested more than \(Self.maximumDepth) deep for key '\(key)'")
+            }
             rest = rest.dropFirst()
             var items: [TOMLDocument.Value] = []
             while true {
@@ -211,7 +217,7 @@ private struct Parser {
                     rest = rest.dropFirst()
                     return .array(items)
                 }
-                items.append(try value(key: key))
+                items.append(try value(key: key, depth: depth + 1))
                 try skipSpacesAndNewlines()
                 if rest.first == "," {
                     rest = rest.dropFirst()

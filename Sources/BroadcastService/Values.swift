@@ -138,6 +138,16 @@ public enum Values {
         return bytes
     }
 
+    /// A replay buffer's byte limit (`--replay-max-memory`, `max_memory`): from 1M to 1T, the
+    /// largest memory budget, which the whole process and so every buffer must fit in.
+    public static func replayMaxMemory(_ text: String, option: String) throws -> Int64 {
+        let accepted = "expected a size from 1M to 1T, such as 200M or 1G"
+        guard let bytes = try? byteCount(text, option: option), bytes >= 1 << 20, bytes <= 1 << 40 else {
+            throw ValueError("invalid \(option) '\(text)': \(accepted)")
+        }
+        return bytes
+    }
+
     /// "key=value" for --setup.
     public static func setupPair(_ text: String) throws -> (String, String) {
         guard let eq = text.firstIndex(of: "="), eq != text.startIndex else {

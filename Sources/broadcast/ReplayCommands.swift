@@ -30,11 +30,7 @@ struct ReplayOptions: ParsableArguments {
         }
         var settings = ReplaySettings(seconds: Double(nanoseconds) / 1e9)
         if let text = replayMaxMemory {
-            let bytes = try Values.byteCount(text, option: "--replay-max-memory")
-            guard bytes >= 1 << 20 else {
-                throw ValueError("invalid --replay-max-memory '\(text)': expected a size of at least 1M, such as 200M or 1G")
-            }
-            settings.maxBytes = bytes
+            settings.maxBytes = try Values.replayMaxMemory(text, option: "--replay-max-memory")
         }
         let template = replayPath ?? Self.defaultTemplate(beside: recording)
         do {

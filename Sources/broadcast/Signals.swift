@@ -3,6 +3,7 @@
 // session, toggle pause). This works whichever thread the kernel picks to take the signal, which
 // matters because the Swift runtime may have started threads before main runs.
 import BroadcastKit
+import CProcessShim
 import SystemPackage
 
 #if canImport(Glibc)
@@ -39,12 +40,11 @@ enum Signals {
         }
         pipeRead = ends.readEnd.rawValue
         signalPipeWrite = ends.writeEnd.rawValue
-        // A parent may hand us these signals blocked (a test runner's thread, a supervisor): the mask
-        // is inherited across exec, and a blocked signal would never reach the handler.
-        var set = sigset_t()
-        sigemptyset(&set)
-        for signal in handled { sigaddset(&set, signal) }
-        pthread_sigmask(SIG_UNBLOCK, &set, nil)
+        // Handlers first, then the signals unblocked: they were blocked at exec (CProcessShim's
+        // .preinit_array entry) or by a parent (a test runner's thread, a supervisor: the mask is
+        // inherited across exec), and one pending since then is taken by its handler now. Unblocked
+        // before the handlers were in place, a SIGHUP in the first moments ended the process (rc 129).
+        assert(CBroadcast_early_signals_blocked() != 0, "the handled signals were not blocked at exec")
         for signal in handled {
             var action = sigaction()
             action.__sigaction_handler.sa_handler = { number in
@@ -60,6 +60,10 @@ enum Signals {
             sigemptyset(&action.sa_mask)
             sigaction(signal, &action, nil)
         }
+        var set = sigset_t()
+        sigemptyset(&set)
+        for signal in handled { sigaddset(&set, signal) }
+        pthread_sigmask(SIG_UNBLOCK, &set, nil)
     }
 
     /// Calls `react` on a dedicated thread for every signal received, until the process exits.

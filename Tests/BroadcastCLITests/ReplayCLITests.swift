@@ -131,6 +131,9 @@ func offsetInRecording(_ replay: [ProbedPacket], recording: [ProbedPacket]) -> D
         (["--replay-max-memory", "10M"], "--replay-max-memory and --replay-path need --replay"),
         (["--replay", "0s"], "invalid --replay '0s'"),
         (["--replay", "30s", "--replay-max-memory", "lots"], "invalid --replay-max-memory 'lots'"),
+        // Sizes a value may spell but no budget fits (the plan's message overflowed: exit 132).
+        (["--replay", "30s", "--replay-max-memory", "900000T"], "invalid --replay-max-memory '900000T': expected a size from 1M to 1T"),
+        (["--replay", "30s", "--replay-max-memory", "1000000T"], "invalid --replay-max-memory '1000000T'"),
         (["--replay", "30s", "--replay-path", "/tmp/replay.txt"], "invalid --replay-path '/tmp/replay.txt'"),
     ] as [([String], String)])
     func badReplayOptionsExit2(arguments: [String], expected: String) throws {
@@ -148,7 +151,8 @@ func offsetInRecording(_ replay: [ProbedPacket], recording: [ProbedPacket]) -> D
     @Test(arguments: [
         ("name = \"r\"\nurl = \"rtmp://h/app/key\"\nreplay = \"30s\"", "6: output.replay: a replay buffer needs path"),
         ("name = \"r\"\npath = \"/tmp/r.mp4\"\nmax_memory = \"200M\"", "6: output.max_memory: applies to replay buffers"),
-        ("name = \"r\"\npath = \"/tmp/r.mp4\"\nreplay = \"30s\"\nmax_memory = \"lots\"", "7: output.max_memory: expected a size of at least 1M"),
+        ("name = \"r\"\npath = \"/tmp/r.mp4\"\nreplay = \"30s\"\nmax_memory = \"lots\"", "7: output.max_memory: expected a size from 1M to 1T"),
+        ("name = \"r\"\npath = \"/tmp/r.mp4\"\nreplay = \"30s\"\nmax_memory = \"950000T\"", "7: output.max_memory: expected a size from 1M to 1T"),
         ("name = \"r\"\npath = \"/tmp/r.mp4\"\nreplay = \"soon\"", "6: output.replay: "),
         ("name = \"r\"\npath = \"/tmp/r.mp4\"\nreplay = \"30s\"\nsegment = \"1h\"", "6: output.replay: a replay buffer has no segment"),
         ("name = \"r\"\npath = \"/tmp/r.mp4\"\non_file_finished = \"/bin/upload {path}\"", "6: output.on_file_finished: expected an argument vector"),

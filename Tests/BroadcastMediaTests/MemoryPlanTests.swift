@@ -112,4 +112,19 @@ import Testing
             _ = try MemoryPlan(budget: 128 * Self.mib, configuration: configuration, capture: Self.testPattern, cores: 2)
         }
     }
+
+    /// A replay limit near the largest size a value may spell (1000000T) is refused with what it
+    /// needs against the budget; its message's MiB figure used to overflow (exit 132).
+    @Test func aHugeReplayLimitIsRefusedNotATrap() throws {
+        var huge = Self.configuration(outputs: [
+            OutputConfiguration(name: "replay", destination: .file("/tmp/r-%s.mkv"), replay: ReplaySettings(seconds: 30))
+        ])
+        huge.outputs[0].replay!.maxBytes = 1_000_000 << 40
+        do {
+            _ = try MemoryPlan(budget: 1 << 40, configuration: huge, capture: Self.testPattern, cores: 2, replayLimitsSet: ["replay"])
+            Issue.record("a 1000000T replay buffer fit a 1T budget")
+        } catch {
+            #expect(error.message.contains("needs at least 104857600"), "\(error.message)")
+        }
+    }
 }

@@ -449,6 +449,101 @@ func serving<T: Sendable>(_ server: ControlServer, _ body: () async throws -> T)
         }
     }
 
+    /// 100 clients ask for the events at once: exactly 64 streams, the others 503 (before: the
+    /// limit was checked two awaits before the subscription, and 96 of 100 got through).
+    @Test func aBurstOfEventClientsStaysWithinTheLimit() async throws {
+        let events = ControlEvents()
+        try await withServer(events: events) { path, _ in
+            let fds = (0..<100).map { _ in Self.connectUnix(path) }
+            defer { for fd in fds { close(fd) } }
+            #expect(fds.allSatisfy { $0 >= 0 })
+            for fd in fds {
+                _ = Array("GET /v1/events HTTP/1.1\r\n\r\n".utf8).withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            }
+            let heads = fds.map { Self.read($0, until: "\r\n\r\n") }
+            let streams = heads.filter { $0.hasPrefix("HTTP/1.1 200") }.count
+            let refused = heads.filter { $0.hasPrefix("HTTP/1.1 503") }.count
+            #expect(streams == 64 && refused == 36, "\(streams) streams, \(refused) refused")
+            #expect(events.clientCount == 64)
+        }
+    }
+
+    /// The TCP listener holds at most 64 connections: with 80 open and silent, a request with
+    /// the token is answered 503; once they are closed, 200 again (before: no cap at all).
+    @Test func tcpConnectionsAreCapped() async throws {
+        let path = Self.socketPath()
+        let token = "0123456789abcdef-token"
+        let port = Self.freePort()
+        let server = try ControlServer(
+            socketPath: path, tcp: ("127.0.0.1", port), token: token, requestDeadline: .seconds(60), logger: Logger(label: "test")
+        ) { _ in .json(200, .object([("ok", .bool(true))])) }
+        try await serving(server) {
+            let request = "GET /v1/status HTTP/1.1\r\nAuthorization: Bearer \(token)\r\n\r\n"
+            var silent: [Int32] = []
+            for _ in 0..<80 {
+                let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+                var address = sockaddr_in()
+                address.sin_family = sa_family_t(AF_INET)
+                address.sin_port = port.bigEndian
+                address.sin_addr.s_addr = inet_addr("127.0.0.1")
+                _ = withUnsafePointer(to: &address) {
+                    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+                }
+                silent.append(fd)
+            }
+            // Accepted in their own time: once 65 or more are counted, the answer is 503.
+            var capped = 0
+            for _ in 0..<300 {
+                capped = Self.tcpStatus(port, request)
+                if capped == 503 { break }
+                usleep(100_000)
+            }
+            #expect(capped == 503)
+            for fd in silent { close(fd) }
+            var after = 0
+            for _ in 0..<300 {
+                after = Self.tcpStatus(port, request)
+                if after == 200 { break }
+                usleep(100_000)
+            }
+            #expect(after == 200, "after the silent connections closed: \(after)")
+        }
+    }
+
+    /// The socket never exists where clients look with another mode than its own: a watcher
+    /// polling the path from before the start sees 0660 the first time it sees the socket (before:
+    /// bind made it 0777 less the umask, and a chmod followed, unchecked). Nothing is left beside it.
+    @Test func theSocketAppearsWithItsMode() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("ctl-mode-\(UUID().uuidString.prefix(8))").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: false)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        for round in 0..<10 {
+            let path = directory + "/control.sock"
+            let firstSeen = Mutex<mode_t?>(nil)
+            let stop = Mutex(false)
+            let watcher = Thread {
+                var info = stat()
+                while !stop.withLock({ $0 }) {
+                    if lstat(path, &info) == 0 {
+                        firstSeen.withLock { $0 = info.st_mode & 0o7777 }
+                        return
+                    }
+                }
+            }
+            watcher.start()
+            let server = try ControlServer(socketPath: path, mode: 0o660, logger: Logger(label: "test")) { _ in .error(404, "") }
+            try await serving(server) {
+                // Listening: the socket is there; the watcher sees it within moments.
+                for _ in 0..<3000 where firstSeen.withLock({ $0 }) == nil { try await Task.sleep(for: .milliseconds(10)) }
+            }
+            stop.withLock { $0 = true }
+            let mode = firstSeen.withLock { $0 }
+            #expect(mode == 0o660, "round \(round): the socket was first seen with mode \(mode.map { String($0, radix: 8) } ?? "none")")
+            let left = (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []
+            #expect(left.isEmpty, "left beside the socket: \(left)")
+        }
+    }
+
     /// Requests are answered while every thread of Swift's cooperative pool is blocked (by other
     /// work of the process: a host's services, a test runner's synchronous tests): the server's
     /// tasks run on a thread of its own.

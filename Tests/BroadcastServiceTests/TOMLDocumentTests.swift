@@ -83,4 +83,22 @@ import Testing
             #expect(output.entries["list"]?.value == .array([.integer(1), .integer(2)]))
         }
     }
+
+    /// A value nested 100 000 deep is refused with its line (it overflowed the stack: SIGSEGV);
+    /// 32 levels still parse, and inline tables at any depth are refused as before.
+    @Test func deepNestingIsRefusedNotAStackOverflow() throws {
+        for (open, close) in [("[", "]"), ("[{a = ", "}]")] {
+            let deep = "[video]\nx = " + String(repeating: open, count: 100_000) + String(repeating: close, count: 100_000) + "\n"
+            #expect {
+                _ = try TOMLDocument(parsing: deep)
+            } throws: { error in
+                let error = error as? TOMLDocument.ParseError
+                return error?.line == 2
+                    && (error?.message.contains("nested more than 32 deep") == true || error?.message.contains("inline tables") == true)
+            }
+        }
+        let fine = try TOMLDocument(parsing: "[video]\nx = " + String(repeating: "[", count: 32) + String(repeating: "]", count: 32) + "\n")
+        #expect(fine.tables(named: "video").first?.entries["x"] != nil)
+    }
 }
+
