@@ -14,6 +14,8 @@ public enum DropReason: Int, Sendable, Hashable, CaseIterable, CustomStringConve
     case queueFull
     /// Media while the output was paused.
     case paused
+    /// Media while a recording could not write (a full disk) and waited to go on in a new file.
+    case writeFailed
 
     public var description: String {
         switch self {
@@ -23,6 +25,7 @@ public enum DropReason: Int, Sendable, Hashable, CaseIterable, CustomStringConve
         case .offline: "offline"
         case .queueFull: "queue-full"
         case .paused: "paused"
+        case .writeFailed: "write-failed"
         }
     }
 }

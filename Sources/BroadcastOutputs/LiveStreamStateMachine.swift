@@ -56,6 +56,7 @@ struct Drops: Hashable, CustomStringConvertible {
     private(set) var offline = 0
     private(set) var queueFull = 0
     private(set) var paused = 0
+    private(set) var writeFailed = 0
 
     static let none = Drops()
 
@@ -72,6 +73,7 @@ struct Drops: Hashable, CustomStringConvertible {
             case .offline: offline
             case .queueFull: queueFull
             case .paused: paused
+            case .writeFailed: writeFailed
             }
         }
         set {
@@ -82,6 +84,7 @@ struct Drops: Hashable, CustomStringConvertible {
             case .offline: offline = newValue
             case .queueFull: queueFull = newValue
             case .paused: paused = newValue
+            case .writeFailed: writeFailed = newValue
             }
         }
     }
@@ -92,7 +95,7 @@ struct Drops: Hashable, CustomStringConvertible {
         for reason in DropReason.allCases { self[reason] += other[reason] }
     }
 
-    var total: Int { backlog + backlogReference + awaitingKeyframe + offline + queueFull + paused }
+    var total: Int { backlog + backlogReference + awaitingKeyframe + offline + queueFull + paused + writeFailed }
     var isEmpty: Bool { total == 0 }
 
     var description: String {

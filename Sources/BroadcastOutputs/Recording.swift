@@ -401,6 +401,18 @@ public final class Recording {
         }
     }
 
+    /// Closes the file without finalizing after a write failed, keeping what was written: a
+    /// fragmented MP4 plays as it is and the next start finalizes it (it is in the manifest); MKV,
+    /// TS and FLV play as written. The file being replaced, if any, stays as it was.
+    func abandon() {
+        guard !finished else { return }
+        // Nothing in it: nothing to keep (a failed start leaves nothing behind).
+        guard packetsWritten > 0 else { return discard() }
+        finished = true
+        muxer = nil
+        logger.notice("recording \(path): closed unfinished after a write error; what was written is kept\(replacementNote)")
+    }
+
     /// Closes the file without finalizing and deletes it if this run created it (a broadcast that
     /// never really started): a stream's target (a FIFO, a device) is never deleted. Does nothing
     /// once `finish()` was called: what finishing left (a fragmented file whose finalize failed,

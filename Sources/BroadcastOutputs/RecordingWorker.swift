@@ -31,6 +31,11 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
     private var join: PauseJoin
     /// Where the current segment starts, in the encoder's time (ns).
     private var segmentStart: Int64?
+    /// After a write failed (a full disk): the file was closed with what it holds, packets are
+    /// dropped, and a new file is tried at a keyframe from `nextTry` on; nil while writing.
+    private var waitingForSpace: (nextTry: MonotonicInstant, message: String)?
+    /// How often a recording whose writes failed tries a new file.
+    static let retryInterval = Duration.seconds(2)
 
     init(
         output: Output,
@@ -107,6 +112,12 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
                 status.set(.recording)
                 bitrate.restart(at: .now())
             }
+            if let waiting = waitingForSpace {
+                guard isStartPoint(packet), MonotonicInstant.now() >= waiting.nextTry, goOnInNewFile(at: dts) else {
+                    status.drop(.writeFailed)
+                    continue
+                }
+            }
             if segmentStart == nil { segmentStart = dts }
             if let segments, let length = segments.length, let start = segmentStart, isStartPoint(packet),
                 .nanoseconds(dts - start) >= length
@@ -114,8 +125,9 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
                 do {
                     try startNextSegment(segments, at: dts)
                 } catch {
-                    output.failed(error.message)
-                    return
+                    writeFailed(error)
+                    status.drop(.writeFailed)
+                    continue
                 }
             }
             // A packet that would go back in its stream (audio begun just before the keyframe
@@ -127,13 +139,19 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
             do {
                 try recording.write(packet, shiftNanoseconds: join.shift)
             } catch {
-                output.failed(error.message)
-                return
+                writeFailed(error)
+                status.drop(.writeFailed)
+                continue
             }
             status.sent(packet)
             status.bytes.store(recording.bytesWritten, ordering: .relaxed)
             if let rate = bitrate.add(packet.size, now: .now()) { status.bitrate.store(rate, ordering: .relaxed) }
             status.setBacklog(max(0, feed.newestDTS.load(ordering: .relaxed) - dts))
+        }
+        // Still waiting for space at the end: what the last file holds is kept as it was closed.
+        if waitingForSpace != nil {
+            feed.close()
+            return
         }
         do {
             let kept = try recording.finish()
@@ -152,21 +170,67 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
         feed.close()
     }
 
-    /// Finishes the current file and opens the next, which starts at `dts` (time zero in it).
+    /// Opens the next segment, which starts at `dts` (time zero in it), then finishes the current
+    /// one. The next file first: a finalize that fails (it needs room for a copy of the file, and
+    /// retention makes room only after it) leaves that segment fragmented, which plays and which
+    /// the next start finalizes (it is in the manifest), and the recording goes on.
     private func startNextSegment(_ segments: RecordingSegments, at dts: Int64) throws(BroadcastError) {
-        try recording.finish()
-        output.fileFinished(recording.path)
-        let path = RecordingRetention.nextPath(segments.pathTemplate, after: recording.path, manifest: manifest)
+        let previous = recording
+        recording = try openFile(RecordingRetention.nextPath(segments.pathTemplate, after: previous.path, manifest: manifest))
+        segmentStart = dts
+        join.restart(at: dts)
+        logger.info("recording \(output.name): next segment \(recording.path)")
+        do {
+            if try previous.finish() { output.fileFinished(previous.path) }
+        } catch {
+            logger.error("recording \(output.name): \(error.message); it is kept fragmented (it plays) and is finalized at the next start")
+        }
+        RecordingRetention.apply(segments, owner: output.name, keeping: recording.path, manifest: manifest, logger: logger)
+    }
+
+    /// A new file of this output at `path`, noted in the manifest.
+    private func openFile(_ path: String) throws(BroadcastError) -> Recording {
         // A template with conversions in its directories (`%Y/%m/rec.mp4`) moves on to new ones.
         if let problem = RecordingTemplate.makeParentDirectories(of: path) {
             throw BroadcastError(.outputFailed, "recording \(output.name): \(problem)")
         }
-        recording = try Recording(path: path, streams: streams, logger: logger)
-        manifest?.recordCreated(recording, owner: output.name)
+        let file = try Recording(path: path, streams: streams, logger: logger)
+        manifest?.recordCreated(file, owner: output.name)
+        return file
+    }
+
+    /// A write (or the next segment's start) failed, as on a full disk: the current file is
+    /// closed with what it holds, the output says `failed` with why, and it tries a new file every
+    /// `retryInterval` at a keyframe (`goOnInNewFile`) instead of ending.
+    private func writeFailed(_ error: BroadcastError) {
+        recording.abandon()
+        let message = "\(error.message); going on in a new file when it can be written"
+        if waitingForSpace == nil {
+            output.status.setError(message)
+            output.status.set(.failed)
+            output.status.bitrate.store(0, ordering: .relaxed)
+            logger.error("recording \(output.name): \(message)")
+        }
+        waitingForSpace = (.now() + Self.retryInterval, message)
+    }
+
+    /// Tries the next file after a failure, starting at the keyframe at `dts`; true when it is open.
+    private func goOnInNewFile(at dts: Int64) -> Bool {
+        let template = segments?.pathTemplate ?? recording.path
+        do {
+            recording = try openFile(RecordingRetention.nextPath(template, after: recording.path, manifest: manifest))
+        } catch {
+            waitingForSpace?.nextTry = .now() + Self.retryInterval
+            logger.debug("recording \(output.name): still cannot write: \(error.message)")
+            return false
+        }
+        waitingForSpace = nil
         segmentStart = dts
         join.restart(at: dts)
-        logger.info("recording \(output.name): next segment \(path)")
-        RecordingRetention.apply(segments, owner: output.name, keeping: path, manifest: manifest, logger: logger)
+        output.status.clearError()
+        output.status.set(.recording)
+        logger.notice("recording \(output.name): writing again, in \(recording.path)")
+        return true
     }
 }
 
