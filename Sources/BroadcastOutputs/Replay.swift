@@ -375,6 +375,11 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
         let path = RecordingRetention.nextPath(pathTemplate, manifest: manifest)
         let started = MonotonicClock().now()
         do throws(BroadcastError) {
+            // Conversions in the directories (`%Y/%m/%d-%H%M%S.mp4`) name directories to create, as
+            // for recordings.
+            if let problem = RecordingTemplate.makeParentDirectories(of: path) {
+                throw BroadcastError(.outputFailed, "replay \(output.name): \(problem)")
+            }
             let recording = try Recording(path: path, streams: streams, logger: logger)
             manifest?.recordCreated(recording, owner: output.name)
             do throws(BroadcastError) {

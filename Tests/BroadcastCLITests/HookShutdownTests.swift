@@ -32,33 +32,26 @@ import Testing
         dir.contents.filter { $0.hasPrefix("seg-") && $0.hasSuffix(".mkv") }.map { dir.path($0) }.sorted()
     }
 
-    /// Waits until the daemon's log says `count` files were finished (its hooks queued).
-    static func waitForFiles(_ daemon: Child, _ count: Int) -> Bool {
-        daemon.waitForStderr(timeout: 120) { $0.components(separatedBy: "on_file_finished for rec").count > 0 && segmentsFinished($0) >= count }
+    /// Starts a daemon whose segments of 1 s run `hook`, lets it write `files` segment files, and
+    /// stops it (SIGTERM); returns how it ended.
+    static func record(_ dir: TemporaryDirectory, hook: String, files: Int) throws -> ProcessResult {
+        let (daemon, socket) = try launchDaemon(dir, outputs: outputs(dir, hook: hook))
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        _ = try waitUntilRecording(socket)
+        for _ in 0..<600 where segments(dir).count < files { usleep(100_000) }
+        daemon.signal(SIGTERM)
+        return daemon.wait(timeout: 120)
     }
 
-    static func segmentsFinished(_ log: String) -> Int {
-        log.components(separatedBy: "\n").filter { $0.contains("segment") && $0.contains("finished") }.count
-    }
-
-    /// SIGTERM while commands are queued and running (each takes 1.5 s): the daemon waits for
+    /// SIGTERM while commands are queued and running (each takes 1 s): the daemon waits for
     /// them, so every file it finished has had its command (before: the queue was dropped at exit).
     @Test func theLastFilesCommandsRunBeforeTheDaemonExits() throws {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
         let ran = dir.path("ran.log")
-        let hook = try Self.hook(dir, "slow.sh", "sleep 1.5; echo \"$1\" >> '\(ran)'")
-        let (daemon, socket) = try launchDaemon(dir, outputs: Self.outputs(dir, hook: hook))
-        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
-        _ = try waitUntilRecording(socket)
-        // Four segments finished: their commands queue up behind the slow first one.
-        var files: [String] = []
-        for _ in 0..<600 where files.count < 5 {
-            files = Self.segments(dir)
-            usleep(100_000)
-        }
-        daemon.signal(SIGTERM)
-        let r = daemon.wait(timeout: 90)
+        let hook = try Self.hook(dir, "slow.sh", "sleep 1; echo \"$1\" >> '\(ran)'")
+        // Four segments finished, a fifth begun: their commands queue up behind the slow first one.
+        let r = try Self.record(dir, hook: hook, files: 5)
         #expect(r.status == 0, "\(r.stderr.suffix(3000))")
         let finished = Self.segments(dir)
         let done = Set(Self.lines(ran))
@@ -96,16 +89,7 @@ import Testing
         defer { dir.cleanup() }
         let ran = dir.path("ran.log")
         let stuck = try Self.hook(dir, "stuck.sh", "sleep 600")
-        let (first, socket) = try launchDaemon(dir, outputs: Self.outputs(dir, hook: stuck))
-        defer { first.signal(SIGKILL); _ = first.wait(timeout: 10) }
-        _ = try waitUntilRecording(socket)
-        var files: [String] = []
-        for _ in 0..<600 where files.count < 3 {
-            files = Self.segments(dir)
-            usleep(100_000)
-        }
-        first.signal(SIGTERM)
-        let r1 = first.wait(timeout: 120)
+        let r1 = try Self.record(dir, hook: stuck, files: 3)
         #expect(r1.status == 0, "\(r1.stderr.suffix(3000))")
         #expect(r1.stderr.contains("not done after"), "the cut said so: \(r1.stderr.suffix(3000))")
         let finished = Set(Self.segments(dir))

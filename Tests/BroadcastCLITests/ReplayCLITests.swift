@@ -189,6 +189,30 @@ func offsetInRecording(_ replay: [ProbedPacket], recording: [ProbedPacket]) -> D
         return outputs.first { $0["name"] as? String == "replay" } ?? [:]
     }
 
+    /// A save's path template with conversions in its directories makes them, as a recording's does
+    /// (a save into `%Y/%m/` failed: "No such file or directory").
+    @Test func savesIntoDirectoriesTheTemplateNames() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let (daemon, socket) = try launchDaemon(dir, outputs: """
+            [[output]]
+            name = "replay"
+            replay = "4s"
+            path = "\(dir.path("saves"))/%Y/%m/%H-%M-%S.mp4"
+            """)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        _ = try waitUntilRecording(socket)
+        usleep(1_500_000)
+        let saved = try broadcast(["replay", "save", "--socket", socket])
+        #expect(saved.status == 0, "\(saved.stdout) \(saved.stderr)")
+        let path = json(saved.stdout)["path"] as? String ?? ""
+        let parts = path.dropFirst(dir.path("saves/").count).split(separator: "/")
+        #expect(parts.count == 3 && parts[0].count == 4 && parts[1].count == 2, "saved at \(path)")
+        #expect(FileManager.default.fileExists(atPath: path), "\(path)")
+        daemon.signal(SIGTERM)
+        #expect(daemon.wait(timeout: 60).status == 0)
+    }
+
     @Test func savesOnRequestWithHooksPausesAndErrors() throws {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
