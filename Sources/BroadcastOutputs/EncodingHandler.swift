@@ -56,9 +56,18 @@ public struct EncodingConfiguration: Sendable {
         }
         for output in allOutputs {
             if case .file(let path) = output.destination {
-                // A replay's path is a strftime template: check what it gives now.
-                try Recording.validate(
-                    path: output.replay != nil ? RecordingRetention.expand(path) : path, overwrite: output.overwrite)
+                guard output.replay != nil else {
+                    try Recording.validate(path: path, overwrite: output.overwrite)
+                    continue
+                }
+                // A replay's path is a strftime template: check what it gives now, unless its
+                // directories have conversions too (each save makes them): then the container.
+                let now = RecordingRetention.expand(path)
+                if Recording.directory(of: now) == RecordingTemplate.baseDirectory(of: path) {
+                    try Recording.validate(path: now, overwrite: output.overwrite)
+                } else {
+                    _ = try Recording.container(for: now)
+                }
             }
         }
         try OutputConfiguration.checkDistinctFiles(allOutputs)

@@ -249,11 +249,14 @@ func offsetInRecording(_ replay: [ProbedPacket], recording: [ProbedPacket]) -> D
         let up = try waitUntilRecording(socket)
         #expect(up.contains("\"kind\":\"replay\""), "\(up)")
 
-        // Right after the start: less than 4 s is there; the file is shorter and says so.
+        // Right after the start: less than 4 s is there (on a quiet host); the file is shorter and
+        // says so. A busy host may have buffered 4 s by the time the save comes: then it is not.
         let early = try broadcast(["replay", "save", "--socket", socket])
         #expect(early.status == 0, "\(early.stderr)")
         let earlyAnswer = json(early.stdout)
-        #expect(earlyAnswer["shorter_than_asked"] as? Bool == true, "\(early.stdout)")
+        let earlySeconds = earlyAnswer["seconds"] as? Double ?? 0
+        let saidShorter = earlyAnswer["shorter_than_asked"] as? Bool
+        #expect(earlySeconds > 0 && (earlySeconds < 3.99 ? saidShorter == true : earlySeconds > 4 ? saidShorter == false : saidShorter != nil), "\(early.stdout)")
         var paths: [String] = []
         if let p = earlyAnswer["path"] as? String { paths.append(p) }
 
