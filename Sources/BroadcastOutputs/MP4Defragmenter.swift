@@ -27,6 +27,27 @@ enum MP4Defragmenter {
         var description: String { reason }
     }
 
+    /// How many complete fragments (a `moof` followed by its whole `mdat`) the fragmented file at
+    /// `path` holds; nil when it cannot be read.
+    static func completeFragments(in path: String) -> Int? {
+        guard let input = try? File(path: path, mode: .readOnly) else { return nil }
+        // Closing what was only read: a failure there loses nothing.
+        defer { try? input.close() }
+        var offset: Int64 = 0
+        var count = 0
+        var afterMoof = false
+        while let box = (try? input.boxHeader(at: offset)) ?? nil, box.end <= input.size {
+            if box.type == "moof" {
+                afterMoof = true
+            } else {
+                if box.type == "mdat", afterMoof { count += 1 }
+                afterMoof = false
+            }
+            offset = box.end
+        }
+        return count
+    }
+
     /// Reads `source` (fragmented) and writes the regular file into `destination` (an existing
     /// file, truncated), or through `descriptor` (an empty file `destination` names, created by
     /// the caller; taken: closed however this ends). The destination is left unfinished when this throws.

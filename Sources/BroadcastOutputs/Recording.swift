@@ -216,6 +216,8 @@ public final class Recording {
     private var finished = false
     /// Packets handed to the muxer: a recording that got none holds no media.
     public private(set) var packetsWritten = 0
+    /// What the header took (the file's size before any media).
+    private var headerBytes: Int64 = 0
 
     /// Creates the file and writes the header. On failure nothing is left behind, and nothing that
     /// was there before is touched. `overwrite`: an existing file may be replaced (at the end, when
@@ -253,6 +255,7 @@ public final class Recording {
             // FLV would try to seek back to its header to write the duration and size.
             if target.kind == .stream, container == .flv { options["flvflags"] = "no_duration_filesize" }
             try muxer.writeHeader(options: options, seekable: target.kind != .stream)
+            headerBytes = muxer.bytesWritten
             self.muxer = muxer
         } catch {
             // Only what this run created goes: never the target of a stream, never a replaced file.
@@ -410,7 +413,22 @@ public final class Recording {
         guard packetsWritten > 0 else { return discard() }
         finished = true
         muxer = nil
+        // What reached the disk may be no media at all (a fragmented MP4 whose first fragment did
+        // not fit, or only the header): this run's own file then goes, as an empty one would.
+        if target.kind != .stream, !holdsMedia() {
+            unlink(writingPath)
+            logger.notice("recording \(path): closed after a write error before any media reached the disk; the file was removed\(replacementNote)")
+            return
+        }
         logger.notice("recording \(path): closed unfinished after a write error; what was written is kept\(replacementNote)")
+    }
+
+    /// Whether the file as written holds media: for MP4/MOV a complete fragment, for the others
+    /// more than the header.
+    private func holdsMedia() -> Bool {
+        if container.isFinalizedByRemux { return (MP4Defragmenter.completeFragments(in: writingPath) ?? 1) > 0 }
+        var info = stat()
+        return stat(writingPath, &info) != 0 || Int64(info.st_size) > headerBytes
     }
 
     /// Closes the file without finalizing and deletes it if this run created it (a broadcast that
