@@ -68,8 +68,11 @@ public final class FileFinishedHook: Sendable {
     }
 
     private func queue(_ path: String) {
-        Self.active.withLock { $0[ObjectIdentifier(self)] = self }
-        pending.wrappingIncrement(ordering: .acquiringAndReleasing)
+        // Listed and counted in one step, so the drain's unlisting (below) never misses a command.
+        Self.active.withLock {
+            $0[ObjectIdentifier(self)] = self
+            pending.wrappingIncrement(ordering: .acquiringAndReleasing)
+        }
         queue.push(path)
         // The thread runs while there is work and ends when the queue is empty.
         if !running.exchange(true, ordering: .acquiringAndReleasing) {
@@ -96,7 +99,11 @@ public final class FileFinishedHook: Sendable {
                 // A path queued between the last look and the store above finds running false and
                 // starts a thread of its own only if this one is gone: look once more.
                 batch = queue.takeAll()
-                if batch.isEmpty { return }
+                if batch.isEmpty {
+                    // Nothing queued or running: no longer one the program's end waits for.
+                    Self.active.withLock { if pending.load(ordering: .acquiring) == 0 { $0[ObjectIdentifier(self)] = nil } }
+                    return
+                }
                 if running.exchange(true, ordering: .acquiringAndReleasing) {
                     // Another thread took over; hand the paths back to it.
                     for path in batch { queue.push(path) }
