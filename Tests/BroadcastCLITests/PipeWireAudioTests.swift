@@ -71,11 +71,15 @@ struct PipeWireAudioTests {
         try Self.tone(dir.path("tone.wav"), frequency: 1000, seconds: 2)
         let file = dir.path("desktop.mp4")
         let recording = try desktop.start(broadcastBinary, [
-            "record", file, "--video", "none", "--audio-mic", "none", "--audio-app", "desktop", "--duration", "5s", "-q",
+            "record", file, "--video", "none", "--audio-mic", "none", "--audio-app", "desktop", "--duration", "60s", "-q",
         ])
         try desktop.waitForBroadcastLink(from: "test_sink")
         let play = try desktop.run("/usr/bin/pw-play", [dir.path("tone.wav")])
         #expect(play.status == 0, "pw-play: \(play.stderr)")
+        // Ended by the person once the tone played (a fixed --duration ended a loaded run's
+        // recording before pw-play got going: silence throughout); the capture may run behind.
+        Thread.sleep(forTimeInterval: 2)
+        recording.signal(SIGINT)
         let r = recording.wait(timeout: 60)
         #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
         #expect(r.stderr.contains("linked to test_sink"), "\(r.stderr.suffix(2000))")
@@ -143,11 +147,13 @@ struct PipeWireAudioTests {
         try Self.tone(dir.path("voice.wav"), frequency: 440, seconds: 2, channels: 1)
         let file = dir.path("mic.mp4")
         let recording = try desktop.start(broadcastBinary, [
-            "record", file, "--video", "none", "--audio-mic", "default", "--audio-app", "none", "--duration", "5s", "-q",
+            "record", file, "--video", "none", "--audio-mic", "default", "--audio-app", "none", "--duration", "60s", "-q",
         ])
         try desktop.waitForBroadcastLink(from: "test_mic")
         let play = try desktop.run("/usr/bin/pw-play", ["--target", "test_mic_input", dir.path("voice.wav")])
         #expect(play.status == 0, "pw-play: \(play.stderr)")
+        Thread.sleep(forTimeInterval: 2)
+        recording.signal(SIGINT)
         let r = recording.wait(timeout: 60)
         #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
         #expect(r.stderr.contains("linked to test_mic"), "\(r.stderr.suffix(2000))")
