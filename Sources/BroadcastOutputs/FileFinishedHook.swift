@@ -127,12 +127,11 @@ public final class FileFinishedHook: Sendable {
     @discardableResult
     public static func finishAll(within bound: Duration, logger: Logger) -> Int {
         let hooks = active.withLock { Array($0.values) }
-        let clock = MonotonicClock()
-        let deadline = clock.now() + Int64(bound.components.seconds) * 1_000_000_000 + bound.components.attoseconds / 1_000_000_000
+        let deadline = MonotonicInstant.now() + bound
         func left() -> Int { hooks.reduce(0) { $0 + max(0, $1.pending.load(ordering: .acquiring)) } }
         var waiting = left()
         if waiting > 0 { logger.notice("waiting up to \(bound) for \(waiting) on_file_finished command(s)") }
-        while waiting > 0, clock.now() < deadline {
+        while waiting > 0, MonotonicInstant.now() < deadline {
             usleep(50_000)
             waiting = left()
         }
@@ -140,8 +139,8 @@ public final class FileFinishedHook: Sendable {
         logger.warning("on_file_finished: \(waiting) command(s) not done after \(bound): the running ones are stopped, the queued ones run at the next start")
         for hook in hooks { hook.cuttingShort.store(true, ordering: .releasing) }
         // The threads see the flag within a poll (the running command is signalled, the queue skipped).
-        let stopped = clock.now() + 5_000_000_000
-        while left() > 0, clock.now() < stopped { usleep(50_000) }
+        let stopped = MonotonicInstant.now() + .seconds(5)
+        while left() > 0, MonotonicInstant.now() < stopped { usleep(50_000) }
         return waiting
     }
 
@@ -232,7 +231,7 @@ public final class FileFinishedHook: Sendable {
             logger.error("on_file_finished for \(outputName) (\(path)): cannot run \(argv[0]): \(String(cString: strerror(rc)))")
             return true
         }
-        let (status, stopped) = waitForExit(pid, startedAt: start, path: path)
+        let (status, stopped) = waitForExit(pid, path: path)
         let seconds = Double((MonotonicClock().now() - start) / 1_000_000) / 1000
         if stopped == .programEnding {
             logger.warning("on_file_finished for \(outputName) (\(path)): \(argv[0]) stopped after \(seconds) s, the program is ending; the next start runs it again")
@@ -258,17 +257,17 @@ public final class FileFinishedHook: Sendable {
 
     /// Waits for the command to exit; past `timeout`, or when the program's end cuts it short,
     /// sends SIGTERM, and SIGKILL 2 s later. (A poll every 20 ms on the hook's own thread.)
-    private func waitForExit(_ pid: pid_t, startedAt start: Int64, path: String) -> (status: Int32, stopped: Stopped) {
-        let clock = MonotonicClock()
-        let limit = start + Int64(timeout.components.seconds) * 1_000_000_000 + timeout.components.attoseconds / 1_000_000_000
+    private func waitForExit(_ pid: pid_t, path: String) -> (status: Int32, stopped: Stopped) {
+        let limit = MonotonicInstant.now() + timeout
         var status: Int32 = 0
         var stopped = Stopped.no
-        var terminatedAt: Int64?
+        var terminatedAt: MonotonicInstant?
+        var killed = false
         while true {
             let r = waitpid(pid, &status, WNOHANG)
             if r == pid { return (status, stopped) }
             if r < 0 && errno != EINTR { return (status, stopped) }
-            let now = clock.now()
+            let now = MonotonicInstant.now()
             if terminatedAt == nil {
                 if cuttingShort.load(ordering: .acquiring) {
                     stopped = .programEnding
@@ -280,9 +279,9 @@ public final class FileFinishedHook: Sendable {
                     kill(-pid, SIGTERM)
                     terminatedAt = now
                 }
-            } else if let at = terminatedAt, now - at >= 2_000_000_000 {
+            } else if let at = terminatedAt, !killed, now >= at + .seconds(2) {
                 kill(-pid, SIGKILL)
-                terminatedAt = .max / 2
+                killed = true
             }
             usleep(20_000)
         }

@@ -799,20 +799,14 @@ enum MP4Defragmenter {
         let size: Int64
         let path: String
 
-        init(path: String, mode: FileDescriptor.AccessMode, options: FileDescriptor.OpenOptions = []) throws {
+        convenience init(path: String, mode: FileDescriptor.AccessMode, options: FileDescriptor.OpenOptions = []) throws {
+            let fd: FileDescriptor
             do {
                 fd = try FileDescriptor.open(FilePath(path), mode, options: options.union(.closeOnExec))
             } catch {
                 throw File.error("opening \(path)", error)
             }
-            self.path = path
-            var info = stat()
-            guard fstat(fd.rawValue, &info) == 0 else {
-                let error = Errno(rawValue: errno)
-                try? fd.close()
-                throw File.error("reading the size of \(path)", error)
-            }
-            size = Int64(info.st_size)
+            try self.init(descriptor: fd, path: path)
         }
 
         /// A file already open as `fd` (taken: closed by `close()`, or here when this throws).

@@ -32,8 +32,8 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
     /// Where the current segment starts, in the encoder's time (ns).
     private var segmentStart: Int64?
     /// After a write failed (a full disk): the file was closed with what it holds, packets are
-    /// dropped, and a new file is tried at a keyframe from `nextTry` on; nil while writing.
-    private var waitingForSpace: (nextTry: MonotonicInstant, message: String)?
+    /// dropped, and a new file is tried at a keyframe from this instant on; nil while writing.
+    private var nextTryAfterFailure: MonotonicInstant?
     /// How often a recording whose writes failed tries a new file.
     static let retryInterval = Duration.seconds(2)
 
@@ -112,8 +112,8 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
                 status.set(.recording)
                 bitrate.restart(at: .now())
             }
-            if let waiting = waitingForSpace {
-                guard isStartPoint(packet), MonotonicInstant.now() >= waiting.nextTry, goOnInNewFile(at: dts) else {
+            if let nextTry = nextTryAfterFailure {
+                guard isStartPoint(packet), MonotonicInstant.now() >= nextTry, goOnInNewFile(at: dts) else {
                     status.drop(.writeFailed)
                     continue
                 }
@@ -126,7 +126,6 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
                     try startNextSegment(segments, at: dts)
                 } catch {
                     writeFailed(error)
-                    status.drop(.writeFailed)
                     continue
                 }
             }
@@ -140,7 +139,6 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
                 try recording.write(packet, shiftNanoseconds: join.shift)
             } catch {
                 writeFailed(error)
-                status.drop(.writeFailed)
                 continue
             }
             status.sent(packet)
@@ -149,7 +147,7 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
             status.setBacklog(max(0, feed.newestDTS.load(ordering: .relaxed) - dts))
         }
         // Still waiting for space at the end: what the last file holds is kept as it was closed.
-        if waitingForSpace != nil {
+        if nextTryAfterFailure != nil {
             feed.close()
             return
         }
@@ -201,17 +199,19 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
 
     /// A write (or the next segment's start) failed, as on a full disk: the current file is
     /// closed with what it holds, the output says `failed` with why, and it tries a new file every
-    /// `retryInterval` at a keyframe (`goOnInNewFile`) instead of ending.
+    /// `retryInterval` at a keyframe (`goOnInNewFile`) instead of ending. The packet it was
+    /// writing is dropped.
     private func writeFailed(_ error: BroadcastError) {
         recording.abandon()
-        let message = "\(error.message); going on in a new file when it can be written"
-        if waitingForSpace == nil {
+        output.status.drop(.writeFailed)
+        if nextTryAfterFailure == nil {
+            let message = "\(error.message); going on in a new file when it can be written"
             output.status.setError(message)
             output.status.set(.failed)
             output.status.bitrate.store(0, ordering: .relaxed)
             logger.error("recording \(output.name): \(message)")
         }
-        waitingForSpace = (.now() + Self.retryInterval, message)
+        nextTryAfterFailure = .now() + Self.retryInterval
     }
 
     /// Tries the next file after a failure, starting at the keyframe at `dts`; true when it is open.
@@ -220,11 +220,11 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
         do {
             recording = try openFile(RecordingRetention.nextPath(template, after: recording.path, manifest: manifest))
         } catch {
-            waitingForSpace?.nextTry = .now() + Self.retryInterval
+            nextTryAfterFailure = .now() + Self.retryInterval
             logger.debug("recording \(output.name): still cannot write: \(error.message)")
             return false
         }
-        waitingForSpace = nil
+        nextTryAfterFailure = nil
         segmentStart = dts
         join.restart(at: dts)
         output.status.clearError()

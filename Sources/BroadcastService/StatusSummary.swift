@@ -82,7 +82,7 @@ public struct StatusSummary: Sendable {
                 if drops > 0 { figures.append("\(Self.count(drops)) dropped") }
                 if let reconnects = output["reconnects"]?.numberValue, reconnects > 0 { figures.append("\(Self.count(reconnects)) reconnects") }
                 text += " " + figures.joined(separator: ", ")
-                lines.append(Self.fitted(text, width))
+                lines.append(text)
                 if let target = output["target"]?.stringValue {
                     lines.append(indent + Self.shortened(target, width - indent.count))
                 }
@@ -99,8 +99,10 @@ public struct StatusSummary: Sendable {
         }
         if !events.isEmpty {
             lines.append("events:")
-            for event in events { lines.append(Self.fitted("  " + event, width)) }
+            for event in events { lines.append("  " + event) }
         }
+        // Every line cut to the width at its end (those above that say most at both ends were cut
+        // in the middle already).
         return lines.map { Self.fitted($0, width) }.joined(separator: "\n") + "\n"
     }
 

@@ -14,14 +14,24 @@ struct ControlOptions: ParsableArguments {
 
     /// Sends one request, prints the answer; a refusal (4xx/5xx) exits 1 with the daemon's message.
     func call(_ method: String, _ path: String) throws {
-        let (status, body) = try ControlClient(socketPath: socket).send(method: method, path: path)
-        let text = String(decoding: body, as: UTF8.self)
-        if status >= 400 {
-            FileStandardError.write("broadcast: the daemon refused: \(text)")
-            throw ExitCode.failure
-        }
+        let text = try answer(ControlClient(socketPath: socket), method, path)
         print(text, terminator: text.hasSuffix("\n") ? "" : "\n")
     }
+}
+
+/// The daemon's answer to one request; a refusal (4xx/5xx) is the command's error (exit 1, the
+/// daemon's message).
+func answer(_ client: ControlClient, _ method: String, _ path: String) throws -> String {
+    let (status, body) = try client.send(method: method, path: path)
+    let text = String(decoding: body, as: UTF8.self)
+    if status >= 400 { throw refused(text) }
+    return text
+}
+
+/// Says the daemon's refusal; the command exits 1.
+func refused(_ text: String) -> ExitCode {
+    FileStandardError.write("broadcast: the daemon refused: \(text)")
+    return ExitCode.failure
 }
 
 struct Status: ParsableCommand {
@@ -94,12 +104,8 @@ struct Status: ParsableCommand {
 
 /// The daemon's status document, or the daemon's refusal as the command's error.
 func fetchStatus(_ client: ControlClient) throws -> JSONValue {
-    let (status, body) = try client.send(method: "GET", path: "/v1/status")
-    let text = String(decoding: body, as: UTF8.self)
-    guard status < 400, let document = JSONValue.parse(text) else {
-        FileStandardError.write("broadcast: the daemon refused: \(text)")
-        throw ExitCode.failure
-    }
+    let text = try answer(client, "GET", "/v1/status")
+    guard let document = JSONValue.parse(text) else { throw refused(text) }
     return document
 }
 
