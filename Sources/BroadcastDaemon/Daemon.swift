@@ -558,7 +558,7 @@ final class BroadcastController: Sendable {
                 configuration.hookTimeout = output.hookTimeout
                 return configuration
             case .live(let url):
-                let destination = try OutputDestination.parse(url)
+                let destination = try OutputDestination.parse(url).withWHIPToken(output.token)
                 // The config check refuses this; a file made of a URL without a scheme never is.
                 guard destination.isLive else { throw BroadcastError(.invalidArgument, "output \(output.name): url is not a stream URL (no scheme)") }
                 var live = LiveStreamSettings()
