@@ -37,7 +37,7 @@ for pt, profile in ((120, "64001f"), (121, "640c1f"), (122, "4d001f")):
 
 state = {
     "posts": 0, "refused": 0, "deletes": 0, "sessions": 0, "video_frames": 0, "audio_frames": 0,
-    "video_codec": None, "audio_codec": None, "keyframes": [], "pli_at": None, "white_frames": 0, "beeps": 0,
+    "video_codec": None, "audio_codec": None, "keyframes": [], "pli_at": None, "white_frames": 0, "beeps": 0, "white_runs": [],
 }
 sender_reports = {}  # kind -> (ntp seconds, rtp timestamp)
 ssrcs = {}  # kind -> ssrc
@@ -104,8 +104,9 @@ def sender_time(kind, rtp, clock):
 
 
 async def consume(track, stop):
-    state[track.kind + "_codec"] = "pending"
     quiet = 0  # samples since the last loud one
+    run = 0  # white frames in a row
+    last_white = None
     while not stop.is_set():
         try:
             frame = await track.recv()
@@ -115,9 +116,19 @@ async def consume(track, stop):
             state["video_frames"] += 1
             luma = bytes(frame.planes[0])
             sample = luma[:: max(1, len(luma) // 4096)]
-            if sum(sample) / len(sample) > 200:
-                state["white_frames"] += 1
-                white_rtp.append(frame.pts)
+            mean = sum(sample) / len(sample)
+            # The flash is one frame: a white frame counts once the next one is not white (a run of
+            # them is counted apart, as something else).
+            if mean > 200:
+                run += 1
+                last_white = frame.pts
+            else:
+                if run == 1:
+                    state["white_frames"] += 1
+                    white_rtp.append(last_white)
+                elif run > 1:
+                    state["white_runs"].append(run)
+                run = 0
         else:
             state["audio_frames"] += 1
             samples = array.array("h", bytes(frame.planes[0]))
@@ -162,10 +173,16 @@ async def post(request):
         # only ECDSA cipher suites, and GStreamer 1.22's webrtcbin certificate is RSA, which a
         # client may present but a server could not use with them.
         transceiver.receiver.transport._set_role("server")
-        codecs = [c.mimeType for c in transceiver._codecs] if transceiver._codecs else []
-        state[transceiver.kind + "_codec"] = codecs[0] if codecs else None
     answer = await pc.createAnswer()
     await pc.setLocalDescription(answer)
+    # The codec each m-section settled on: the answer's first rtpmap.
+    kind = None
+    for line in pc.localDescription.sdp.splitlines():
+        if line.startswith("m="):
+            kind = line[2:].split()[0]
+        elif line.startswith("a=rtpmap:") and kind and not state.get(kind + "_codec_set"):
+            state[kind + "_codec"] = line.split()[1]
+            state[kind + "_codec_set"] = True
     state["sessions"] += 1
     headers = {"Location": f"/session/{session}", "Content-Type": "application/sdp"}
     if args.link:
@@ -197,9 +214,13 @@ async def get_state(request):
     result = dict(state)
     now = time.monotonic()
     result["keyframe_ages"] = [now - k["at"] for k in state["keyframes"]]
+    # A keyframe the encoder made on request rather than at a scene cut (the test pattern's white
+    # frame each second makes x264 start one): more than two frames from every white frame.
+    forced = [k for k in state["keyframes"] if all(abs((k["rtp"] - w + 2**31) % 2**32 - 2**31) > 6000 for w in white_rtp)]
+    result["forced_keyframes"] = len(forced)
     if state["pli_at"] is not None:
-        after = [k["at"] - state["pli_at"] for k in state["keyframes"] if k["at"] >= state["pli_at"]]
-        result["keyframe_after_pli"] = after[0] if after else None
+        after = [k["at"] - state["pli_at"] for k in forced if k["at"] >= state["pli_at"]]
+        result["forced_keyframe_after_pli"] = after[0] if after else None
     del result["keyframes"]
     result["keyframes"] = len(state["keyframes"])
     # Each white frame against the nearest beep onset, on the sender's clock (seconds, audio - video).
