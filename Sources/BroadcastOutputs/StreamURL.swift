@@ -48,7 +48,10 @@ public struct StreamURL: Sendable, Hashable, CustomStringConvertible {
     public private(set) var token: String?
 
     /// WHIP: the endpoint's own URL (https:// or http://).
-    public var endpoint: String { scheme.isWHIP ? String(url[url.index(url.startIndex, offsetBy: 5)...]) : url }
+    public var endpoint: String {
+        guard scheme.isWHIP, let rest = url.firstRange(of: "://") else { return url }
+        return (scheme == .whipHTTPS ? "https" : "http") + url[rest.lowerBound...]
+    }
 
     /// This URL with `token` as its bearer token (nil: none), the token among its secrets.
     public func withToken(_ token: String?) -> StreamURL {

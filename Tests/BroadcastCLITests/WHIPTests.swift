@@ -180,6 +180,57 @@ private func number(_ state: [String: Any], _ key: String) -> Double { (state[ke
         #expect(number(state, "posts") == 1 && number(state, "sessions") == 1, "\(state)")
     }
 
+    /// The daemon's WHIP output (`token = "${WHIP_TOKEN}"`): RTCP's round-trip time and loss in
+    /// /v1/status and /metrics, the token in neither; the DELETE when the daemon stops.
+    @Test func daemonReportsRTCPFiguresAndKeepsTheTokenSecret() throws {
+        let endpoint = try WHIPEndpoint(token: Self.token)
+        defer { endpoint.stop() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        let config = """
+            [video]
+            size = "320x240"
+            [control]
+            socket = "\(socket)"
+            [[output]]
+            name = "webrtc"
+            url = "\(endpoint.url)"
+            token = "${WHIP_TOKEN}"
+            """
+        let daemon = try spawnDaemon(config: config, in: dir, environment: ["WHIP_TOKEN": Self.token])
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        func get(_ path: String) -> String {
+            (try? run("/usr/bin/curl", ["-s", "--unix-socket", socket, "http://localhost\(path)"]))?.stdout ?? ""
+        }
+        var webrtc: [String: Any] = [:]
+        var status = ""
+        let deadline = Date().addingTimeInterval(60)
+        while Date() < deadline {
+            status = get("/v1/status")
+            if let json = try? JSONSerialization.jsonObject(with: Data(status.utf8)) as? [String: Any],
+                let output = (json["outputs"] as? [[String: Any]])?.first, let figures = output["webrtc"] as? [String: Any],
+                figures["round_trip_ms"] is NSNumber, figures["packets_lost"] is NSNumber
+            {
+                webrtc = figures
+                break
+            }
+            usleep(250_000)
+        }
+        print("WHIP: daemon status webrtc = \(webrtc)")
+        #expect(!webrtc.isEmpty, "no RTCP figures in the status: \(status)")
+        let metrics = get("/metrics")
+        #expect(metrics.contains("broadcast_output_round_trip_seconds{output=\"webrtc\"}"), "\(metrics)")
+        #expect(metrics.contains("broadcast_output_packets_lost{output=\"webrtc\"}"))
+        #expect(metrics.contains("broadcast_output_keyframe_requests_total{output=\"webrtc\"}"))
+        #expect(!status.contains(Self.token) && !metrics.contains(Self.token))
+        daemon.signal(SIGTERM)
+        let ended = daemon.wait(timeout: 60)
+        #expect(ended.status == 0, "\(ended.stderr.suffix(2000))")
+        #expect(!ended.stderr.contains(Self.token))
+        #expect(try endpoint.number("deletes") == 1)
+    }
+
     @Test func aWrongTokenIsRefusedWithoutARetryStorm() throws {
         let endpoint = try WHIPEndpoint(token: Self.token)
         defer { endpoint.stop() }
