@@ -114,6 +114,13 @@ async def consume(track, stop):
             return
         if track.kind == "video":
             state["video_frames"] += 1
+            if band_out is not None:
+                # benchmarks/glass.py: the frame's top rows in grey, stamped as decoded.
+                now = time.monotonic_ns()
+                plane = frame.reformat(format="gray").planes[0]
+                rows = bytes(plane)
+                band = b"".join(rows[y * plane.line_size: y * plane.line_size + frame.width] for y in range(args.band_rows))
+                band_out.write(now.to_bytes(8, "little") + band)
             luma = bytes(frame.planes[0])
             sample = luma[:: max(1, len(luma) // 4096)]
             mean = sum(sample) / len(sample)
@@ -254,6 +261,9 @@ parser.add_argument("--port", type=int, required=True)
 parser.add_argument("--token")
 parser.add_argument("--link")
 parser.add_argument("--status-after-post", type=int, default=0)
+parser.add_argument("--band-out", help="write each decoded frame's top rows (grey) to this file, for benchmarks/glass.py")
+parser.add_argument("--band-rows", type=int, default=96)
 args = parser.parse_args()
+band_out = open(args.band_out, "wb", buffering=0) if args.band_out else None
 logging.basicConfig(level=logging.WARNING)
 asyncio.run(main())

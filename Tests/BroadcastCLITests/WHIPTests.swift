@@ -231,6 +231,17 @@ private func number(_ state: [String: Any], _ key: String) -> Double { (state[ke
         #expect(try endpoint.number("deletes") == 1)
     }
 
+    /// What WebRTC cannot take is refused before anything starts: exit 2, one line.
+    @Test(arguments: [
+        (["whip+http://127.0.0.1:1/whip/x", "--tune", "none"], "WebRTC takes no B-frames"),
+        (["rtmp://127.0.0.1:1/live/x", "--whip-token", "t0ken-abc"], "--whip-token applies to whip+https://"),
+    ])
+    func unsuitableSettingsAreRefused(arguments: [String], mentions: String) throws {
+        let r = try broadcast(["stream"] + arguments + ["--duration", "1s", "--size", "320x240"], timeout: 60)
+        #expect(r.status == 2, "\(r.stderr)")
+        #expect(r.stderr.contains(mentions), "\(r.stderr)")
+    }
+
     @Test func aWrongTokenIsRefusedWithoutARetryStorm() throws {
         let endpoint = try WHIPEndpoint(token: Self.token)
         defer { endpoint.stop() }
