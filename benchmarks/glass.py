@@ -163,8 +163,7 @@ class WHIPReader:
         self.proc = subprocess.Popen(
             [args.whip_python, os.path.join(root, "scripts", "whip-endpoint.py"), "--port", str(port),
              "--band-out", self.fifo, "--band-rows", str(BAND_H)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.proc.stdout.readline()  # "listening"
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
 
         def run():
             seen = set()
@@ -191,7 +190,8 @@ class WHIPReader:
                     self.samples.append((now, latency_units / 10.0 + (now % 100_000) / 1e6))
 
         self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
+        self.thread.start()  # opens the FIFO, which the endpoint waits for before it listens
+        self.proc.stdout.readline()  # "listening"
 
     collect = Reader.collect
 

@@ -363,6 +363,8 @@ public final class EncodingHandler: BroadcastSampleHandler {
             logger.notice("output \(output.name) \(desired.contains { $0.name == output.name } ? "ended for its replacement" : "removed") (\(output.target))")
         }
         outputControl.publish(next)
+        // Opus is encoded only while a WHIP output takes it.
+        if !next.contains(where: \.isWebRTC) { opusEncoder = nil }
         videoEncoder?.forceKeyframe()
         return changes
     }

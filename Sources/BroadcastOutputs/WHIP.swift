@@ -197,6 +197,8 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
     /// The viewer's keyframe requests seen, and when the encoder was last asked for one.
     private var keyframeRequestsSeen = 0
     private var keyframeAskedAt: MonotonicInstant?
+    /// A request came within the interval after the last one asked: asked when it has passed.
+    private var keyframePending = false
     /// When RTCP from the viewer last came (a connection that hears nothing is dead).
     private var rtcpSeen = 0
     private var rtcpAt = MonotonicInstant.now()
@@ -431,11 +433,13 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
         if requests != keyframeRequestsSeen {
             keyframeRequestsSeen = requests
             status.keyframeRequests.store(requests, ordering: .relaxed)
-            if keyframeAskedAt.map({ $0.duration(to: now) >= Self.keyframeRequestInterval }) ?? true {
-                keyframeAskedAt = now
-                output.keyframeRequest.store(true, ordering: .releasing)
-                logger.debug("stream \(url.redacted): the viewer asked for a keyframe (PLI/FIR)")
-            }
+            keyframePending = true
+        }
+        if keyframePending, keyframeAskedAt.map({ $0.duration(to: now) >= Self.keyframeRequestInterval }) ?? true {
+            keyframePending = false
+            keyframeAskedAt = now
+            output.keyframeRequest.store(true, ordering: .releasing)
+            logger.debug("stream \(url.redacted): the viewer asked for a keyframe (PLI/FIR)")
         }
         guard figuresAt.duration(to: now) >= .seconds(1), let figures = peer.figures() else { return }
         let window = figuresAt.duration(to: now)

@@ -107,9 +107,15 @@ private func number(_ state: [String: Any], _ key: String) -> Double { (state[ke
     @Test func mediaReachesAnIndependentWebRTCPeerInSync() throws {
         let endpoint = try WHIPEndpoint(token: Self.token)
         defer { endpoint.stop() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
         let r = try broadcast(
-            ["stream", endpoint.url, "--whip-token", Self.token, "--duration", "12s", "--size", "320x240", "--quiet"], timeout: 120)
+            ["stream", endpoint.url, "--whip-token", Self.token, "--duration", "12s", "--size", "320x240", "--quiet",
+             "--record", dir.path("copy.mkv")], timeout: 120)
         #expect(r.status == 0, "\(r.stderr)")
+        // The recording beside it keeps AAC: Opus is WHIP's alone.
+        let recording = try probe(dir.path("copy.mkv"))
+        #expect(recording.audio?.codec == "aac" && recording.video?.codec == "h264", "\(recording)")
         let state = try endpoint.state()
         let sent = try #require(packetsSent(r.stderr), "\(r.stderr)")
         let decoded = Int(number(state, "video_frames"))
