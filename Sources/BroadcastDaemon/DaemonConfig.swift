@@ -102,13 +102,15 @@ public struct DaemonConfiguration: Sendable {
             "audio": table([
                 Options.audioMic.setting(\.sources.audioMic), Options.audioApp.setting(\.sources.audioApp),
                 Options.audioPeriod.setting(\.sources.audioPeriodNanoseconds),
+                Options.micVolume.setting(\.encoder.micLevel.volumeDecibels), Options.appVolume.setting(\.encoder.appLevel.volumeDecibels),
+                Options.micMute.setting(\.encoder.micLevel.muted), Options.appMute.setting(\.encoder.appLevel.muted),
             ]),
             "encoder": table([
                 Options.videoBitrate.setting(\.encoder.videoBitrate), Options.audioBitrate.setting(\.encoder.audioBitrate),
                 Options.preset.setting(\.encoder.preset), Options.tune.setting(\.encoder.tune), Options.encoder.setting(\.encoder.encoder),
                 Options.keyframeInterval.setting(\.encoder.keyframeInterval), Options.rateControl.setting(\.encoder.rateControl),
                 Options.crf.setting(\.encoder.crf), Options.profile.setting(\.encoder.profile), Options.threads.setting(\.encoder.threads),
-                Options.frameRateMode.setting(\.encoder.frameRateMode),
+                Options.frameRateMode.setting(\.encoder.frameRateMode), Options.audioTracks.setting(\.encoder.audioTracks),
             ]),
             "limits": table([Options.memoryBudget.setting(\.memoryBudget)]),
         ]
@@ -266,7 +268,12 @@ public struct DaemonConfiguration: Sendable {
                     guard let setting = settings[key] else {
                         throw unknownKey(dotted, entry.line, known: settings.keys.sorted(), table: tableName)
                     }
-                    let value = try scalarText(entry, key: dotted, environment: environment)
+                    let value: String
+                    if case .boolean(let on) = entry.value, tableName == "audio", key.hasSuffix("_mute") {
+                        value = on ? "true" : "false"  // mic_mute = true
+                    } else {
+                        value = try scalarText(entry, key: dotted, environment: environment)
+                    }
                     do {
                         try setting.apply(&self, value)
                     } catch {

@@ -236,7 +236,7 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
         var buffer = ReplayBuffer<EncodedPacket>(settings: settings)
         var pending: [ReplaySave] = []
         var awaitingKeyframe = false
-        var join = PauseJoin(streamCount: streams.count)
+        var join = PauseJoin(streamCount: streams.streamIndexSpan)
         var newestVideo: Int64 = .min
         var newestAudio: Int64 = .min
         var lastOverflows = 0
