@@ -522,6 +522,19 @@ final class BroadcastController: Sendable {
         publishChanges()
     }
 
+    /// A reload's new `mic_volume`/`mic_mute` (`app_...`) apply at once, from the source's next
+    /// buffer; a level the reload did not change stays as the control API left it.
+    private func applyAudioLevels(of fresh: DaemonConfiguration, changedFrom previous: DaemonConfiguration, to running: Running, trigger: String) {
+        guard let control = running.audioControl else { return }
+        for (name, type, level, before) in [
+            ("mic", SampleBufferType.audioMic, fresh.encoder.micLevel, previous.encoder.micLevel),
+            ("app", .audioApp, fresh.encoder.appLevel, previous.encoder.appLevel),
+        ] where level != before && running.audioSources.contains(type) {
+            control.set(level, of: type)
+            logger.notice("\(trigger): \(name) audio at \(level.volumeDecibels) dB\(level.muted ? ", muted" : "")")
+        }
+    }
+
     /// The running broadcast's outputs; nil when no broadcast runs.
     func runningOutputs() -> [Output]? {
         guard let running = state.withLock({ $0.running }), running.session.state != .finished else { return nil }
@@ -647,9 +660,10 @@ final class BroadcastController: Sendable {
             logger.error("\(trigger): config not reloaded: \(error)")
             return .refused("\(error)")
         }
-        let running = state.withLock { state -> Running? in
+        let (running, previous) = state.withLock { state -> (Running?, DaemonConfiguration) in
+            let previous = state.config
             state.config = fresh
-            return state.running
+            return (state.running, previous)
         }
         if controlToken.current != fresh.token {
             controlToken.replace(with: fresh.token)
@@ -703,6 +717,7 @@ final class BroadcastController: Sendable {
                 : "the outputs change before the broadcast's next buffer; its thread was busy for \(Self.reloadPatience / 1_000_000_000) s"
         }
         let applied = sourceReload?.apply(to: running.session, logger: logger)
+        applyAudioLevels(of: fresh, changedFrom: previous, to: running, trigger: trigger)
         state.withLock { state in
             var definitions = Dictionary(fresh.outputs.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
             // An output still on its old settings is compared with them at the next reload.

@@ -105,10 +105,10 @@ struct EncoderOptions: ParsableArguments {
             valueName: "mode"))
     var audioTracks: String = Options.audioTracks.defaultText!
 
-    @Option(name: .customLong("mic-volume"), help: ArgumentHelp("The microphone's volume in dB, -60dB to +20dB (default 0dB: as captured).", valueName: "dB"))
+    @Option(name: .customLong("mic-volume"), help: ArgumentHelp("The microphone's volume in dB, -60dB to +20dB (0dB: as captured).", valueName: "dB"))
     var micVolume: String = Options.micVolume.defaultText!
 
-    @Option(name: .customLong("app-volume"), help: ArgumentHelp("The application audio's volume in dB, -60dB to +20dB (default 0dB).", valueName: "dB"))
+    @Option(name: .customLong("app-volume"), help: ArgumentHelp("The application audio's volume in dB, -60dB to +20dB.", valueName: "dB"))
     var appVolume: String = Options.appVolume.defaultText!
 
     @Option(help: ArgumentHelp("H.264 profile: baseline, main or high (default: the encoder's choice).", valueName: "name"))

@@ -157,4 +157,32 @@ import Testing
         #expect(app.filter { $0 > after + 0.1 }.count >= 2, "the application goes on: \(app)")
         #expect(mix.filter { $0 > after + 0.1 }.count >= 2, "the mix goes on with the application: \(mix)")
     }
+
+    /// A reload applies a changed `mic_mute`/`app_volume` at once; a level it does not change stays
+    /// as the control API left it.
+    @Test func reloadAppliesChangedLevelsOnly() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        func config(_ audio: String) -> String {
+            ["[video]", "size = \"320x180\"", "[audio]", "mic = \"test\"", "app = \"test\"", audio,
+             "[control]", "socket = \"\(socket)\"", "[[output]]", "name = \"rec\"", "path = \"\(dir.path("rec.mkv"))\""].joined(separator: "\n")
+        }
+        let daemon = try spawnDaemon(config: config(""), in: dir)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        let up = try waitUntilRecording(socket)
+        #expect(up.contains("\"mic\":{\"muted\":false"), "\(up)")
+        func reload(_ audio: String) throws -> String {
+            try config(audio).write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
+            let r = try broadcast(["reload", "--socket", socket])
+            #expect(r.status == 0, "\(r.stderr)")
+            return try broadcast(["status", "--json", "--socket", socket]).stdout
+        }
+        let muted = try reload("mic_mute = true")
+        #expect(muted.contains("\"mic\":{\"muted\":true,\"volume_db\":0}"), "\(muted)")
+        let unmuted = try broadcast(["unmute", "mic", "--socket", socket])
+        #expect(unmuted.status == 0 && unmuted.stdout.contains("\"mic\":{\"muted\":false"), "\(unmuted.stdout)")
+        let other = try reload("mic_mute = true\napp_volume = -3")
+        #expect(other.contains("\"mic\":{\"muted\":false,\"volume_db\":0},\"app\":{\"muted\":false,\"volume_db\":-3}"), "\(other)")
+    }
 }
