@@ -115,6 +115,15 @@ struct AudioTrackLayout: Sendable {
         self.tracks = tracks
     }
 
+    /// The tracks `configuration` asks for.
+    init(_ configuration: EncodingConfiguration) {
+        self.init(
+            mode: configuration.audioTracks, sources: configuration.audioSources,
+            singleTrackOutputs: configuration.allOutputs.contains {
+                Self.formatName(of: $0.destination).map(Self.carriesOneAudioTrack) ?? false
+            })
+    }
+
     var hasMix: Bool { tracks.first == .mix }
 
     /// Whether an output in `formatName` (libavformat's muxer name) holds one audio track only.
@@ -151,5 +160,13 @@ final class SourceTrack {
         self.encoder = encoder
         aligner = AudioMixer(
             channelCount: encoder.settings.channels, sampleRate: encoder.settings.sampleRate, expectedInputs: 1)
+    }
+}
+
+extension EncodingConfiguration {
+    /// How many audio tracks the handler encodes (0 without audio): what the queues are sized for.
+    public var audioTrackCount: Int {
+        guard audio != nil else { return 0 }
+        return AudioTrackLayout(self).tracks.count
     }
 }

@@ -234,11 +234,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 videoEncoder = encoder
             }
             if let audio = configuration.audio {
-                let layout = AudioTrackLayout(
-                    mode: configuration.audioTracks, sources: configuration.audioSources,
-                    singleTrackOutputs: configuration.allOutputs.contains {
-                        AudioTrackLayout.formatName(of: $0.destination).map(AudioTrackLayout.carriesOneAudioTrack) ?? false
-                    })
+                let layout = AudioTrackLayout(configuration)
                 audioLayout = layout
                 for track in layout.tracks {
                     let encoder = try AudioEncoder(

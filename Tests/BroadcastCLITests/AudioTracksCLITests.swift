@@ -72,6 +72,27 @@ import Testing
         try Self.expectEveryTrackInSync(local, tracks: 2, atLeast: 7)
     }
 
+    /// SRT carries MPEG-TS, which holds every track: the receiver gets what was asked.
+    @Test func srtGetsEveryTrackAsked() throws {
+        let protocols = try run("/usr/bin/ffmpeg", ["-hide_banner", "-protocols"])
+        try #require(protocols.stdout.contains("srt"), "this ffmpeg has no SRT")
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let port = try freePort()
+        let received = dir.path("received.ts")
+        let receiver = try Child(
+            "/usr/bin/ffmpeg", ["-nostdin", "-v", "error", "-f", "mpegts", "-i", "srt://127.0.0.1:\(port)?mode=listener", "-map", "0", "-c", "copy", "-y", received])
+        usleep(1_000_000)
+        let r = try broadcast(
+            ["stream", "srt://127.0.0.1:\(port)?mode=caller", "--audio-app", "test", "--audio-tracks", "both",
+             "--size", "320x180", "--preset", "ultrafast", "--video-bitrate", "1M", "--duration", "6s"],
+            timeout: 60)
+        let rr = receiver.wait(timeout: 20)
+        #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(3000))")
+        #expect(try Self.audioTitles(received).count == 3, "receiver: \(rr.stderr)")
+        try Self.expectEveryTrackInSync(received, tracks: 3, atLeast: 4)
+    }
+
     @Test(arguments: [
         (["--audio-tracks", "stereo"], "invalid --audio-tracks 'stereo': accepted are mixed, separate and both"),
         (["--mic-volume", "30dB"], "invalid --mic-volume '30dB': expected decibels from -60dB to +20dB"),
