@@ -75,6 +75,40 @@ struct AudioTracksTests {
         }
     }
 
+    /// A replay save of a `separate` broadcast holds both tracks, titled, in sync; an FLV replay
+    /// the mix (encoded for it).
+    @Test func replaySavesCarryTheTracks() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        var configuration = configuration([], mode: .separate)
+        configuration.outputs = ["mkv", "flv"].map {
+            OutputConfiguration(name: "replay-\($0)", destination: .file(directory.file("replay-%H%M%S.\($0)")), replay: ReplaySettings(seconds: 3))
+        }
+        let handler = EncodingHandler(configuration: configuration, logger: quietLogger(), realtime: false)
+        try handler.broadcastStarted(setupInfo: SetupInfo())
+        let saves = handler.replayOutputs.map { $0.saveReplay(upTo: 6_000_000_000)! }
+        try media.feed(handler, seconds: 8, audio: [.audioMic, .audioApp])
+        let results = saves.map { $0.wait(timeoutSeconds: 60) }
+        handler.broadcastFinished()
+        #expect(handler.failures.isEmpty, "\(handler.failures)")
+        let paths = results.compactMap { $0?.path }
+        #expect(paths.count == 2, "\(results)")
+        for path in paths {
+            let flv = path.hasSuffix(".flv")
+            #expect(try Self.audioTitles(path) == (flv ? [nil] : ["Microphone", "Desktop audio"]), "\(path)")
+            for track in 0..<(flv ? 1 : 2) {
+                let (white, sounds) = try markers(path, audioTrack: track)
+                #expect(white.count >= 3, "\(path): white frames \(white)")
+                let beeps = sounds.filter { $0 < (white.last ?? 0) + 0.5 }
+                #expect(beeps.count >= 2, "\(path) track \(track): beeps at \(sounds)")
+                for beep in beeps {
+                    let nearest = white.min { abs($0 - beep) < abs($1 - beep) } ?? .infinity
+                    #expect(abs(nearest - beep) <= 1.0 / 30, "\(path) track \(track): beep at \(beep), white frame at \(nearest)")
+                }
+            }
+        }
+    }
+
     /// `mixed` (the default) stays one untitled track, as before.
     @Test func mixedIsOneTrack() throws {
         let directory = try TemporaryDirectory()
