@@ -167,6 +167,9 @@ import Testing
         while try mediaSeconds() < after + 3.2 { usleep(200_000) }
         let stopped = try broadcast(["stop", "--socket", socket])
         #expect(stopped.status == 0, "\(stopped.stderr)")
+        let idle = try broadcast(["unmute", "mic", "--socket", socket])
+        #expect(idle.status == 1 && idle.stderr.contains("cannot unmute mic: no broadcast is running"), "\(idle.stderr)")
+        #expect(SocketConnection.request(socket, "POST", "/v1/audio/mic/unmute") == 409)
 
         #expect(try Self.audioTitles(file) == ["Mix", "Microphone", "Desktop audio"])
         let mix = try beepStartTimes(file, audioTrack: 0)
@@ -177,6 +180,21 @@ import Testing
         #expect(!mic.contains { $0 > after + 0.1 }, "the microphone beeped after the mute (answered at \(after) s): \(mic)")
         #expect(app.filter { $0 > after + 0.1 }.count >= 2, "the application goes on: \(app)")
         #expect(mix.filter { $0 > after + 0.1 }.count >= 2, "the mix goes on with the application: \(mix)")
+    }
+
+    /// A source the broadcast does not have cannot be muted (400, one line); the status lists only
+    /// the sources there are.
+    @Test func anAbsentSourceIsRefused() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        let (daemon, _) = try launchDaemon(dir, outputs: "[[output]]\nname = \"rec\"\npath = \"\(dir.path("rec.mkv"))\"\n")
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        let up = try waitUntilRecording(socket)
+        #expect(up.contains("\"audio\":{\"mic\":{\"muted\":false,\"volume_db\":0}}"), "\(up)")
+        let r = try broadcast(["mute", "app", "--socket", socket])
+        #expect(r.status == 1 && r.stderr.contains("cannot mute app: the broadcast has no app audio"), "\(r.stderr)")
+        #expect(SocketConnection.request(socket, "POST", "/v1/audio/app/mute") == 400)
     }
 
     /// A reload applies a changed `mic_mute`/`app_volume` at once; a level it does not change stays
