@@ -111,6 +111,12 @@ struct EncoderOptions: ParsableArguments {
     @Option(name: .customLong("app-volume"), help: ArgumentHelp("The application audio's volume in dB, -60dB to +20dB.", valueName: "dB"))
     var appVolume: String = Options.appVolume.defaultText!
 
+    @Flag(name: .customLong("mute-mic"), help: "Start with the microphone muted (silence in its track and the mix).")
+    var muteMic = false
+
+    @Flag(name: .customLong("mute-app"), help: "Start with the application audio muted.")
+    var muteApp = false
+
     @Option(help: ArgumentHelp("H.264 profile: baseline, main or high (default: the encoder's choice).", valueName: "name"))
     var profile: String?
 
@@ -134,6 +140,8 @@ struct EncoderOptions: ParsableArguments {
         settings.audioTracks = try Options.audioTracks.parse(audioTracks)
         settings.micLevel.volumeDecibels = try Options.micVolume.parse(micVolume)
         settings.appLevel.volumeDecibels = try Options.appVolume.parse(appVolume)
+        settings.micLevel.muted = muteMic
+        settings.appLevel.muted = muteApp
         return settings
     }
 }

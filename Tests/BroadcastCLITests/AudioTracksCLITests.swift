@@ -51,6 +51,28 @@ import Testing
         try Self.expectEveryTrackInSync(file, tracks: expected.count, atLeast: 5)
     }
 
+    /// `--mute-mic`: the microphone's track is silence from the start, the application's beeps.
+    @Test func startsMutedFromTheCommandLine() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let file = dir.path("muted.mkv")
+        let r = try broadcast([
+            "record", file, "--size", "320x180", "--audio-app", "test", "--audio-tracks", "separate", "--mute-mic", "--duration", "4s", "--no-realtime", "--quiet",
+        ])
+        #expect(r.status == 0, "record failed: \(r.stderr)")
+        #expect(try Self.maxVolume(file, audioTrack: 0) < -60, "the microphone's track is silence")
+        #expect(try Self.maxVolume(file, audioTrack: 1) > -10, "the application's beeps")
+        #expect(try beepStartTimes(file, audioTrack: 1).count >= 3)
+    }
+
+    /// The loudest sample of one audio track, in dBFS (ffmpeg's volumedetect; -91 for digital silence).
+    static func maxVolume(_ path: String, audioTrack: Int) throws -> Double {
+        let r = try run("/usr/bin/ffmpeg", ["-nostdin", "-hide_banner", "-nostats", "-i", path, "-map", "0:a:\(audioTrack)", "-af", "volumedetect", "-f", "null", "-"])
+        let line = r.stderr.split(separator: "\n").first { $0.contains("max_volume: ") } ?? ""
+        let value = line.split(separator: "max_volume: ").last?.split(separator: " ").first
+        return try #require(value.flatMap { Double($0) }, "\(r.stderr)")
+    }
+
     /// RTMP (FLV) carries one audio track: the server gets the mix, in sync, while the local
     /// recording of the same encode has a track per source.
     @Test func rtmpGetsTheMixWhileTheRecordingHasATrackPerSource() throws {
