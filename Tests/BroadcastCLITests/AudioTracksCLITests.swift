@@ -65,9 +65,11 @@ import Testing
         #expect(try beepStartTimes(file, audioTrack: 1).count >= 3)
     }
 
-    /// The loudest sample of one audio track, in dBFS (ffmpeg's volumedetect; -91 for digital silence).
-    static func maxVolume(_ path: String, audioTrack: Int) throws -> Double {
-        let r = try run("/usr/bin/ffmpeg", ["-nostdin", "-hide_banner", "-nostats", "-i", path, "-map", "0:a:\(audioTrack)", "-af", "volumedetect", "-f", "null", "-"])
+    /// The loudest sample of one audio track, in dBFS (ffmpeg's volumedetect; -91 for digital
+    /// silence); `from`/`to`: only that stretch (seconds of the file).
+    static func maxVolume(_ path: String, audioTrack: Int, from: Double? = nil, to: Double? = nil) throws -> Double {
+        let range = (from.map { ["-ss", "\($0)"] } ?? []) + (to.map { ["-to", "\($0)"] } ?? [])
+        let r = try run("/usr/bin/ffmpeg", ["-nostdin", "-hide_banner", "-nostats"] + range + ["-i", path, "-map", "0:a:\(audioTrack)", "-af", "volumedetect", "-f", "null", "-"])
         let line = r.stderr.split(separator: "\n").first { $0.contains("max_volume: ") } ?? ""
         let value = line.split(separator: "max_volume: ").last?.split(separator: " ").first
         return try #require(value.flatMap { Double($0) }, "\(r.stderr)")
@@ -202,6 +204,11 @@ import Testing
         #expect(!mic.contains { $0 > after + 0.1 }, "the microphone beeped after the mute (answered at \(after) s): \(mic)")
         #expect(app.filter { $0 > after + 0.1 }.count >= 2, "the application goes on: \(app)")
         #expect(mix.filter { $0 > after + 0.1 }.count >= 2, "the mix goes on with the application: \(mix)")
+        // The mix: both sources before (0.5 + 0.25 at the beeps, about -2.5 dBFS), the application
+        // alone after (0.25, -12 dBFS).
+        let mixBefore = try Self.maxVolume(file, audioTrack: 0, to: before - 0.1)
+        let mixAfter = try Self.maxVolume(file, audioTrack: 0, from: after + 0.1)
+        #expect(mixBefore > -5 && mixAfter < -9 && mixAfter > -15, "the mix peaks at \(mixBefore) dBFS before the mute, \(mixAfter) after")
     }
 
     /// A source the broadcast does not have cannot be muted (400, one line); the status lists only
