@@ -26,6 +26,12 @@ public struct EncodingConfiguration: Sendable {
     public var frameRateMode: FrameRateMode = .cfr
     /// WebRTC for whip+https:// outputs (BroadcastWebRTC's `GStreamerWebRTC`); nil: refused.
     public var webRTC: (any WebRTCEngine)? = nil
+    /// One mixed audio track (the default), one per source, or both (see `AudioTrackMode`).
+    public var audioTracks: AudioTrackMode = .mixed
+    /// The audio sources the broadcast has (a track each in `separate` and `both`).
+    public var audioSources: [SampleBufferType] = [.audioMic, .audioApp]
+    /// Each audio source's volume and mute at the start (`EncodingHandler.audioControl` changes them).
+    public var audioLevels: [SampleBufferType: AudioLevel] = [:]
 
     public init(
         video: VideoEncoderSettings?,
@@ -86,6 +92,9 @@ public struct EncodingConfiguration: Sendable {
             if video.tune != "zerolatency" {
                 return "\(url.redacted): WebRTC takes no B-frames: the encoder needs --tune zerolatency (the default), not \(video.tune ?? "none")"
             }
+        }
+        if audio != nil, audioTracks == .separate {
+            return "\(url.redacted): WHIP sends the mix (in Opus): --audio-tracks mixed or both, not separate"
         }
         if let audio, audio.sampleRate != 48_000 {
             return "\(url.redacted): WebRTC's Opus audio needs 48 kHz, not \(audio.sampleRate) Hz"
@@ -154,6 +163,12 @@ public final class EncodingHandler: BroadcastSampleHandler {
     /// Opus for WHIP outputs, beside the AAC the others get: made when the first WHIP output is.
     private var opusEncoder: AudioEncoder?
     private var mixer: AudioMixer?
+    /// `separate`/`both`: each source's own track.
+    private var sourceTracks: [SourceTrack] = []
+    /// The audio tracks encoded, in stream order after the video (set at the start).
+    private var audioLayout: AudioTrackLayout?
+    /// The sources' volumes and mutes: set from any thread, applied from each source's next buffer.
+    public let audioControl: AudioSourceControl
     private var resamplers: [SampleBufferType: Resampler] = [:]
     /// Every output, in configuration order, from init on (their threads start with the broadcast),
     /// and the way to change them while the broadcast runs: read and asked from any thread.
@@ -197,6 +212,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
         let failed = counters.failedOutputs
         let mediaClock = MediaClock(realtime: realtime)
         self.mediaClock = mediaClock
+        audioControl = AudioSourceControl(configuration.audioLevels)
         var outputs: [Output] = []
         do {
             for output in configuration.allOutputs {
@@ -243,15 +259,27 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 videoEncoder = encoder
             }
             if let audio = configuration.audio {
-                let encoder = try AudioEncoder(
-                    settings: audio, globalHeader: globalHeader, streamIndex: streams.count, logger: logger)
-                streams.append(encoder.stream)
-                audioEncoder = encoder
-                mixer = AudioMixer(channelCount: audio.channels, sampleRate: audio.sampleRate)
+                let layout = AudioTrackLayout(configuration)
+                audioLayout = layout
+                for track in layout.tracks {
+                    let encoder = try AudioEncoder(
+                        settings: audio, globalHeader: globalHeader, streamIndex: streams.count, logger: logger)
+                    var stream = encoder.stream
+                    stream.title = track.title(alone: layout.tracks.count == 1)
+                    streams.append(stream)
+                    switch track {
+                    case .mix:
+                        audioEncoder = encoder
+                        mixer = AudioMixer(channelCount: audio.channels, sampleRate: audio.sampleRate)
+                    case .source(let type):
+                        sourceTracks.append(SourceTrack(type: type, encoder: encoder))
+                    }
+                }
             }
         } catch {
             throw BroadcastError(.outputFailed, "\(error)")
         }
+        for i in streams.indices { streams[i].streamIndex = i }
         self.streams = streams
         // Files are opened here, so a recording that cannot be created fails the start; live
         // outputs connect on their own threads (a server that is down must not stop the recording).
@@ -272,6 +300,8 @@ public final class EncodingHandler: BroadcastSampleHandler {
     /// The worker that feeds `output` its packets: a file is created now (so a path that cannot
     /// be written fails here), a live stream connects on its own thread.
     private func makeWorker(for output: Output, joining: Bool = false) throws(BroadcastError) -> any OutputWorker {
+        let streams = carriedStreams(of: output)
+        output.carriedStreams = streams.reduce(0) { $0 | 1 << UInt64($1.streamIndex!) }
         switch output.destination {
         case .file(let template) where output.configuration.replay != nil:
             return try ReplayWorker(
@@ -291,7 +321,8 @@ public final class EncodingHandler: BroadcastSampleHandler {
             if let opus = try opusStream() { whipStreams.append(opus) }
             return WHIPWorker(output: output, url: url, streams: whipStreams, engine: configuration.webRTC!, logger: logger)
         case .live(let url):
-            let totalBitrate = (configuration.video?.bitrate ?? 0) + (configuration.audio?.bitrate ?? 0)
+            let audioTracks = streams.filter { $0.parameters.mediaType == .audio }.count
+            let totalBitrate = (configuration.video?.bitrate ?? 0) + (configuration.audio?.bitrate ?? 0) * audioTracks
             return LiveStreamWorker(output: output, url: url, streams: streams, totalBitrate: totalBitrate, logger: logger)
         }
     }
@@ -307,6 +338,15 @@ public final class EncodingHandler: BroadcastSampleHandler {
         }
         opusEncoder = encoder
         return encoder.stream
+    }
+
+    /// The streams `output` carries: the video, and the audio tracks its container holds (an
+    /// FLV output one, the mix).
+    private func carriedStreams(of output: Output) -> [StreamDescription] {
+        guard let layout = audioLayout else { return streams }
+        let firstAudio = videoEncoder == nil ? 0 : 1
+        let audio = layout.carried(by: AudioTrackLayout.formatName(of: output.destination), mode: configuration.audioTracks)
+        return Array(streams[..<firstAudio]) + audio.map { streams[firstAudio + $0] }
     }
 
     /// Applies the output set asked through `outputControl` (on the session's thread): outputs whose
@@ -444,26 +484,37 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 counters.undecodableFrames.store(videoEncoder.undecodableFrames, ordering: .relaxed)
             }
         case .audioMic, .audioApp:
-            guard let audioEncoder, mixer != nil, let format = buffer.audioFormat else { return }
+            guard let settings = configuration.audio, audioLayout != nil, let format = buffer.audioFormat else { return }
             if resamplers[type]?.input != format {
                 resamplers[type] = try media { () throws(FFmpegError) in
                     try Resampler(
                         input: format,
-                        outputRate: audioEncoder.settings.sampleRate,
-                        outputChannels: audioEncoder.settings.channels
+                        outputRate: settings.sampleRate,
+                        outputChannels: settings.channels
                     )
                 }
             }
             let resampler = resamplers[type]!
-            let position = buffer.presentationTime.rescaled(to: Int32(audioEncoder.settings.sampleRate)).value
+            let position = buffer.presentationTime.rescaled(to: Int32(settings.sampleRate)).value
             // Converted and steered onto the timestamps (a device clock's drift is resampled away).
             // Lent from stage to stage (the resampler's storage, then the mixer's): no copies, no
             // allocation per buffer.
             let converted = try media { () throws(FFmpegError) in try resampler.resample(buffer, at: position) }
-            mixer!.append(converted, from: type)
-            while let mixed = mixer!.mixed() {
-                try route(media { () throws(FFmpegError) in try audioEncoder.encode(mixed) })
-                if let opusEncoder { try route(media { () throws(FFmpegError) in try opusEncoder.encode(mixed) }, opus: true) }
+            // The source's volume and mute, as set now (one atomic load): applied to its part of
+            // the mix and to its own track alike.
+            let gain = audioControl.gain(of: type)
+            if let audioEncoder, let mixer {
+                mixer.append(converted, from: type, gain: gain)
+                while let mixed = mixer.mixed() {
+                    try route(media { () throws(FFmpegError) in try audioEncoder.encode(mixed) })
+                    if let opusEncoder { try route(media { () throws(FFmpegError) in try opusEncoder.encode(mixed) }, opus: true) }
+                }
+            }
+            for track in sourceTracks where track.type == type {
+                track.aligner.append(converted, from: type, gain: gain)
+                while let samples = track.aligner.mixed() {
+                    try route(media { () throws(FFmpegError) in try track.encoder.encode(samples) })
+                }
             }
         }
     }
@@ -511,6 +562,10 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 try route(audioEncoder.flush())
                 if let opusEncoder { try route(opusEncoder.flush(), opus: true) }
             }
+            for track in sourceTracks {
+                if let samples = track.aligner.mixed(final: true) { try route(track.encoder.encode(samples)) }
+                try route(track.encoder.flush())
+            }
             if let videoEncoder {
                 if let time = unsentRepeatTime {
                     try route(videoEncoder.repeatLastPicture(at: MediaTime(nanoseconds: time)))
@@ -534,6 +589,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
         videoEncoder = nil
         audioEncoder = nil
         opusEncoder = nil
+        sourceTracks = []
         resamplers = [:]
         // Every output sends what it has (a live one for at most its finish timeout) and closes;
         // recordings are finalized on their own threads, together.
@@ -572,7 +628,10 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 if time > lastKeyframeTime ?? .min { lastKeyframeTime = time }
             }
             measureBitrate(packet)
-            for output in outputs where packet.mediaType == .video || !output.isWebRTC { output.offer(packet) }
+            // WHIP outputs take the video and the Opus (routed apart), no AAC track.
+            for output in outputs where output.carries(packet.streamIndex) && (packet.mediaType == .video || !output.isWebRTC) {
+                output.offer(packet)
+            }
         }
         updateBytesWritten()
         // Every current output failed (the counter also counts outputs a reload has removed since:

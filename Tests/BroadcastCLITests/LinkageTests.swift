@@ -29,8 +29,10 @@ import Testing
         let debug = URL(fileURLWithPath: broadcastBinary).deletingLastPathComponent()
         let sample = debug.appendingPathComponent("level-meter").path
         try #require(FileManager.default.fileExists(atPath: sample), "build the sample first (swift build)")
-        let sampleLinks = try linkedLibraries(sample).filter { $0.hasPrefix("libgst") || $0.hasPrefix("libcurl") || $0.hasPrefix("libnice") }
-        #expect(sampleLinks.isEmpty, "level-meter links \(sampleLinks)")
+        for path in [sample, debug.appendingPathComponent("event-tail").path] {
+            let links = try linkedLibraries(path).filter { $0.hasPrefix("libgst") || $0.hasPrefix("libcurl") || $0.hasPrefix("libnice") }
+            #expect(links.isEmpty, "\(path) links \(links)")
+        }
         #expect(try linkedLibraries(broadcastBinary).contains { $0.hasPrefix("libgstwebrtc") })
         func undefinedForeignSymbols(_ target: String) throws -> [String] {
             let directory = debug.appendingPathComponent("\(target).build")
@@ -46,6 +48,20 @@ import Testing
         }
         // The check can see such a reference: the WebRTC target has them.
         #expect(try undefinedForeignSymbols("BroadcastWebRTC").contains { $0.hasPrefix("CBroadcastWHIP") })
+    }
+
+    /// The control plane a client links (BroadcastService, here through samples/EventTail) needs
+    /// neither FFmpeg nor the capture libraries.
+    @Test func controlClientSampleLinksNoFFmpegNorDevices() throws {
+        let sample = URL(fileURLWithPath: broadcastBinary).deletingLastPathComponent().appendingPathComponent("event-tail").path
+        try #require(FileManager.default.fileExists(atPath: sample), "build the sample first (swift build)")
+        let linked = try linkedLibraries(sample)
+        let media = linked.filter { library in
+            (Self.ffmpegLibraries + ["libasound", "libv4l2", "libpipewire", "libxcb"]).contains { library.hasPrefix($0) }
+        }
+        #expect(media.isEmpty, "event-tail links \(media)")
+        // The Swift runtime is there: the check looks at a linked binary.
+        #expect(linked.contains { $0.hasPrefix("libswiftCore") || $0.hasPrefix("libFoundation") || $0.hasPrefix("libdispatch") })
     }
 
     @Test func broadcastLinksFFmpeg() throws {
