@@ -241,11 +241,30 @@ private func number(_ state: [String: Any], _ key: String) -> Double { (state[ke
     @Test(arguments: [
         (["whip+http://127.0.0.1:1/whip/x", "--tune", "none"], "WebRTC takes no B-frames"),
         (["rtmp://127.0.0.1:1/live/x", "--whip-token", "t0ken-abc"], "--whip-token applies to whip+https://"),
+        (["whip+http://127.0.0.1:1/whip/x", "--audio-mic", "test", "--audio-tracks", "separate"], "WHIP sends the mix"),
     ])
     func unsuitableSettingsAreRefused(arguments: [String], mentions: String) throws {
         let r = try broadcast(["stream"] + arguments + ["--duration", "1s", "--size", "320x240"], timeout: 60)
         #expect(r.status == 2, "\(r.stderr)")
         #expect(r.stderr.contains(mentions), "\(r.stderr)")
+    }
+
+    /// A token on an output that is not WHIP is a config error at its line.
+    @Test func aTokenOnAnRTMPOutputIsAConfigError() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let config = """
+            [control]
+            socket = "\(dir.path("c.sock"))"
+            [[output]]
+            name = "live"
+            url = "rtmp://127.0.0.1:1/live/key"
+            token = "t0ken-abc"
+            """
+        let daemon = try spawnDaemon(config: config, in: dir)
+        let r = daemon.wait(timeout: 60)
+        #expect(r.status == 2, "\(r.stderr)")
+        #expect(r.stderr.contains("d.toml:6: output.token: token applies to whip+https://"), "\(r.stderr)")
     }
 
     @Test func aWrongTokenIsRefusedWithoutARetryStorm() throws {
