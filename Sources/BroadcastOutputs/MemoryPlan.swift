@@ -142,102 +142,22 @@ public struct MemoryPlan: Sendable, Hashable, CustomStringConvertible {
         self.budget = budget
         let video = configuration.video
         let outputs = configuration.allOutputs
-        // Peak bytes per second of media and packets per second, for the queues.
-        let fps = video?.frameRate.framesPerSecond ?? 0
-        let audioTracks = Double(configuration.audioTrackCount)
-        var bitsPerSecond = Double(configuration.audio?.bitrate ?? 0) * audioTracks
-        if let video {
-            switch video.rateControl {
-            case .cbr: bitsPerSecond += Double(video.bitrate)
-            case .vbr: bitsPerSecond += Double(video.bitrate) * 1.5
-            case .crf: bitsPerSecond += video.bitrate > 0 ? Double(video.bitrate) : Double(video.width * video.height) * fps * 0.15
-            }
-        }
-        let bytesPerSecond = bitsPerSecond / 8
-        let packetsPerSecond = fps + (configuration.audio == nil ? 0 : Self.audioPacketsPerSecond * audioTracks)
-        let packetBytes = packetsPerSecond > 0 ? bytesPerSecond / packetsPerSecond : 0
-        let keyframeSeconds = video?.keyframeIntervalSeconds ?? 1
-        // The smallest queue: two seconds or a keyframe interval, whichever is longer.
-        let minimumQueuePackets = Int((max(Self.minimumQueueSeconds, keyframeSeconds) * packetsPerSecond).rounded(.up)) + 1
+        let media = MediaRates(configuration)
+        let replay = ReplayNeeds(outputs, limitsSet: replayLimitsSet, media: media)
+        let encoder = X264Needs(video, cores: cores)
+        let pool = CaptureNeeds(capture, video: video, fps: media.fps)
         let queueCount = outputs.filter { $0.replay == nil }.count
-
-        // Replay buffers: given limits count in full; others need at least their seconds at peak
-        // bitrate plus a keyframe interval, and get up to the default limit.
-        var replayFixed: Int64 = 0
-        var replayUnset = 0
-        // Every replay buffer without a limit gets the same one: the largest of their minimums.
-        var replayEachMinimum: Int64 = 0
-        for output in outputs {
-            guard let replay = output.replay else { continue }
-            if replayLimitsSet.contains(output.name) {
-                replayFixed += replay.maxBytes
-            } else {
-                replayUnset += 1
-                replayEachMinimum = max(replayEachMinimum, Int64((replay.seconds + keyframeSeconds) * bytesPerSecond * 1.25))
-            }
-        }
-
-        // x264 at its smallest (one frame thread, no lookahead beyond its B-frames) and as asked.
-        var encoderMinimum: Int64 = 0
-        var encoderFull: Int64 = 0
-        var fullThreads = 1
-        var minimumThreads = 1
-        var fullLookahead = 0
-        var minimumLookahead = 0
-        var frameBytes: Int64 = 0
-        var x264Frames: (Int, Int) -> Double = { _, _ in 0 }
-        if let video {
-            let frames = Self.presetFrames(video.preset)
-            let zeroLatency = video.tune == "zerolatency"
-            // zerolatency: no B-frames, no lookahead, and threads work on slices of one frame.
-            let bFrames = zeroLatency ? 0 : frames.bFrames
-            minimumLookahead = bFrames
-            fullLookahead = zeroLatency ? 0 : max(frames.lookahead, bFrames)
-            if !zeroLatency {
-                fullThreads = video.threads == 0 ? max(1, cores * 3 / 2) : video.threads
-                minimumThreads = video.threads == 0 ? 1 : video.threads
-            }
-            // References, the frame being encoded and those waiting for output; each B-frame twice
-            // (the frame and its place in the lookahead, with the macroblock-tree data); the
-            // lookahead beyond the B-frames (its quarter-size planes, about 0.6 of a frame each,
-            // until a frame is encoded); each further frame thread.
-            x264Frames = { threads, lookahead in
-                Double(frames.references + Self.x264ExtraFrames + 2 * bFrames + Self.x264FramesPerThread * (threads - 1))
-                    + Self.x264LookaheadFrame * Double(lookahead - bFrames)
-            }
-            frameBytes = Self.x264Bytes(width: video.width, height: video.height, frames: 1)
-            encoderMinimum = Int64(Double(frameBytes) * x264Frames(minimumThreads, minimumLookahead))
-            encoderFull = Int64(Double(frameBytes) * x264Frames(fullThreads, fullLookahead))
-            if video.encoder != "libx264" {
-                // A hardware encoder keeps its frames on the device; its fallback is x264.
-                encoderFull = encoderMinimum
-            }
-        }
-
-        // Capture: the pool at its smallest, the converter's frames and what the source holds anyway.
-        var captureFixed: Int64 = 0
-        var poolMinimum: Int64 = 0
-        var poolFull: Int64 = 0
-        if let capture, let video {
-            captureFixed = Int64(capture.fixedBytes)
-            if capture.converts { captureFixed += Int64(video.width * video.height * 3) }  // two yuv420p frames
-            let perSecond = max(Self.minimumPoolFrames, Int(fps.rounded(.up)))
-            poolMinimum = Int64(capture.poolFrameBytes * Self.minimumPoolFrames)
-            poolFull = Int64(capture.poolFrameBytes) * Int64(max(Self.minimumPoolFrames, min(perSecond, Self.defaultPoolBytes / max(capture.poolFrameBytes, 1))))
-        }
-
-        let queueBytesPerPacket = Int64(packetBytes.rounded(.up)) + 256  // an AVPacket and its buffer
-        let queueMinimum = Int64(queueCount * minimumQueuePackets) * queueBytesPerPacket
+        let queueMinimum = Int64(queueCount * media.minimumQueuePackets) * media.queueBytesPerPacket
 
         minimum = Parts(
-            base: Self.baseBytes, encoder: encoderMinimum, capture: captureFixed + poolMinimum, queues: queueMinimum,
-            replay: replayFixed + replayEachMinimum * Int64(replayUnset))
-        capturePoolBytes = Int(poolMinimum)
-        fileQueueCapacity = minimumQueuePackets
-        liveQueueCapacity = minimumQueuePackets
+            base: Self.baseBytes, encoder: encoder.minimum, capture: pool.fixed + pool.minimum, queues: queueMinimum,
+            replay: replay.fixed + replay.eachMinimum * Int64(replay.unset))
+        capturePoolBytes = Int(pool.minimum)
+        fileQueueCapacity = media.minimumQueuePackets
+        liveQueueCapacity = media.minimumQueuePackets
         encoderThreads = video?.threads ?? 0
         lookahead = nil
-        replayMaxBytes = replayEachMinimum
+        replayMaxBytes = replay.eachMinimum
         estimate = minimum
         if minimum.total > budget {
             let what = video.map { "\($0.width)x\($0.height) at \($0.frameRate) fps" } ?? "this audio-only broadcast"
@@ -251,56 +171,181 @@ public struct MemoryPlan: Sendable, Hashable, CustomStringConvertible {
         // capture pool (a late encoder thread drops fewer frames), the queues (a slow disk or
         // network waits longer before anything is lost), then the replay buffers.
         var spare = budget - minimum.total
-        var estimate = minimum
-        if video != nil {
-            let extra = encoderFull - encoderMinimum
-            if extra <= spare {
-                estimate.encoder = encoderFull
-                spare -= extra
-            } else {
-                // Frame threads go first, down to 1 (each costs four frames; one thread encodes a
-                // picture the size a budget this tight allows in real time), then the lookahead,
-                // down to the B-frames it must see.
-                let affordable = Double(spare) / Double(max(frameBytes, 1))
-                let lookaheadFrames = min(fullLookahead - minimumLookahead, Int(affordable / Self.x264LookaheadFrame))
-                let left = affordable - Double(lookaheadFrames) * Self.x264LookaheadFrame
-                let threadFrames = min(fullThreads - minimumThreads, Int(left) / Self.x264FramesPerThread)
-                encoderThreads = minimumThreads + threadFrames
-                lookahead = minimumLookahead + lookaheadFrames
-                let spent = Int64(
-                    Double(frameBytes) * (x264Frames(encoderThreads, lookahead!) - x264Frames(minimumThreads, minimumLookahead)))
-                estimate.encoder += spent
-                spare -= spent
-            }
-        }
-        if poolFull > poolMinimum {
-            let extra = min(poolFull - poolMinimum, spare)
-            let frame = Int64(max(capture?.poolFrameBytes ?? 1, 1))
-            let frames = extra / frame
-            capturePoolBytes = Int(poolMinimum + frames * frame)
-            estimate.capture += frames * frame
-            spare -= frames * frame
-        }
-        if queueCount > 0 && queueBytesPerPacket > 0 {
-            let perQueue = spare / 2 / Int64(queueCount) / queueBytesPerPacket
-            let fileQueue = min(Self.defaultFileQueue, minimumQueuePackets + Int(perQueue))
-            let liveQueue = min(Self.defaultLiveQueue, minimumQueuePackets + Int(perQueue))
-            fileQueueCapacity = fileQueue
-            liveQueueCapacity = liveQueue
-            var spent: Int64 = 0
-            for output in outputs where output.replay == nil {
-                spent += Int64((output.destination.isLive ? liveQueue : fileQueue) - minimumQueuePackets) * queueBytesPerPacket
-            }
-            estimate.queues += spent
-            spare -= spent
-        }
-        if replayUnset > 0 {
+        if video != nil { spend(&spare, on: encoder) }
+        spend(&spare, on: pool, frameBytes: capture?.poolFrameBytes ?? 1)
+        if queueCount > 0 && media.queueBytesPerPacket > 0 { spend(&spare, onQueuesOf: outputs, count: queueCount, media: media) }
+        if replay.unset > 0 {
             // Never below what the buffer's length needs (which the minimum counted), at most the default.
-            let each = max(replayMaxBytes, min(ReplaySettings.defaultMaxBytes, replayMaxBytes + spare / Int64(replayUnset)))
-            estimate.replay += (each - replayMaxBytes) * Int64(replayUnset)
+            let each = max(replayMaxBytes, min(ReplaySettings.defaultMaxBytes, replayMaxBytes + spare / Int64(replay.unset)))
+            estimate.replay += (each - replayMaxBytes) * Int64(replay.unset)
             replayMaxBytes = each
         }
-        self.estimate = estimate
+    }
+
+    /// The media's peak rates, which size the queues and the replay buffers.
+    private struct MediaRates {
+        let fps: Double
+        let bytesPerSecond: Double
+        let keyframeSeconds: Double
+        /// The smallest queue: two seconds or a keyframe interval, whichever is longer.
+        let minimumQueuePackets: Int
+        /// A queued packet: its payload at the peak rate, an AVPacket and its buffer.
+        let queueBytesPerPacket: Int64
+
+        init(_ configuration: EncodingConfiguration) {
+            let video = configuration.video
+            fps = video?.frameRate.framesPerSecond ?? 0
+            let audioTracks = Double(configuration.audioTrackCount)
+            var bitsPerSecond = Double(configuration.audio?.bitrate ?? 0) * audioTracks
+            if let video {
+                switch video.rateControl {
+                case .cbr: bitsPerSecond += Double(video.bitrate)
+                case .vbr: bitsPerSecond += Double(video.bitrate) * 1.5
+                case .crf: bitsPerSecond += video.bitrate > 0 ? Double(video.bitrate) : Double(video.width * video.height) * fps * 0.15
+                }
+            }
+            bytesPerSecond = bitsPerSecond / 8
+            let packetsPerSecond = fps + (configuration.audio == nil ? 0 : MemoryPlan.audioPacketsPerSecond * audioTracks)
+            let packetBytes = packetsPerSecond > 0 ? bytesPerSecond / packetsPerSecond : 0
+            keyframeSeconds = video?.keyframeIntervalSeconds ?? 1
+            minimumQueuePackets = Int((max(MemoryPlan.minimumQueueSeconds, keyframeSeconds) * packetsPerSecond).rounded(.up)) + 1
+            queueBytesPerPacket = Int64(packetBytes.rounded(.up)) + 256
+        }
+    }
+
+    /// Replay buffers: given limits count in full; every other one needs at least its seconds at
+    /// peak bitrate plus a keyframe interval, and all of those get the same limit: the largest of
+    /// their minimums, then up to the default.
+    private struct ReplayNeeds {
+        var fixed: Int64 = 0
+        var unset = 0
+        var eachMinimum: Int64 = 0
+
+        init(_ outputs: [OutputConfiguration], limitsSet: Set<String>, media: MediaRates) {
+            for output in outputs {
+                guard let replay = output.replay else { continue }
+                if limitsSet.contains(output.name) {
+                    fixed += replay.maxBytes
+                } else {
+                    unset += 1
+                    eachMinimum = max(eachMinimum, Int64((replay.seconds + media.keyframeSeconds) * media.bytesPerSecond * 1.25))
+                }
+            }
+        }
+    }
+
+    /// x264 at its smallest (one frame thread, no lookahead beyond its B-frames) and as asked.
+    private struct X264Needs {
+        var minimum: Int64 = 0
+        var full: Int64 = 0
+        var fullThreads = 1
+        var minimumThreads = 1
+        var fullLookahead = 0
+        var minimumLookahead = 0
+        /// One frame's bytes at the encoded size.
+        var frameBytes: Int64 = 0
+        var references = 0
+        var bFrames = 0
+
+        init(_ video: VideoEncoderSettings?, cores: Int) {
+            guard let video else { return }
+            let preset = MemoryPlan.presetFrames(video.preset)
+            let zeroLatency = video.tune == "zerolatency"
+            // zerolatency: no B-frames, no lookahead, and threads work on slices of one frame.
+            references = preset.references
+            bFrames = zeroLatency ? 0 : preset.bFrames
+            minimumLookahead = bFrames
+            fullLookahead = zeroLatency ? 0 : max(preset.lookahead, bFrames)
+            if !zeroLatency {
+                fullThreads = video.threads == 0 ? max(1, cores * 3 / 2) : video.threads
+                minimumThreads = video.threads == 0 ? 1 : video.threads
+            }
+            frameBytes = MemoryPlan.x264Bytes(width: video.width, height: video.height, frames: 1)
+            minimum = Int64(Double(frameBytes) * frames(threads: minimumThreads, lookahead: minimumLookahead))
+            full = Int64(Double(frameBytes) * frames(threads: fullThreads, lookahead: fullLookahead))
+            if video.encoder != "libx264" {
+                // A hardware encoder keeps its frames on the device; its fallback is x264.
+                full = minimum
+            }
+        }
+
+        /// Frames x264 holds: references, the frame being encoded and those waiting for output;
+        /// each B-frame twice (the frame and its place in the lookahead, with the macroblock-tree
+        /// data); the lookahead beyond the B-frames (its quarter-size planes, about 0.6 of a frame
+        /// each, until a frame is encoded); each further frame thread.
+        func frames(threads: Int, lookahead: Int) -> Double {
+            Double(references + MemoryPlan.x264ExtraFrames + 2 * bFrames + MemoryPlan.x264FramesPerThread * (threads - 1))
+                + MemoryPlan.x264LookaheadFrame * Double(lookahead - bFrames)
+        }
+    }
+
+    /// Capture: the pool at its smallest and at its best (at least four frames, at most a second of
+    /// them within 16 MiB), and what is held anyway (the converter's frames, the source's own).
+    private struct CaptureNeeds {
+        var fixed: Int64 = 0
+        var minimum: Int64 = 0
+        var full: Int64 = 0
+
+        init(_ capture: CaptureMemory?, video: VideoEncoderSettings?, fps: Double) {
+            guard let capture, let video else { return }
+            fixed = Int64(capture.fixedBytes)
+            if capture.converts { fixed += Int64(video.width * video.height * 3) }  // two yuv420p frames
+            let perSecond = max(MemoryPlan.minimumPoolFrames, Int(fps.rounded(.up)))
+            minimum = Int64(capture.poolFrameBytes * MemoryPlan.minimumPoolFrames)
+            full = Int64(capture.poolFrameBytes)
+                * Int64(max(MemoryPlan.minimumPoolFrames, min(perSecond, MemoryPlan.defaultPoolBytes / max(capture.poolFrameBytes, 1))))
+        }
+    }
+
+    /// x264 as asked when it fits; else frame threads go first, down to 1 (each costs four frames;
+    /// one thread encodes a picture the size a budget this tight allows in real time), then the
+    /// lookahead, down to the B-frames it must see.
+    private mutating func spend(_ spare: inout Int64, on encoder: X264Needs) {
+        let extra = encoder.full - encoder.minimum
+        if extra <= spare {
+            estimate.encoder = encoder.full
+            spare -= extra
+            return
+        }
+        let affordable = Double(spare) / Double(max(encoder.frameBytes, 1))
+        let lookaheadFrames = min(encoder.fullLookahead - encoder.minimumLookahead, Int(affordable / Self.x264LookaheadFrame))
+        let left = affordable - Double(lookaheadFrames) * Self.x264LookaheadFrame
+        let threadFrames = min(encoder.fullThreads - encoder.minimumThreads, Int(left) / Self.x264FramesPerThread)
+        encoderThreads = encoder.minimumThreads + threadFrames
+        let lookahead = encoder.minimumLookahead + lookaheadFrames
+        self.lookahead = lookahead
+        let spent = Int64(
+            Double(encoder.frameBytes)
+                * (encoder.frames(threads: encoderThreads, lookahead: lookahead)
+                    - encoder.frames(threads: encoder.minimumThreads, lookahead: encoder.minimumLookahead)))
+        estimate.encoder += spent
+        spare -= spent
+    }
+
+    /// Whole frames of the capture pool, up to its best.
+    private mutating func spend(_ spare: inout Int64, on pool: CaptureNeeds, frameBytes: Int) {
+        guard pool.full > pool.minimum else { return }
+        let extra = min(pool.full - pool.minimum, spare)
+        let frame = Int64(max(frameBytes, 1))
+        let frames = extra / frame
+        capturePoolBytes = Int(pool.minimum + frames * frame)
+        estimate.capture += frames * frame
+        spare -= frames * frame
+    }
+
+    /// Half of what is left, shared by the queues, up to today's defaults.
+    private mutating func spend(_ spare: inout Int64, onQueuesOf outputs: [OutputConfiguration], count: Int, media: MediaRates) {
+        let perQueue = spare / 2 / Int64(count) / media.queueBytesPerPacket
+        let fileQueue = min(Self.defaultFileQueue, media.minimumQueuePackets + Int(perQueue))
+        let liveQueue = min(Self.defaultLiveQueue, media.minimumQueuePackets + Int(perQueue))
+        fileQueueCapacity = fileQueue
+        liveQueueCapacity = liveQueue
+        var spent: Int64 = 0
+        for output in outputs where output.replay == nil {
+            spent += Int64((output.destination.isLive ? liveQueue : fileQueue) - media.minimumQueuePackets) * media.queueBytesPerPacket
+        }
+        estimate.queues += spent
+        spare -= spent
     }
 
     /// `configuration` with the planned sizes: x264's threads and lookahead, queue capacities, the
