@@ -125,6 +125,9 @@ public final class EncodingHandler: BroadcastSampleHandler {
     public let configuration: EncodingConfiguration
     /// Read from any thread: `counters.snapshot()`.
     public let counters = EncodingCounters()
+    /// Sees each output track's mixed audio (track index, samples) on the session thread before it
+    /// is encoded (the control page's meters: `LevelMeters.offer(track:_:)`); set before the start.
+    public var audioTrackTap: ((Int, PlanarAudio) -> Void)?
     private let logger: Logger
     /// Why the outputs could not be made at init (the start throws it).
     private var unmade: BroadcastError?
@@ -420,6 +423,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
             let converted = try media { () throws(FFmpegError) in try resampler.resample(buffer, at: position) }
             mixer!.append(converted, from: type)
             while let mixed = mixer!.mixed() {
+                audioTrackTap?(0, mixed)
                 try route(media { () throws(FFmpegError) in try audioEncoder.encode(mixed) })
             }
         }

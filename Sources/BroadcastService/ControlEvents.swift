@@ -23,10 +23,11 @@ public struct ControlEvent: Sendable {
         self.fields = fields
     }
 
-    /// The event as an SSE message, ending with its blank line.
+    /// The event as an SSE message, ending with its blank line; without an `id:` line when the id
+    /// is 0 (a transient event, which a client's Last-Event-ID does not count).
     public var encoded: [UInt8] {
         let data = JSONValue.object([("time", .string(time))] + fields).serialized()
-        return Array("id: \(id)\nevent: \(type)\ndata: \(data)\n\n".utf8)
+        return Array("\(id == 0 ? "" : "id: \(id)\n")event: \(type)\ndata: \(data)\n\n".utf8)
     }
 }
 
@@ -111,6 +112,29 @@ public final class ControlEvents: Sendable {
         for (waiter, next) in wake { waiter.resume(returning: next) }
         for onDrop in dropped { onDrop() }
         return id
+    }
+
+    /// Sends an event to the clients following now, without an id and without keeping it in the
+    /// history: the audio meters' `levels`, ten a second, would push every other event out of it
+    /// (and a client resuming after a gap has no use for old levels). A client with half its queue
+    /// waiting misses it rather than being dropped for it.
+    public func publishTransient(_ type: String, _ fields: [(String, JSONValue)]) {
+        let event = ControlEvent(id: 0, type: type, time: clock(), fields: fields)
+        let wake = state.withLock { state -> [CheckedContinuation<Next, Never>] in
+            var wake: [CheckedContinuation<Next, Never>] = []
+            for key in Array(state.clients.keys) {
+                guard var client = state.clients[key], !client.dropped else { continue }
+                if let waiter = client.waiter {
+                    client.waiter = nil
+                    wake.append(waiter)
+                } else if client.queue.count < clientQueueLimit / 2 {
+                    client.queue.append(event)
+                }
+                state.clients[key] = client
+            }
+            return wake
+        }
+        for waiter in wake { waiter.resume(returning: .event(event)) }
     }
 
     /// A client's place in the events.

@@ -37,6 +37,8 @@ public struct ControlResponse: Error, Sendable, Equatable {
     public var status: Int
     public var contentType: String
     public var body: [UInt8]
+    /// More header fields (the page's Content-Security-Policy).
+    public var headers: [String: String] = [:]
 
     public init(status: Int, contentType: String = "application/json", body: [UInt8]) {
         self.status = status
@@ -90,6 +92,9 @@ public final class ControlServer: Service, Sendable {
     private let snapshot: @Sendable () -> JSONValue
     private let logger: Logger
     let requestDeadline: Duration
+    /// Paths answered to GET and HEAD on the TCP listener without the token (the control page's
+    /// own files, which hold nothing of the daemon's).
+    private let publicPaths: Set<String>
     private let listening = Mutex<ListenState>(.waiting([]))
     private let actions = DispatchQueue(label: "bc-control")
     private let reads = DispatchQueue(label: "bc-control-read", attributes: .concurrent)
@@ -122,12 +127,13 @@ public final class ControlServer: Service, Sendable {
         events: ControlEvents? = nil,
         snapshot: @escaping @Sendable () -> JSONValue = { .object([]) },
         requestDeadline: Duration = .seconds(2),
+        publicPaths: Set<String> = [],
         logger: Logger,
         handler: @escaping Handler
     ) throws(BroadcastError) {
         try self.init(
             socketPath: socketPath, mode: mode, tcp: tcp, token: ControlToken(token), events: events, snapshot: snapshot,
-            requestDeadline: requestDeadline, logger: logger, handler: handler)
+            requestDeadline: requestDeadline, publicPaths: publicPaths, logger: logger, handler: handler)
     }
 
     /// With a `ControlToken` the caller keeps, to replace the token later (a reload).
@@ -139,6 +145,7 @@ public final class ControlServer: Service, Sendable {
         events: ControlEvents? = nil,
         snapshot: @escaping @Sendable () -> JSONValue = { .object([]) },
         requestDeadline: Duration = .seconds(2),
+        publicPaths: Set<String> = [],
         logger: Logger,
         handler: @escaping Handler
     ) throws(BroadcastError) {
@@ -153,6 +160,7 @@ public final class ControlServer: Service, Sendable {
         self.events = events
         self.snapshot = snapshot
         self.requestDeadline = requestDeadline
+        self.publicPaths = publicPaths
         self.handler = handler
         self.logger = logger
     }
@@ -375,7 +383,9 @@ public final class ControlServer: Service, Sendable {
             try await Self.send(.error(503, "already \(Self.maxTCPConnections) connections on the TCP control listener: try again later"), with: writer)
             return
         }
-        if needsToken {
+        let isPublic = (request.head.method == .get || request.head.method == .head)
+            && publicPaths.contains(String((request.head.path ?? "").prefix { $0 != "?" }))
+        if needsToken && !isPublic {
             let given = request.head.headerFields[values: .authorization]
             guard let token = token.current, given.count == 1, let bearer = Self.bearerToken(given[0]), Self.sameBytes(bearer, token) else {
                 try await Self.send(.error(401, "a bearer token is required on the TCP control listener"), with: writer)
@@ -491,6 +501,9 @@ public final class ControlServer: Service, Sendable {
         fields[.contentType] = response.contentType
         fields[.contentLength] = "\(response.body.count)"
         fields[.connection] = "close"
+        for (name, value) in response.headers.sorted(by: { $0.key < $1.key }) {
+            if let name = HTTPField.Name(name) { fields[name] = value }
+        }
         let head = HTTPResponse(status: .init(code: response.status, reasonPhrase: reason(response.status)), headerFields: fields)
         try await writer.write(response: head, body: ResponseBody(byteBuffer: ByteBuffer(bytes: response.body)))
     }

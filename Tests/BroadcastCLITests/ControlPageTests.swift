@@ -1,0 +1,172 @@
+import Foundation
+import Testing
+
+/// The control page (issue 27) in a real browser: Debian's chromium, headless, driven through
+/// chromedriver from this test (`WebDriver`), against the real daemon on its TCP listener.
+@Suite(.serialized) struct ControlPageTests {
+    static let token = "page-test-token-0123456789"
+
+    /// The daemon: the test pattern and tone, a recording and a replay buffer, TCP control with a token.
+    static func startDaemon(_ dir: TemporaryDirectory, port: Int) throws -> (Child, String) {
+        let socket = dir.path("c.sock")
+        let daemon = try spawnDaemon(config: config(dir, socket: socket, port: port), in: dir)
+        return (daemon, socket)
+    }
+
+    static func config(_ dir: TemporaryDirectory, socket: String, port: Int, extra: String = "") -> String {
+        """
+        [video]
+        size = "320x240"
+        fps = 30
+        [audio]
+        mic = "test"
+        [control]
+        socket = "\(socket)"
+        tcp = "127.0.0.1:\(port)"
+        token = "\(token)"
+        [[output]]
+        name = "rec"
+        path = "\(dir.path("rec.mkv"))"
+        [[output]]
+        name = "replay"
+        replay = "10s"
+        path = "\(dir.path("saves"))/save-%H-%M-%S.mp4"
+        \(extra)
+        """
+    }
+
+    /// The daemon's status over its socket, parsed.
+    static func status(_ socket: String) throws -> [String: Any] {
+        let r = try broadcast(["status", "--socket", socket, "--json"], timeout: 30)
+        let text = r.status == 0 ? r.stdout : try broadcast(["status", "--socket", socket], timeout: 30).stdout
+        return (try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any]) ?? [:]
+    }
+
+    static func output(_ status: [String: Any], _ name: String) -> [String: Any]? {
+        (status["outputs"] as? [[String: Any]])?.first { $0["name"] as? String == name }
+    }
+
+    static func post(_ socket: String, _ path: String) -> Int { SocketConnection.request(socket, "POST", path) }
+
+    /// Waits until `condition` holds on the daemon's status (60 s at most).
+    static func waitForStatus(_ socket: String, _ condition: ([String: Any]) -> Bool) throws -> Bool {
+        let deadline = Date().addingTimeInterval(60)
+        while Date() < deadline {
+            if condition(try status(socket)) { return true }
+            usleep(100_000)
+        }
+        return false
+    }
+
+    @Test func thePageShowsControlsPreviewsAndMetersInChromium() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let port = try freePort()
+        let (daemon, socket) = try Self.startDaemon(dir, port: port)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        _ = try waitUntilRecording(socket)
+
+        // Over plain HTTP first: the page itself needs no token and says its policy; the API does.
+        let page = try run("/usr/bin/curl", ["-s", "-D", "-", "http://127.0.0.1:\(port)/"])
+        #expect(page.stdout.contains("200 OK") && page.stdout.contains("<script src=\"/page.js\""))
+        #expect(page.stdout.lowercased().contains("content-security-policy: default-src 'none'; script-src 'self'"))
+        #expect(!page.stdout.contains("<script>"), "an inline script")
+        let refused = try run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "http://127.0.0.1:\(port)/v1/status"])
+        #expect(refused.stdout == "401")
+        let preview = try run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "http://127.0.0.1:\(port)/v1/preview.jpg"])
+        #expect(preview.stdout == "401", "the preview without the token")
+        let post = try run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", "http://127.0.0.1:\(port)/v1/outputs/rec/pause"])
+        #expect(post.stdout == "401", "a POST without the token")
+
+        let browser = try WebDriver()
+        defer { browser.quit() }
+        try browser.navigate("http://127.0.0.1:\(port)/#token=\(Self.token)")
+        // The outputs and their states, in the API's words.
+        let shown = try browser.waitFor(
+            "const s = document.querySelector('[data-output=\"rec\"] .state'); const r = document.querySelector('[data-output=\"replay\"] .state');"
+                + " return !!s && s.textContent === 'recording' && !!r && r.textContent !== '';")
+        let text = try browser.string("return document.body.innerText") ?? ""
+        #expect(shown != nil, "outputs not shown: \(text)")
+        #expect(try browser.string("return location.href") == "http://127.0.0.1:\(port)/", "the token stays in the address bar")
+        #expect(try browser.string("return document.querySelector('[data-output=\"replay\"] .kind').textContent") == "replay")
+
+        // A pause made through the API shows within (measured) a second.
+        let paused = Date()
+        #expect(Self.post(socket, "/v1/outputs/rec/pause") == 200)
+        let shownAfter = try browser.waitFor("return document.querySelector('[data-output=\"rec\"] .state').textContent === 'paused'")
+        let pauseShown = shownAfter.map { _ in Date().timeIntervalSince(paused) }
+        print("control page: a pause through the API showed on the page after \(pauseShown.map { String(format: "%.3f s", $0) } ?? "never")")
+        #expect(pauseShown != nil)
+
+        // The page's own buttons act, judged by the daemon's status: resume, then Save.
+        try browser.click("[data-output=\"rec\"] .pause")
+        #expect(try Self.waitForStatus(socket) { Self.output($0, "rec")?["paused"] as? Bool == false }, "the page's Resume did not resume rec")
+        #expect(try browser.string("return document.querySelector('[data-output=\"replay\"] .save').textContent")?.contains("Save") == true)
+        try browser.click("[data-output=\"replay\"] .save")
+        #expect(try Self.waitForStatus(socket) { (Self.output($0, "replay")?["saves_done"] as? Double ?? 0) >= 1 }, "Save did not save")
+        let saved = (try? FileManager.default.contentsOfDirectory(atPath: dir.path("saves"))) ?? []
+        #expect(saved.contains { $0.hasPrefix("save-") && $0.hasSuffix(".mp4") }, "saved: \(saved)")
+        #expect(try browser.waitFor("return document.getElementById('answer').textContent.includes('saving')") != nil)
+
+        // The preview shows the test pattern: colour bars across the top (sampled from the image the
+        // page shows; the full-white frame at each whole second is waited out).
+        let bars = try browser.waitFor(
+            """
+            const img = document.getElementById('preview');
+            if (!img.complete || img.naturalWidth === 0) return false;
+            const c = document.createElement('canvas'); c.width = img.naturalWidth; c.height = img.naturalHeight;
+            const g = c.getContext('2d'); g.drawImage(img, 0, 0);
+            const y = Math.floor(c.height * 0.1), colours = new Set(); let saturated = 0;
+            for (let i = 0; i < 8; i++) {
+              const p = g.getImageData(Math.floor(c.width * (i + 0.5) / 8), y, 1, 1).data;
+              colours.add([p[0] >> 5, p[1] >> 5, p[2] >> 5].join());
+              if (Math.max(p[0], p[1], p[2]) - Math.min(p[0], p[1], p[2]) > 100) saturated++;
+            }
+            return img.naturalWidth === 320 && colours.size >= 5 && saturated >= 4;
+            """)
+        #expect(bars != nil, "the preview does not show the test pattern's bars")
+
+        // The meters move with the test tone (a 50 ms beep each second): over 3 s the microphone's
+        // peak reads both a beep and silence.
+        let peaks = try browser.executeAsync(
+            """
+            const done = arguments[arguments.length - 1], seen = [];
+            const timer = setInterval(() => { const m = document.querySelector('[data-meter="audioMic"]'); if (m) seen.push(Number(m.dataset.peak)); }, 20);
+            setTimeout(() => { clearInterval(timer); done(seen); }, 3000);
+            """) as? [Double] ?? []
+        #expect((peaks.max() ?? -200) > -20, "no beep on the meter: \(Set(peaks).sorted())")
+        #expect((peaks.min() ?? 0) < -60, "the meter never fell back: \(Set(peaks).sorted())")
+        #expect(try browser.string("return document.querySelector('[data-meter=\"track1\"]') ? 'yes' : 'no'") == "yes", "no output track meter")
+
+        // Reload: the answer, then a config error's FILE:LINE: key:.
+        try browser.click("#reload")
+        #expect(try browser.waitFor("return document.getElementById('answer').textContent.startsWith('reload: applies')") != nil)
+        try (Self.config(dir, socket: socket, port: port) + "\n[encoder]\nvideo_bitrate = \"lots\"\n").write(
+            toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
+        try browser.click("#reload")
+        let refusedReload = try browser.waitFor("return /d\\.toml:\\d+: encoder\\.video_bitrate:/.test(document.getElementById('answer').textContent)")
+        let answer = try browser.string("return document.getElementById('answer').textContent") ?? ""
+        #expect(refusedReload != nil, "reload error: \(answer)")
+
+        let screenshot = try browser.screenshot()
+        try screenshot.write(to: URL(fileURLWithPath: ProcessInfo.processInfo.environment["PAGE_SCREENSHOT"] ?? dir.path("page.png")))
+
+        // No console errors so far.
+        let errors = try browser.consoleLog().filter { $0.level == "SEVERE" }
+        #expect(errors.isEmpty, "console errors: \(errors)")
+
+        // A wrong token: only the prompt, saying so.
+        try browser.execute("sessionStorage.clear(); return null")
+        try browser.navigate("http://127.0.0.1:\(port)/#token=wrong-token-0123456789")
+        #expect(try browser.waitFor("return !document.getElementById('login').hidden && document.getElementById('main').hidden"
+            + " && document.getElementById('login-message').textContent.includes('refused')") != nil)
+        // What the browser logged then is the refusal (401) and nothing else.
+        let later = try browser.consoleLog().filter { $0.level == "SEVERE" && !$0.message.contains("401") }
+        #expect(later.isEmpty, "console errors: \(later)")
+
+        daemon.signal(SIGTERM)
+        let ended = daemon.wait(timeout: 60)
+        #expect(ended.status == 0)
+        #expect(!ended.stderr.contains(Self.token) && !ended.stderr.contains("wrong-token-0123456789"), "a token in the log")
+    }
+}
