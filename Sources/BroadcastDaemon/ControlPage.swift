@@ -11,7 +11,7 @@ import Synchronization
 /// TCP without the token: they hold nothing of the daemon's; everything they read needs it.
 enum ControlPage {
     /// Served without a token on the TCP listener.
-    static let publicPaths: Set<String> = ["/", "/page.js", "/page.css"]
+    static let publicPaths: Set<String> = ["/", "/page.js", "/page.css", "/favicon.ico"]
 
     /// Only the page's own script and style; images from itself and the blobs the script makes of
     /// the preview; requests to itself; no frames, forms or base changes.
@@ -23,6 +23,9 @@ enum ControlPage {
     static func answer(_ request: ControlRequest, preview: PreviewFrames) -> ControlResponse? {
         let read = request.method == "GET" || request.method == "HEAD"
         switch request.path {
+        case "/favicon.ico":
+            // Asked by every browser: nothing, rather than a 404 in its console.
+            return read ? ControlResponse(status: 204, contentType: "image/x-icon", body: []) : .error(405, "use GET")
         case "/", "/page.js", "/page.css":
             guard read else { return .error(405, "\(request.method) is not allowed on \(request.path): use GET") }
             let (type, text) =

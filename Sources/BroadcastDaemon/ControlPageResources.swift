@@ -121,11 +121,15 @@ extension ControlPage {
 
           // The token: from the fragment (never sent to the server, dropped from the address bar at
           // once), else what this tab was given before.
-          const fragment = new URLSearchParams(location.hash.slice(1));
-          if (fragment.has("token")) {
+          function takeFragment() {
+            const fragment = new URLSearchParams(location.hash.slice(1));
+            if (!fragment.has("token")) return false;
             sessionStorage.setItem(tokenKey, fragment.get("token"));
             window.history.replaceState(null, "", location.pathname + location.search);
+            return true;
           }
+          takeFragment();
+          window.addEventListener("hashchange", () => { if (takeFragment()) open(); });
           const token = () => sessionStorage.getItem(tokenKey);
           const headers = (extra) => {
             const h = Object.assign({}, extra || {});
@@ -344,8 +348,13 @@ extension ControlPage {
           }
 
           function graph(canvas, series) {
+            // Drawn at the canvas's size on screen (no stretched text).
+            const scale = window.devicePixelRatio || 1;
+            const cw = Math.max(1, Math.round(canvas.clientWidth * scale)), ch = Math.max(1, Math.round(canvas.clientHeight * scale));
+            if (canvas.width !== cw || canvas.height !== ch) { canvas.width = cw; canvas.height = ch; }
             const c = canvas.getContext("2d");
-            const w = canvas.width, h = canvas.height;
+            c.setTransform(scale, 0, 0, scale, 0, 0);
+            const w = canvas.clientWidth, h = canvas.clientHeight;
             c.clearRect(0, 0, w, h);
             const max = Math.max(1, ...series);
             c.strokeStyle = getComputedStyle(document.body).color;

@@ -16,6 +16,7 @@ public final class JPEGEncoder {
     private let packet: Packet
     /// JPEG quality as libavcodec's qscale (2 best .. 31 worst).
     private let quality: Int32
+    private var nextPTS: Int64 = 0
 
     public init(quality: Int32 = 5) throws(FFmpegError) {
         self.packet = try Packet()
@@ -72,7 +73,9 @@ public final class JPEGEncoder {
         let c = codec!.context.pointer
         frame.pointee.color_range = AVCOL_RANGE_JPEG
         frame.pointee.quality = c.pointee.global_quality
-        frame.pointee.pts = 0
+        // Increasing: the encoder refuses a picture whose pts is not after the last one's.
+        frame.pointee.pts = nextPTS
+        nextPTS += 1
         try check(avcodec_send_frame(c, frame), what)
         av_packet_unref(packet.pointer)
         defer { av_packet_unref(packet.pointer) }

@@ -565,6 +565,7 @@ public final class ControlServer: Service, Sendable {
     static func reason(_ status: Int) -> String {
         switch status {
         case 200: "OK"
+        case 204: "No Content"
         case 400: "Bad Request"
         case 401: "Unauthorized"
         case 404: "Not Found"

@@ -152,6 +152,10 @@ import Testing
         // Asked again at once: the cached JPEG, no new encode.
         #expect(preview.jpeg(width: 160) == .jpeg(jpeg))
         #expect(preview.encodes == 1)
+        // Later: a new frame, a new encode (the encoder takes a second picture).
+        usleep(400_000)
+        guard case .jpeg = preview.jpeg(width: 160) else { Issue.record("no second JPEG"); return }
+        #expect(preview.encodes == 2)
         // Wider than the frame: the frame's width.
         guard case .jpeg(let full) = preview.jpeg(width: 4000) else { Issue.record("no full-size JPEG"); return }
         for (bytes, expected) in [(jpeg, (160, 90)), (full, (320, 180))] {
