@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 
 /// The control page (issue 27) in a real browser: Debian's chromium, headless, driven through
@@ -169,4 +170,112 @@ import Testing
         #expect(ended.status == 0)
         #expect(!ended.stderr.contains(Self.token) && !ended.stderr.contains("wrong-token-0123456789"), "a token in the log")
     }
+}
+
+/// `GET /v1/preview.jpg` never changes what the broadcast encodes: the same test pattern recorded
+/// with and without five clients polling the preview ten times a second gives the same encoded
+/// frames (ffmpeg's framemd5 of the video packets), and the clients' many requests cost few encodes.
+@Suite(.serialized) struct PreviewLoadTests {
+    struct Run {
+        var hashes: [String]
+        var cpuSeconds: Double
+        var wallSeconds: Double
+        var jpegs: Int
+        var distinctJPEGs: Int
+        var failedRequests: Int
+    }
+
+    /// CPU time (user + system) a process has used, from /proc/PID/stat.
+    static func cpuSeconds(_ pid: Int32) -> Double {
+        guard let text = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+            let close = text.lastIndex(of: ")")
+        else { return 0 }
+        let fields = text[text.index(after: close)...].split(separator: " ")
+        // After the name: state is field 3, utime 14 and stime 15 (1-based in proc(5)).
+        guard fields.count > 13, let user = Double(fields[11]), let system = Double(fields[12]) else { return 0 }
+        return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+    }
+
+    /// Records `seconds` of the test pattern; with `clients`, that many threads poll the preview
+    /// every 100 ms meanwhile. The video packets' hashes, in order.
+    static func record(clients: Int, seconds: Double) throws -> Run {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        let daemon = try spawnDaemon(config: """
+            [video]
+            size = "640x360"
+            fps = 30
+            [audio]
+            mic = "none"
+            [control]
+            socket = "\(socket)"
+            [[output]]
+            name = "rec"
+            path = "\(dir.path("rec.mkv"))"
+            """, in: dir)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        _ = try waitUntilRecording(socket)
+        let cpuBefore = cpuSeconds(daemon.pid)
+        let start = Date()
+        let state = PollState()
+        let threads = (0..<clients).map { _ in
+            Thread {
+                while !state.stop.withLock({ $0 }) {
+                    let asked = Date()
+                    if let connection = SocketConnection(socket) {
+                        connection.send("GET /v1/preview.jpg HTTP/1.1\r\nHost: x\r\n\r\n")
+                        _ = connection.readToEnd()
+                        let ok = connection.text.hasPrefix("HTTP/1.1 200")
+                        if ok { state.bodies.withLock { $0[String(connection.text.utf8.count) + connection.text.suffix(64), default: 0] += 1 } } else { state.failed.withLock { $0 += 1 } }
+                    } else {
+                        state.failed.withLock { $0 += 1 }
+                    }
+                    let wait = 0.1 - Date().timeIntervalSince(asked)
+                    if wait > 0 { usleep(UInt32(wait * 1_000_000)) }
+                }
+            }
+        }
+        for thread in threads { thread.start() }
+        while Date().timeIntervalSince(start) < seconds { usleep(50_000) }
+        state.stop.withLock { $0 = true }
+        let cpu = cpuSeconds(daemon.pid) - cpuBefore
+        let wall = Date().timeIntervalSince(start)
+        daemon.signal(SIGTERM)
+        let ended = daemon.wait(timeout: 60)
+        #expect(ended.status == 0, "\(ended.stderr)")
+        #expect(countedVideoDrops(ended.stderr) == 0, "video frames dropped: the recordings cannot be compared")
+        let md5 = try run("/usr/bin/ffmpeg", ["-nostdin", "-v", "error", "-i", dir.path("rec.mkv"), "-map", "0:v", "-c", "copy", "-f", "framemd5", "-"])
+        // Each packet: "0, dts, pts, duration, size, hash": the size and hash are the encoded frame.
+        let hashes = md5.stdout.split(separator: "\n").filter { !$0.hasPrefix("#") }.map { line in
+            line.split(separator: ",").suffix(2).map { $0.trimmingCharacters(in: .whitespaces) }.joined(separator: " ")
+        }
+        let counted = state.bodies.withLock { $0 }
+        return Run(
+            hashes: hashes, cpuSeconds: cpu, wallSeconds: wall, jpegs: counted.values.reduce(0, +), distinctJPEGs: counted.count,
+            failedRequests: state.failed.withLock { $0 })
+    }
+
+    @Test func fivePreviewClientsLeaveTheEncodedFramesUnchanged() throws {
+        let seconds = 6.0
+        let alone = try Self.record(clients: 0, seconds: seconds)
+        let watched = try Self.record(clients: Int(ProcessInfo.processInfo.environment["PREVIEW_CLIENTS"] ?? "5")!, seconds: seconds)
+        let common = min(alone.hashes.count, watched.hashes.count)
+        #expect(common >= 90, "frames: \(alone.hashes.count) and \(watched.hashes.count)")
+        let firstDifference = (0..<common).first { alone.hashes[$0] != watched.hashes[$0] }
+        let around = firstDifference.map { i in (max(0, i - 2)..<min(common, i + 3)).map { "\($0): \(alone.hashes[$0]) | \(watched.hashes[$0])" } } ?? []
+        #expect(firstDifference == nil, "encoded frame \(firstDifference ?? -1) differs with five preview clients: \(around)")
+        #expect(watched.jpegs > 0 && watched.failedRequests == 0, "\(watched.jpegs) previews, \(watched.failedRequests) failed")
+        // 5 clients x 10/s asked; at most one new picture per 300 ms is encoded.
+        #expect(Double(watched.distinctJPEGs) <= watched.wallSeconds / 0.3 + 2, "\(watched.distinctJPEGs) distinct JPEGs in \(watched.wallSeconds) s")
+        print(String(format: "preview load: %d frames identical; CPU %.2f s in %.1f s without clients, %.2f s in %.1f s with 5 clients at 10/s (%d answers, %d distinct JPEGs)",
+                     common, alone.cpuSeconds, alone.wallSeconds, watched.cpuSeconds, watched.wallSeconds, watched.jpegs, watched.distinctJPEGs))
+    }
+}
+
+/// What the preview clients saw: answers by JPEG (size and tail), failures, and when to stop.
+final class PollState: Sendable {
+    let bodies = Mutex<[String: Int]>([:])
+    let failed = Mutex(0)
+    let stop = Mutex(false)
 }
