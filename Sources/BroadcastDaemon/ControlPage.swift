@@ -21,6 +21,12 @@ enum ControlPage {
 
     /// Page routes; nil for anything else (the API's routes).
     static func answer(_ request: ControlRequest, preview: PreviewFrames) -> ControlResponse? {
+        if request.path == "/v1/preview.jpg" { return previewAnswer(request, preview: preview) }
+        return fileAnswer(request)
+    }
+
+    /// The page's own files; nil for any other path.
+    static func fileAnswer(_ request: ControlRequest) -> ControlResponse? {
         let read = request.method == "GET" || request.method == "HEAD"
         switch request.path {
         case "/favicon.ico":
@@ -42,27 +48,30 @@ enum ControlPage {
                 "Cache-Control": "no-cache",
             ]
             return response
-        case "/v1/preview.jpg":
-            guard read else { return .error(405, "\(request.method) is not allowed on /v1/preview.jpg: use GET") }
-            var width = 640
-            if let text = request.query["width"] {
-                guard let asked = Int(text), asked >= 16, asked <= 16384 else {
-                    return .error(400, "invalid width '\(text)': expected pixels from 16 to 16384")
-                }
-                width = asked
-            }
-            switch preview.jpeg(width: width) {
-            case .jpeg(let bytes):
-                var response = ControlResponse(status: 200, contentType: "image/jpeg", body: bytes)
-                response.headers = ["Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"]
-                return response
-            case .noFrame:
-                return .error(503, "no video frame to preview: the broadcast is not running or has no video")
-            case .failed(let message):
-                return .error(500, "preview: \(message)")
-            }
         default:
             return nil
+        }
+    }
+
+    static func previewAnswer(_ request: ControlRequest, preview: PreviewFrames) -> ControlResponse {
+        let read = request.method == "GET" || request.method == "HEAD"
+        guard read else { return .error(405, "\(request.method) is not allowed on /v1/preview.jpg: use GET") }
+        var width = 640
+        if let text = request.query["width"] {
+            guard let asked = Int(text), asked >= 16, asked <= 16384 else {
+                return .error(400, "invalid width '\(text)': expected pixels from 16 to 16384")
+            }
+            width = asked
+        }
+        switch preview.jpeg(width: width) {
+        case .jpeg(let bytes):
+            var response = ControlResponse(status: 200, contentType: "image/jpeg", body: bytes)
+            response.headers = ["Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"]
+            return response
+        case .noFrame:
+            return .error(503, "no video frame to preview: the broadcast is not running or has no video")
+        case .failed(let message):
+            return .error(500, "preview: \(message)")
         }
     }
 }

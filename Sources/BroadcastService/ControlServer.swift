@@ -96,6 +96,9 @@ public final class ControlServer: Service, Sendable {
     /// own files, which hold nothing of the daemon's).
     private let publicPaths: Set<String>
     private let listening = Mutex<ListenState>(.waiting([]))
+    private let boundTCPPort = Mutex<Int?>(nil)
+    /// The TCP listener's port once it listens (the one the system chose for port 0).
+    public var tcpPort: Int? { boundTCPPort.withLock { $0 } }
     private let actions = DispatchQueue(label: "bc-control")
     private let reads = DispatchQueue(label: "bc-control-read", attributes: .concurrent)
 
@@ -258,7 +261,8 @@ public final class ControlServer: Service, Sendable {
                     responder: { request, writer, channel in try await self.respond(request, writer, channel, needsToken: true) },
                     configuration: tcpChannel),
                 configuration: ServerConfiguration(address: .hostname(tcp.host, port: Int(tcp.port))),
-                onServerRunning: { _ in
+                onServerRunning: { channel in
+                    self.boundTCPPort.withLock { $0 = channel.localAddress?.port }
                     tcpBoundSignal.finish()
                     if bound.one() { self.listened() }
                 },
