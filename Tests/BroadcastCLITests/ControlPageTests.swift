@@ -279,3 +279,58 @@ final class PollState: Sendable {
     let failed = Mutex(0)
     let stop = Mutex(false)
 }
+
+/// `broadcast ui`: the page on 127.0.0.1 for a daemon with only its Unix socket.
+@Suite(.serialized) struct PageServerTests {
+    @Test func uiServesThePageAndForwardsToTheSocket() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        let daemon = try spawnDaemon(config: """
+            [video]
+            size = "320x240"
+            [audio]
+            mic = "test"
+            [control]
+            socket = "\(socket)"
+            [[output]]
+            name = "rec"
+            path = "\(dir.path("rec.mkv"))"
+            """, in: dir)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        _ = try waitUntilRecording(socket)
+        let ui = try Child(broadcastBinary, ["ui", "--socket", socket])
+        defer { ui.signal(SIGKILL); _ = ui.wait(timeout: 10) }
+        var url = ""
+        for _ in 0..<300 where url.isEmpty {
+            url = ui.stdoutSoFar.split(separator: "\n").first.map(String.init) ?? ""
+            usleep(100_000)
+        }
+        let parts = url.split(separator: "#token=")
+        try #require(parts.count == 2 && url.hasPrefix("http://127.0.0.1:"), "printed: \(url) \(ui.stderrSoFar)")
+        let base = String(parts[0]).dropLast()
+        let token = String(parts[1])
+        #expect(token.count == 32, "a 128-bit token in hex")
+        #expect(try run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "\(base)/"]).stdout == "200")
+        #expect(try run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "\(base)/v1/status"]).stdout == "401")
+        let pause = try run("/usr/bin/curl", ["-s", "-X", "POST", "-H", "Authorization: Bearer \(token)", "\(base)/v1/outputs/rec/pause"])
+        #expect(pause.stdout.contains("\"paused\":true"), "\(pause.stdout)")
+        let jpeg = try run("/usr/bin/curl", ["-s", "-o", dir.path("p.jpg"), "-w", "%{http_code} %{content_type}", "-H", "Authorization: Bearer \(token)", "\(base)/v1/preview.jpg?width=160"])
+        #expect(jpeg.stdout == "200 image/jpeg")
+
+        // In the browser: the outputs, the pause made above, the meters (relayed `levels` events).
+        let browser = try WebDriver()
+        defer { browser.quit() }
+        try browser.navigate(url)
+        #expect(try browser.waitFor("const s = document.querySelector('[data-output=\"rec\"] .state'); return !!s && s.textContent === 'paused'") != nil)
+        #expect(try browser.waitFor("return !!document.querySelector('[data-meter=\"audioMic\"]')") != nil, "no relayed levels")
+        #expect(SocketConnection.request(socket, "POST", "/v1/outputs/rec/resume") == 200)
+        #expect(try browser.waitFor("return document.querySelector('[data-output=\"rec\"] .state').textContent === 'recording'") != nil,
+                "the relayed output event did not reach the page")
+
+        ui.signal(SIGTERM)
+        let ended = ui.wait(timeout: 30)
+        #expect(ended.status == 0, "\(ended.stderr)")
+        #expect(!ended.stderr.contains(token), "the token in the log")
+    }
+}
