@@ -93,7 +93,8 @@ final class PageFeed: Sendable {
     init(events: ControlEvents) {
         let source = StatusSource()
         statusSource = source
-        levels = LevelMeters { levels in
+        // Room for four output tracks (one today: the mix; `EncodingHandler.audioTrackTap` names each by index).
+        levels = LevelMeters(trackCount: 4) { levels in
             guard events.clientCount > 0 else { return }
             if !levels.isEmpty { events.publishTransient("levels", PageFeed.fields(levels)) }
             let due = source.ticks.withLock { ticks in

@@ -28,8 +28,10 @@ public final class LevelMeters: @unchecked Sendable {
     public static let period: Duration = .milliseconds(100)
     /// What silence reads as (digital zero has no logarithm).
     public static let floor = -120.0
-    /// Each ring holds about a second of 48 kHz stereo float.
-    static let ringBytes = 1 << 19
+    /// Each ring holds about 0.7 s of 48 kHz stereo float (the meters' thread drains it every
+    /// 100 ms). Its pages become resident only once written: rings of tracks or sources a
+    /// broadcast does not have cost address space only.
+    static let ringBytes = 1 << 18
 
     private let sources: [SampleBufferType: ByteRing]
     private let tracks: [ByteRing]

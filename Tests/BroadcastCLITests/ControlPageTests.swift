@@ -28,6 +28,7 @@ import Testing
         [[output]]
         name = "rec"
         path = "\(dir.path("rec.mkv"))"
+        overwrite = true
         [[output]]
         name = "replay"
         replay = "10s"
@@ -139,6 +140,14 @@ import Testing
         #expect((peaks.min() ?? 0) < -60, "the meter never fell back: \(Set(peaks).sorted())")
         #expect(try browser.string("return document.querySelector('[data-meter=\"track1\"]') ? 'yes' : 'no'") == "yes", "no output track meter")
 
+        // The broadcast's own buttons: pause, resume (the page shows each state, the daemon has it).
+        try browser.click("#pause")
+        #expect(try Self.waitForStatus(socket) { $0["state"] as? String == "paused" }, "the page's Pause did not pause")
+        #expect(try browser.waitFor("return document.getElementById('broadcast-state').textContent === 'paused'") != nil)
+        try browser.click("#resume")
+        #expect(try Self.waitForStatus(socket) { $0["state"] as? String == "started" }, "the page's Resume did not resume")
+        #expect(try browser.waitFor("return document.getElementById('broadcast-state').textContent === 'started'") != nil)
+
         // Reload: the answer, then a config error's FILE:LINE: key:.
         try browser.click("#reload")
         #expect(try browser.waitFor("return document.getElementById('answer').textContent.startsWith('reload: applies')") != nil)
@@ -148,6 +157,14 @@ import Testing
         let refusedReload = try browser.waitFor("return /d\\.toml:\\d+: encoder\\.video_bitrate:/.test(document.getElementById('answer').textContent)")
         let answer = try browser.string("return document.getElementById('answer').textContent") ?? ""
         #expect(refusedReload != nil, "reload error: \(answer)")
+
+        // Stop, then Start again: a new broadcast, shown as such.
+        try browser.click("#stop")
+        #expect(try Self.waitForStatus(socket) { $0["state"] as? String == "finished" }, "the page's Stop did not stop")
+        #expect(try browser.waitFor("return document.getElementById('broadcast-state').textContent === 'finished'") != nil)
+        try browser.click("#start")
+        #expect(try Self.waitForStatus(socket) { $0["state"] as? String == "started" }, "the page's Start did not start")
+        #expect(try browser.waitFor("const s = document.querySelector('[data-output=\"rec\"] .state'); return document.getElementById('broadcast-state').textContent === 'started' && !!s && s.textContent === 'recording'") != nil)
 
         let screenshot = try browser.screenshot()
         try screenshot.write(to: URL(fileURLWithPath: ProcessInfo.processInfo.environment["PAGE_SCREENSHOT"] ?? dir.path("page.png")))
@@ -183,6 +200,11 @@ import Testing
         var jpegs: Int
         var distinctJPEGs: Int
         var failedRequests: Int
+        /// The daemon's lines about what it delivered and left out.
+        var log: [String]
+        /// Video frames the session or the test pattern dropped (a loaded machine): the pictures
+        /// after a drop are other ones, so such a recording cannot be compared.
+        var drops: Int
     }
 
     /// CPU time (user + system) a process has used, from /proc/PID/stat.
@@ -244,7 +266,6 @@ import Testing
         daemon.signal(SIGTERM)
         let ended = daemon.wait(timeout: 60)
         #expect(ended.status == 0, "\(ended.stderr)")
-        #expect(countedVideoDrops(ended.stderr) == 0, "video frames dropped: the recordings cannot be compared")
         let md5 = try run("/usr/bin/ffmpeg", ["-nostdin", "-v", "error", "-i", dir.path("rec.mkv"), "-map", "0:v", "-c", "copy", "-f", "framemd5", "-"])
         // Each packet: "0, dts, pts, duration, size, hash": the size and hash are the encoded frame.
         let hashes = md5.stdout.split(separator: "\n").filter { !$0.hasPrefix("#") }.map { line in
@@ -253,23 +274,33 @@ import Testing
         let counted = state.bodies.withLock { $0 }
         return Run(
             hashes: hashes, cpuSeconds: cpu, wallSeconds: wall, jpegs: counted.values.reduce(0, +), distinctJPEGs: counted.count,
-            failedRequests: state.failed.withLock { $0 })
+            failedRequests: state.failed.withLock { $0 },
+            log: ended.stderr.split(separator: "\n").filter { $0.contains("left out") || $0.contains("delivered") || $0.contains("keyframe") }.map(String.init),
+            drops: countedVideoDrops(ended.stderr))
     }
 
     @Test func fivePreviewClientsLeaveTheEncodedFramesUnchanged() throws {
         let seconds = 6.0
-        let alone = try Self.record(clients: 0, seconds: seconds)
-        let watched = try Self.record(clients: Int(ProcessInfo.processInfo.environment["PREVIEW_CLIENTS"] ?? "5")!, seconds: seconds)
+        // A pair is compared only when neither recording dropped a frame (the realtime pattern
+        // drops when the machine is busy, clients or not); up to five tries.
+        var pairs: [(Run, Run)] = []
+        for _ in 0..<5 {
+            let pair = (try Self.record(clients: 0, seconds: seconds), try Self.record(clients: 5, seconds: seconds))
+            pairs.append(pair)
+            if pair.0.drops == 0 && pair.1.drops == 0 { break }
+        }
+        let (alone, watched) = pairs.last!
+        try #require(alone.drops == 0 && watched.drops == 0, "every try dropped frames: \(pairs.map { ($0.0.drops, $0.1.drops) })")
         let common = min(alone.hashes.count, watched.hashes.count)
         #expect(common >= 90, "frames: \(alone.hashes.count) and \(watched.hashes.count)")
         let firstDifference = (0..<common).first { alone.hashes[$0] != watched.hashes[$0] }
         let around = firstDifference.map { i in (max(0, i - 2)..<min(common, i + 3)).map { "\($0): \(alone.hashes[$0]) | \(watched.hashes[$0])" } } ?? []
-        #expect(firstDifference == nil, "encoded frame \(firstDifference ?? -1) differs with five preview clients: \(around)")
+        #expect(firstDifference == nil, "encoded frame \(firstDifference ?? -1) differs with five preview clients: \(around); alone: \(alone.log); watched: \(watched.log)")
         #expect(watched.jpegs > 0 && watched.failedRequests == 0, "\(watched.jpegs) previews, \(watched.failedRequests) failed")
         // 5 clients x 10/s asked; at most one new picture per 300 ms is encoded.
         #expect(Double(watched.distinctJPEGs) <= watched.wallSeconds / 0.3 + 2, "\(watched.distinctJPEGs) distinct JPEGs in \(watched.wallSeconds) s")
-        print(String(format: "preview load: %d frames identical; CPU %.2f s in %.1f s without clients, %.2f s in %.1f s with 5 clients at 10/s (%d answers, %d distinct JPEGs)",
-                     common, alone.cpuSeconds, alone.wallSeconds, watched.cpuSeconds, watched.wallSeconds, watched.jpegs, watched.distinctJPEGs))
+        print(String(format: "preview load (try %d): %d frames identical; CPU %.2f s in %.1f s without clients, %.2f s in %.1f s with 5 clients at 10/s (%d answers, %d distinct JPEGs)",
+                     pairs.count, common, alone.cpuSeconds, alone.wallSeconds, watched.cpuSeconds, watched.wallSeconds, watched.jpegs, watched.distinctJPEGs))
     }
 }
 
