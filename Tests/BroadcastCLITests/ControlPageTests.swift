@@ -158,6 +158,10 @@ import Testing
         let answer = try browser.string("return document.getElementById('answer').textContent") ?? ""
         #expect(refusedReload != nil, "reload error: \(answer)")
 
+        // The page as the README shows it (docs/page.png: PAGE_SCREENSHOT=docs/page.png).
+        let screenshot = try browser.screenshot()
+        try screenshot.write(to: URL(fileURLWithPath: ProcessInfo.processInfo.environment["PAGE_SCREENSHOT"] ?? dir.path("page.png")))
+
         // Stop, then Start again: a new broadcast, shown as such.
         try browser.click("#stop")
         #expect(try Self.waitForStatus(socket) { $0["state"] as? String == "finished" }, "the page's Stop did not stop")
@@ -166,8 +170,6 @@ import Testing
         #expect(try Self.waitForStatus(socket) { $0["state"] as? String == "started" }, "the page's Start did not start")
         #expect(try browser.waitFor("const s = document.querySelector('[data-output=\"rec\"] .state'); return document.getElementById('broadcast-state').textContent === 'started' && !!s && s.textContent === 'recording'") != nil)
 
-        let screenshot = try browser.screenshot()
-        try screenshot.write(to: URL(fileURLWithPath: ProcessInfo.processInfo.environment["PAGE_SCREENSHOT"] ?? dir.path("page.png")))
 
         // No console errors so far but the refused reload's 400, which the test asked for.
         let errors = try browser.consoleLog().filter { $0.level == "SEVERE" && !($0.message.contains("/v1/reload") && $0.message.contains("400")) }
