@@ -365,5 +365,22 @@ final class PollState: Sendable {
         let ended = ui.wait(timeout: 30)
         #expect(ended.status == 0, "\(ended.stderr)")
         #expect(!ended.stderr.contains(token), "the token in the log")
+
+        // --open runs xdg-open with the URL (a stand-in that notes its arguments).
+        try FileManager.default.createDirectory(atPath: dir.path("bin"), withIntermediateDirectories: true)
+        try "#!/bin/sh\necho \"$@\" > \(dir.path("opened"))\n".write(toFile: dir.path("bin/xdg-open"), atomically: true, encoding: .utf8)
+        chmod(dir.path("bin/xdg-open"), 0o755)
+        let opening = try Child(
+            broadcastBinary, ["ui", "--socket", socket, "--open"],
+            environment: ["PATH": dir.path("bin") + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")])
+        defer { opening.signal(SIGKILL); _ = opening.wait(timeout: 10) }
+        var opened = ""
+        for _ in 0..<300 where opened.isEmpty {
+            opened = (try? String(contentsOfFile: dir.path("opened"), encoding: .utf8)) ?? ""
+            usleep(100_000)
+        }
+        let printed = opening.stdoutSoFar.trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(!printed.isEmpty && opened.trimmingCharacters(in: .whitespacesAndNewlines) == printed, "opened '\(opened)', printed '\(printed)'")
+        #expect(!printed.contains(token), "the same token twice")
     }
 }
