@@ -166,7 +166,7 @@ extension ControlPage {
             }
             $("login").hidden = true;
             $("main").hidden = false;
-            render(await response.json());
+            render(await response.json(), false);
             follow();
             startPreview();
           }
@@ -216,6 +216,8 @@ extension ControlPage {
             try { fields = JSON.parse(data); } catch (e) { return; }
             switch (type) {
               case "state":
+                render(fields.status, false);
+                break;
               case "status":
                 render(fields.status);
                 break;
@@ -247,7 +249,9 @@ extension ControlPage {
             element.dataset.state = state;
           }
 
-          function render(status) {
+          // `sample`: a point for the bitrate graphs (the once-a-second `status` events); an
+          // action's answer only updates the figures.
+          function render(status, sample = true) {
             if (!status) return;
             setState($("broadcast-state"), status.state);
             $("uptime").textContent = seconds(status.uptime_seconds);
@@ -257,13 +261,13 @@ extension ControlPage {
             const memory = status.memory || {};
             const resident = memory.resident_bytes, budget = memory.budget_bytes;
             $("memory").textContent = bytes(resident) + (budget ? " of " + bytes(budget) + " budget" : "");
-            outputs(status.outputs || []);
+            outputs(status.outputs || [], sample);
             sources(status.types || {});
           }
 
           function outputState(o) { return o.paused ? "paused" : o.state; }
 
-          function outputs(list) {
+          function outputs(list, sample) {
             const box = $("outputs");
             const seen = new Set();
             for (const o of list) {
@@ -294,7 +298,7 @@ extension ControlPage {
               }
               card.querySelector(".pause").textContent = o.paused ? "Resume " + o.name : "Pause " + o.name;
               const series = history[o.name] || (history[o.name] = []);
-              series.push(o.bitrate || 0);
+              if (sample || series.length === 0) series.push(o.bitrate || 0);
               if (series.length > 60) series.splice(0, series.length - 60);
               graph(card.querySelector("canvas"), series);
             }
@@ -452,7 +456,7 @@ extension ControlPage {
                 answer.textContent = "POST " + path + ": saving " + body.path;
               } else {
                 answer.textContent = "POST " + path + ": done";
-                if (body && body.state) render(body);
+                if (body && body.state) render(body, false);
               }
             } catch (error) {
               answer.dataset.ok = "false";

@@ -53,8 +53,10 @@ public final class PageServer: Sendable {
     public func run() async throws {
         let thread = OSThread(name: "bc-ui-relay") { [self] in relay() }
         defer {
+            // The relay may be waiting in a read of the daemon's stream: it ends at its next event
+            // or with the process, and nobody joins it.
             relaying.withLock { $0 = false }
-            _ = thread
+            thread.detach()
             rmdir(directory)
         }
         try await server.run()
