@@ -244,6 +244,7 @@ extension Daemon {
             return try ControlServer(
                 socketPath: configuration.socketPath,
                 mode: configuration.socketMode,
+                group: configuration.socketGroup?.id,
                 tcp: configuration.tcp.map { ($0.host, $0.port) },
                 token: token,
                 events: events,
@@ -713,7 +714,8 @@ final class BroadcastController: Sendable {
     /// once), as a config error naming the key: restart needed. nil when only the token changed.
     static func controlChangeNeedingRestart(from old: DaemonConfiguration, to new: DaemonConfiguration) -> ConfigError? {
         let changed: String? =
-            old.socketPath != new.socketPath ? "socket" : old.socketMode != new.socketMode ? "socket_mode" : old.tcp != new.tcp ? "tcp" : nil
+            old.socketPath != new.socketPath ? "socket" : old.socketMode != new.socketMode ? "socket_mode"
+            : old.socketGroup != new.socketGroup ? "socket_group" : old.tcp != new.tcp ? "tcp" : nil
         guard let changed else { return nil }
         let key = "control.\(changed)"
         return ConfigError(
