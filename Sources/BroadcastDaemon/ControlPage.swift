@@ -78,8 +78,8 @@ enum ControlPage {
 
 /// What the page's event stream gets besides the daemon's events: the audio meters' `levels`
 /// (each period, 10 a second) and the whole status once a second (`status`), both transient
-/// (no id, not in the history) and only while a client follows `/v1/events`. Runs on the meters'
-/// thread (`bc-levels`), never on the session's.
+/// (no id, not in the history) and only to clients of `/v1/events?levels=1` (the page), while
+/// there are any. Runs on the meters' thread (`bc-levels`), never on the session's.
 final class PageFeed: Sendable {
     let preview = PreviewFrames()
     let levels: LevelMeters
@@ -95,7 +95,7 @@ final class PageFeed: Sendable {
         statusSource = source
         // Room for four output tracks (one today: the mix; `EncodingHandler.audioTrackTap` names each by index).
         levels = LevelMeters(trackCount: 4) { levels in
-            guard events.clientCount > 0 else { return }
+            guard events.transientClientCount > 0 else { return }
             if !levels.isEmpty { events.publishTransient("levels", PageFeed.fields(levels)) }
             let due = source.ticks.withLock { ticks in
                 ticks += 1

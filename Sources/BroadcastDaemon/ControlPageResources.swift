@@ -179,7 +179,8 @@ extension ControlPage {
             const h = headers({ "Accept": "text/event-stream" });
             if (lastEventId) h["Last-Event-ID"] = lastEventId;
             try {
-              const response = await fetch("/v1/events", { headers: h, cache: "no-store", signal: abort.signal });
+              // levels=1: the audio meters' `levels` and the once-a-second `status` too.
+              const response = await fetch("/v1/events?levels=1", { headers: h, cache: "no-store", signal: abort.signal });
               if (response.status === 401) { showLogin("The token was refused."); return; }
               if (!response.ok || !response.body) throw new Error("HTTP " + response.status);
               $("connection").textContent = "live updates";

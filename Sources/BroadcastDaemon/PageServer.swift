@@ -71,7 +71,7 @@ public final class PageServer: Sendable {
         let client = ControlClient(socketPath: daemonSocket)
         var lastID: UInt64?
         while relaying.withLock({ $0 }) {
-            _ = try? client.events(lastEventID: lastID) { event in
+            _ = try? client.events(lastEventID: lastID, query: "levels=1") { event in
                 if let id = event.id { lastID = id }
                 guard event.type != "state", case .object(let fields)? = JSONValue.parse(event.data) else {
                     return relaying.withLock { $0 }

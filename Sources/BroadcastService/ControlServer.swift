@@ -464,7 +464,8 @@ public final class ControlServer: Service, Sendable {
         // is checked as the client subscribes, before any await.
         let lastEventID = request.headers["last-event-id"].flatMap { UInt64($0) }
         guard
-            let subscription = events.subscribe(lastEventID: lastEventID, atMost: Self.maxEventClients, onDrop: {
+            let subscription = events.subscribe(
+                lastEventID: lastEventID, atMost: Self.maxEventClients, transient: request.query["levels"] == "1", onDrop: {
                 channel.eventLoop.scheduleTask(in: Self.droppedGrace) { channel.close(promise: nil) }
             })
         else {
