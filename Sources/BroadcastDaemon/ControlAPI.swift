@@ -65,12 +65,26 @@ enum ControlAPI {
                 return .error(400, "\(error)")
             }
             return .json(200, controller.status())
+        case ("POST", let path) where path.hasPrefix("/v1/audio/"):
+            // /v1/audio/{mic|app}/{mute|unmute}
+            let parts = path.dropFirst("/v1/audio/".count).split(separator: "/", omittingEmptySubsequences: false)
+            guard parts.count == 2, parts[1] == "mute" || parts[1] == "unmute" else {
+                return .error(400, "unknown audio action '\(path)': use /v1/audio/{mic|app}/{mute|unmute}")
+            }
+            do {
+                try controller.setAudio(String(parts[0]), muted: parts[1] == "mute")
+            } catch let error as BroadcastError {
+                return .error(error.code == .illegalTransition ? 409 : 400, error.message)
+            } catch {
+                return .error(400, "\(error)")
+            }
+            return .json(200, controller.status())
         case (_, "/v1/status"), (_, "/metrics"):
             return .error(405, "\(request.method) is not allowed on \(request.path): use GET")
-        case (_, let path) where path.hasPrefix("/v1/broadcast/") || path.hasPrefix("/v1/outputs/") || path == "/v1/replay/save" || path == "/v1/reload":
+        case (_, let path) where path.hasPrefix("/v1/broadcast/") || path.hasPrefix("/v1/outputs/") || path.hasPrefix("/v1/audio/") || path == "/v1/replay/save" || path == "/v1/reload":
             return .error(405, "\(request.method) is not allowed on \(path): use POST")
         default:
-            return .error(404, "no such endpoint: \(request.path) (see /v1/status, /v1/broadcast/{start,pause,resume,stop}, /v1/outputs/{name}/{pause,resume,save}, /v1/replay/save, /v1/reload, /metrics)")
+            return .error(404, "no such endpoint: \(request.path) (see /v1/status, /v1/broadcast/{start,pause,resume,stop}, /v1/outputs/{name}/{pause,resume,save}, /v1/replay/save, /v1/audio/{mic,app}/{mute,unmute}, /v1/reload, /metrics)")
         }
     }
 }
@@ -99,6 +113,16 @@ struct MetricsFigures {
         var reconnects: Int
         var drops: [(reason: String, count: Int)]
         var replay: ReplayStatistics?
+        /// WHIP outputs: what the viewer's RTCP says.
+        var webRTC: WebRTCFigures? = nil
+    }
+
+    /// A WHIP output's RTCP figures (nil: no receiver report yet).
+    struct WebRTCFigures {
+        var roundTripSeconds: Double?
+        var packetsLost: Int?
+        var fractionLost: Double?
+        var keyframeRequests: Int
     }
 
     var uptimeSeconds: Double
@@ -230,6 +254,12 @@ public final class DaemonMetrics: Sendable {
                 gauge("broadcast_output_up", ["live", "recording"].contains(o.state) && !o.paused ? 1 : 0, output, into: &now)
                 for (reason, count) in o.drops {
                     counter("broadcast_output_dropped_packets_total", count, output + [("reason", reason)], of: owner, last: last, into: &now)
+                }
+                if let w = o.webRTC {
+                    if let rtt = w.roundTripSeconds { gauge("broadcast_output_round_trip_seconds", rtt, output, into: &now) }
+                    if let lost = w.packetsLost { gauge("broadcast_output_packets_lost", Double(lost), output, into: &now) }
+                    if let fraction = w.fractionLost { gauge("broadcast_output_fraction_lost", fraction, output, into: &now) }
+                    counter("broadcast_output_keyframe_requests_total", w.keyframeRequests, output, of: owner, last: last, into: &now)
                 }
                 if let r = o.replay {
                     gauge("broadcast_replay_buffered_seconds", r.bufferedSeconds, output, into: &now)

@@ -378,6 +378,9 @@ final class BroadcastController: Sendable {
         var sourceSettings: SourceSettings
         /// The sizes the memory budget gave; outputs added by SIGHUP get them too.
         let memoryPlan: MemoryPlan
+        /// The audio sources' volumes and mutes (`POST /v1/audio/...`), and which sources there are.
+        var audioControl: AudioSourceControl? = nil
+        var audioSources: [SampleBufferType] = []
     }
 
     private let state: Mutex<(config: DaemonConfiguration, running: Running?, starting: Bool)>
@@ -485,7 +488,10 @@ final class BroadcastController: Sendable {
             sourceSettings: sources,
             memoryPlan: plan
         )
-        state.withLock { $0.running = running }
+        var withAudio = running
+        withAudio.audioControl = handler.audioControl
+        withAudio.audioSources = configuration.audioSources
+        state.withLock { $0.running = withAudio }
         failure.withLock { $0 = nil }
         logger.notice("broadcast started: \(outputs.map(\.name).joined(separator: ", "))")
     }
@@ -504,6 +510,41 @@ final class BroadcastController: Sendable {
             throw BroadcastError(.illegalTransition, "output \(name) is \(paused ? "already paused" : "not paused")")
         }
         if paused { output.pause() } else { output.resume() }
+    }
+
+    /// Mutes or unmutes an audio source (`mic`, `app`) of the running broadcast, from its next
+    /// buffer on. Throws `illegalTransition` when none runs, `invalidArgument` for a source it has not.
+    func setAudio(_ source: String, muted: Bool) throws {
+        let type: SampleBufferType
+        switch source {
+        case "mic": type = .audioMic
+        case "app": type = .audioApp
+        default: throw BroadcastError(.invalidArgument, "unknown audio source '\(source)': use mic or app")
+        }
+        guard let running = state.withLock({ $0.running }), running.session.state != .finished,
+            let control = running.audioControl
+        else {
+            throw BroadcastError(.illegalTransition, "cannot \(muted ? "mute" : "unmute") \(source): no broadcast is running")
+        }
+        guard running.audioSources.contains(type) else {
+            throw BroadcastError(.invalidArgument, "cannot \(muted ? "mute" : "unmute") \(source): the broadcast has no \(source) audio")
+        }
+        control.setMuted(muted, of: type)
+        logger.notice("\(source) audio \(muted ? "muted" : "unmuted")")
+        publishChanges()
+    }
+
+    /// A reload's new `mic_volume`/`mic_mute` (`app_...`) apply at once, from the source's next
+    /// buffer; a level the reload did not change stays as the control API left it.
+    private func applyAudioLevels(of fresh: DaemonConfiguration, changedFrom previous: DaemonConfiguration, to running: Running, trigger: String) {
+        guard let control = running.audioControl else { return }
+        for (name, type, level, before) in [
+            ("mic", SampleBufferType.audioMic, fresh.encoder.micLevel, previous.encoder.micLevel),
+            ("app", .audioApp, fresh.encoder.appLevel, previous.encoder.appLevel),
+        ] where level != before && running.audioSources.contains(type) {
+            control.set(level, of: type)
+            logger.notice("\(trigger): \(name) audio at \(level.volumeDecibels) dB\(level.muted ? ", muted" : "")")
+        }
     }
 
     /// The running broadcast's outputs; nil when no broadcast runs.
@@ -570,7 +611,7 @@ final class BroadcastController: Sendable {
                 configuration.hookTimeout = output.hookTimeout
                 return configuration
             case .live(let url):
-                let destination = try OutputDestination.parse(url)
+                let destination = try OutputDestination.parse(url).withWHIPToken(output.token)
                 // The config check refuses this; a file made of a URL without a scheme never is.
                 guard destination.isLive else { throw BroadcastError(.invalidArgument, "output \(output.name): url is not a stream URL (no scheme)") }
                 var live = LiveStreamSettings()
@@ -631,9 +672,10 @@ final class BroadcastController: Sendable {
             logger.error("\(trigger): config not reloaded: \(error)")
             return .refused("\(error)")
         }
-        let running = state.withLock { state -> Running? in
+        let (running, previous) = state.withLock { state -> (Running?, DaemonConfiguration) in
+            let previous = state.config
             state.config = fresh
-            return state.running
+            return (state.running, previous)
         }
         if controlToken.current != fresh.token {
             controlToken.replace(with: fresh.token)
@@ -687,6 +729,7 @@ final class BroadcastController: Sendable {
                 : "the outputs change before the broadcast's next buffer; its thread was busy for \(Self.reloadPatience / 1_000_000_000) s"
         }
         let applied = sourceReload?.apply(to: running.session, logger: logger)
+        applyAudioLevels(of: fresh, changedFrom: previous, to: running, trigger: trigger)
         state.withLock { state in
             var definitions = Dictionary(fresh.outputs.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
             // An output still on its old settings is compared with them at the next reload.
@@ -774,9 +817,29 @@ final class BroadcastController: Sendable {
                 serial: output.serial, name: o.name, kind: o.isLive ? "live" : output.isReplay ? "replay" : "recording", state: "\(o.state)",
                 paused: output.isPaused, bytes: Int(o.bytesSent), bitrate: o.bitrate, backlogMilliseconds: o.backlogMilliseconds,
                 reconnects: o.reconnects, drops: o.drops.sorted { $0.key.rawValue < $1.key.rawValue }.map { ("\($0.key)", $0.value) },
-                replay: output.replayStatistics())
+                replay: output.replayStatistics(),
+                webRTC: o.keyframeRequests.map {
+                    .init(roundTripSeconds: o.roundTripMilliseconds.map { $0 / 1000 }, packetsLost: o.packetsLost, fractionLost: o.fractionLost, keyframeRequests: $0)
+                })
         }
         return figures
+    }
+
+    /// A WHIP output's RTCP figures for the status: round-trip time, packets lost (cumulative) and
+    /// the fraction lost in the viewer's last report, its keyframe requests. None for other outputs.
+    static func webRTCFields(_ o: OutputStatistics) -> [(String, JSONValue)] {
+        guard let requests = o.keyframeRequests else { return [] }
+        return [
+            (
+                "webrtc",
+                .object([
+                    ("round_trip_ms", o.roundTripMilliseconds.map(JSONValue.number) ?? .null),
+                    ("packets_lost", o.packetsLost.map { .number(Double($0)) } ?? .null),
+                    ("fraction_lost", o.fractionLost.map(JSONValue.number) ?? .null),
+                    ("keyframe_requests", .number(Double(requests))),
+                ])
+            )
+        ]
     }
 
     /// The state events are made of, read from the session's and outputs' atomics.
@@ -793,6 +856,7 @@ final class BroadcastController: Sendable {
                 return .init(name: output.name, state: state, files: files.count, lastFile: files.last)
             },
             devices: stats.sorted { $0.key.rawValue < $1.key.rawValue }.map { ($0.key.rawValue, $0.value.sourceHealth.state == .deviceLost) },
+            audio: Self.audioSourceNames(running.audioSources).map { ($0.name, running.audioControl?.level(of: $0.type).muted ?? false) },
             // What a pause leaves out is asked for, not lost: no drops event for it.
             drops: running.outputs.map { output in
                 .init(scope: "output", name: output.name, count: output.statistics().drops.filter { $0.key != .paused }.values.reduce(0, +))
@@ -822,6 +886,11 @@ final class BroadcastController: Sendable {
         case .idle: "starting"
         default: health == .deviceLost ? "device-lost" : "capturing"
         }
+    }
+
+    /// The audio sources as the control API names them.
+    static func audioSourceNames(_ types: [SampleBufferType]) -> [(name: String, type: SampleBufferType)] {
+        [("mic", SampleBufferType.audioMic), ("app", .audioApp)].filter { types.contains($0.1) }
     }
 
     func statusLine() -> String {
@@ -883,7 +952,7 @@ final class BroadcastController: Sendable {
                 ("reconnects", .number(Double(o.reconnects))),
                 ("drops", .object(drops)),
                 ("error", o.lastError.map(JSONValue.string) ?? .null),
-            ] + Self.replayFields(output)
+            ] + Self.replayFields(output) + Self.webRTCFields(o)
             return .object(fields)
         }
         let fps = elapsed > 0 ? (Double(encoding.videoFramesEncoded) / elapsed * 10).rounded() / 10 : 0
@@ -900,6 +969,10 @@ final class BroadcastController: Sendable {
             ("audio_drift_ppm", running.audioDevices.lazy.compactMap { $0.statistics.driftPPM }.first.map(JSONValue.number) ?? .null),
             ("types", .object(types)),
             ("outputs", .array(outputs)),
+            ("audio", .object(Self.audioSourceNames(running.audioSources).map { source in
+                let level = running.audioControl?.level(of: source.type) ?? AudioLevel()
+                return (source.name, .object([("muted", .bool(level.muted)), ("volume_db", .number(level.volumeDecibels))]))
+            })),
             ("memory", Self.memoryFields(running.outputs, budget: state.withLock { $0.config.memoryBudgetBytes })),
             ("error", failure.map(JSONValue.string) ?? .null),
         ]

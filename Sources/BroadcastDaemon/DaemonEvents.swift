@@ -22,6 +22,8 @@ struct EventSnapshot {
     var outputs: [Output] = []
     /// Per sample-buffer type, whether its device is lost.
     var devices: [(String, Bool)] = []
+    /// Per audio source (mic, app), whether it is muted.
+    var audio: [(String, Bool)] = []
     /// What was dropped so far, per output and per sample-buffer type of the session.
     var drops: [Drops] = []
 
@@ -70,6 +72,10 @@ struct EventSnapshot {
         let previousDevices = sameSession ? Dictionary(before.devices, uniquingKeysWith: { a, _ in a }) : [:]
         for (type, lost) in devices where lost != (previousDevices[type] ?? false) {
             events.append(("device", [("type", .string(type)), ("state", .string(lost ? "lost" : "back"))]))
+        }
+        let previousAudio = sameSession ? Dictionary(before.audio, uniquingKeysWith: { a, _ in a }) : [:]
+        for (source, muted) in audio where muted != (previousAudio[source] ?? false) {
+            events.append(("audio", [("source", .string(source)), ("state", .string(muted ? "muted" : "unmuted"))]))
         }
         let previousDrops = sameSession ? Dictionary(before.drops.map { ("\($0.scope) \($0.name)", $0.count) }, uniquingKeysWith: { a, _ in a }) : [:]
         for drop in drops where Self.dropBand(drop.count) > Self.dropBand(previousDrops["\(drop.scope) \(drop.name)"] ?? 0) {

@@ -52,6 +52,12 @@ public final class CodecParameters: @unchecked Sendable {
     public var bitRate: Int64 { pointer.pointee.bit_rate }
     /// Codec-level header (SPS/PPS, AudioSpecificConfig) when the encoder wrote a global header.
     public var hasExtradata: Bool { pointer.pointee.extradata_size > 0 }
+    /// The codec-level header's bytes (H.264: SPS/PPS as libx264 writes them, Annex B); empty
+    /// without a global header.
+    public var extradata: [UInt8] {
+        guard let data = pointer.pointee.extradata, pointer.pointee.extradata_size > 0 else { return [] }
+        return Array(UnsafeBufferPointer(start: data, count: Int(pointer.pointee.extradata_size)))
+    }
 }
 
 /// One stream as an encoder produces it: its parameters and the time base of its packets.
@@ -60,11 +66,26 @@ public struct StreamDescription: Sendable {
     public var timeBase: Rational
     /// Nominal frame rate of a video stream.
     public var frameRate: Rational?
+    /// The track's title in the container ("Microphone"): MP4/MOV `hdlr` name, Matroska TrackName.
+    public var title: String?
+    /// The `streamIndex` of the packets of this stream, when an output carries only some of the
+    /// encoder's streams (nil: the order the streams are added in).
+    public var streamIndex: Int?
 
     public init(parameters: CodecParameters, timeBase: Rational, frameRate: Rational? = nil) {
         self.parameters = parameters
         self.timeBase = timeBase
         self.frameRate = frameRate
+    }
+}
+
+extension Array where Element == StreamDescription {
+    /// How many packet stream indices these streams span (the largest `streamIndex` + 1): what a
+    /// per-stream table indexed by `EncodedPacket.streamIndex` needs.
+    public var streamIndexSpan: Int {
+        var span = 0
+        for (position, stream) in enumerated() { span = Swift.max(span, (stream.streamIndex ?? position) + 1) }
+        return span
     }
 }
 

@@ -24,6 +24,14 @@ public struct EncodingConfiguration: Sendable {
     public var outputs: [OutputConfiguration]
     /// cfr unless set; vfr is refused with a live output.
     public var frameRateMode: FrameRateMode = .cfr
+    /// WebRTC for whip+https:// outputs (BroadcastWebRTC's `GStreamerWebRTC`); nil: refused.
+    public var webRTC: (any WebRTCEngine)? = nil
+    /// One mixed audio track (the default), one per source, or both (see `AudioTrackMode`).
+    public var audioTracks: AudioTrackMode = .mixed
+    /// The audio sources the broadcast has (a track each in `separate` and `both`).
+    public var audioSources: [SampleBufferType] = [.audioMic, .audioApp]
+    /// Each audio source's volume and mute at the start (`EncodingHandler.audioControl` changes them).
+    public var audioLevels: [SampleBufferType: AudioLevel] = [:]
 
     public init(
         video: VideoEncoderSettings?,
@@ -55,6 +63,7 @@ public struct EncodingConfiguration: Sendable {
                 "frame rate mode vfr is for files only: the live output \(live.destination) needs a constant frame rate (cfr)")
         }
         for output in allOutputs {
+            if let problem = webRTCProblem(output.destination) { throw BroadcastError(.invalidArgument, problem) }
             if case .file(let path) = output.destination {
                 guard output.replay != nil else {
                     try Recording.validate(path: path, overwrite: output.overwrite)
@@ -71,6 +80,26 @@ public struct EncodingConfiguration: Sendable {
             }
         }
         try OutputConfiguration.checkDistinctFiles(allOutputs)
+    }
+
+    /// Why a WHIP output cannot take this encode, or nil (also nil for other outputs): WebRTC
+    /// needs H.264 without B-frames (zerolatency) and 48 kHz audio for Opus.
+    func webRTCProblem(_ destination: OutputDestination) -> String? {
+        guard case .live(let url) = destination, url.scheme.isWHIP else { return nil }
+        if webRTC == nil { return "\(url.redacted): this build has no WebRTC (GStreamer's webrtcbin) for WHIP outputs" }
+        if let video {
+            if !video.encoder.contains("264") { return "\(url.redacted): WHIP sends H.264, not \(video.encoder)" }
+            if video.tune != "zerolatency" {
+                return "\(url.redacted): WebRTC takes no B-frames: the encoder needs --tune zerolatency (the default), not \(video.tune ?? "none")"
+            }
+        }
+        if audio != nil, audioTracks == .separate {
+            return "\(url.redacted): WHIP sends the mix (in Opus): --audio-tracks mixed or both, not separate"
+        }
+        if let audio, audio.sampleRate != 48_000 {
+            return "\(url.redacted): WebRTC's Opus audio needs 48 kHz, not \(audio.sampleRate) Hz"
+        }
+        return nil
     }
 }
 
@@ -128,13 +157,24 @@ public final class EncodingHandler: BroadcastSampleHandler {
     /// Sees each output track's mixed audio (track index, samples) on the session thread before it
     /// is encoded (the control page's meters: `LevelMeters.offer(track:_:)`); set before the start.
     public var audioTrackTap: ((Int, PlanarAudio) -> Void)?
+    /// Each audio track's index among the output's audio tracks (the order of `AudioTrackLayout`).
+    private var mixTrackIndex: Int?
+    private var sourceTrackIndex: [SampleBufferType: Int] = [:]
     private let logger: Logger
     /// Why the outputs could not be made at init (the start throws it).
     private var unmade: BroadcastError?
 
     private var videoEncoder: VideoEncoder?
     private var audioEncoder: AudioEncoder?
+    /// Opus for WHIP outputs, beside the AAC the others get: made when the first WHIP output is.
+    private var opusEncoder: AudioEncoder?
     private var mixer: AudioMixer?
+    /// `separate`/`both`: each source's own track.
+    private var sourceTracks: [SourceTrack] = []
+    /// The audio tracks encoded, in stream order after the video (set at the start).
+    private var audioLayout: AudioTrackLayout?
+    /// The sources' volumes and mutes: set from any thread, applied from each source's next buffer.
+    public let audioControl: AudioSourceControl
     private var resamplers: [SampleBufferType: Resampler] = [:]
     /// Every output, in configuration order, from init on (their threads start with the broadcast),
     /// and the way to change them while the broadcast runs: read and asked from any thread.
@@ -178,6 +218,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
         let failed = counters.failedOutputs
         let mediaClock = MediaClock(realtime: realtime)
         self.mediaClock = mediaClock
+        audioControl = AudioSourceControl(configuration.audioLevels)
         var outputs: [Output] = []
         do {
             for output in configuration.allOutputs {
@@ -212,7 +253,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
         let globalHeader = configuration.allOutputs.contains {
             switch $0.destination {
             case .file(let path): (try? Recording.container(for: path).needsGlobalHeader) ?? false
-            case .live(let url): Muxer.formatNeedsGlobalHeader(formatName: url.scheme.formatName) ?? false
+            case .live(let url): !url.scheme.isWHIP && Muxer.formatNeedsGlobalHeader(formatName: url.scheme.formatName) ?? false
             }
         }
         var streams: [StreamDescription] = []
@@ -224,15 +265,31 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 videoEncoder = encoder
             }
             if let audio = configuration.audio {
-                let encoder = try AudioEncoder(
-                    settings: audio, globalHeader: globalHeader, streamIndex: streams.count, logger: logger)
-                streams.append(encoder.stream)
-                audioEncoder = encoder
-                mixer = AudioMixer(channelCount: audio.channels, sampleRate: audio.sampleRate)
+                let layout = AudioTrackLayout(configuration)
+                audioLayout = layout
+                for (index, track) in layout.tracks.enumerated() {
+                    switch track {
+                    case .mix: mixTrackIndex = index
+                    case .source(let type): sourceTrackIndex[type] = index
+                    }
+                    let encoder = try AudioEncoder(
+                        settings: audio, globalHeader: globalHeader, streamIndex: streams.count, logger: logger)
+                    var stream = encoder.stream
+                    stream.title = track.title(alone: layout.tracks.count == 1)
+                    streams.append(stream)
+                    switch track {
+                    case .mix:
+                        audioEncoder = encoder
+                        mixer = AudioMixer(channelCount: audio.channels, sampleRate: audio.sampleRate)
+                    case .source(let type):
+                        sourceTracks.append(SourceTrack(type: type, encoder: encoder))
+                    }
+                }
             }
         } catch {
             throw BroadcastError(.outputFailed, "\(error)")
         }
+        for i in streams.indices { streams[i].streamIndex = i }
         self.streams = streams
         // Files are opened here, so a recording that cannot be created fails the start; live
         // outputs connect on their own threads (a server that is down must not stop the recording).
@@ -253,6 +310,8 @@ public final class EncodingHandler: BroadcastSampleHandler {
     /// The worker that feeds `output` its packets: a file is created now (so a path that cannot
     /// be written fails here), a live stream connects on its own thread.
     private func makeWorker(for output: Output, joining: Bool = false) throws(BroadcastError) -> any OutputWorker {
+        let streams = carriedStreams(of: output)
+        output.carriedStreams = streams.reduce(0) { $0 | 1 << UInt64($1.streamIndex!) }
         switch output.destination {
         case .file(let template) where output.configuration.replay != nil:
             return try ReplayWorker(
@@ -266,10 +325,38 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 output: output, recording: recording, hasVideo: videoEncoder != nil, streams: streams,
                 segments: output.configuration.segments, manifest: output.configuration.manifest,
                 joinsRunningBroadcast: joining, logger: logger)
+        case .live(let url) where url.scheme.isWHIP:
+            if let problem = configuration.webRTCProblem(output.destination) { throw BroadcastError(.outputFailed, problem) }
+            var whipStreams = streams.filter { $0.parameters.mediaType == .video }
+            if let opus = try opusStream() { whipStreams.append(opus) }
+            return WHIPWorker(output: output, url: url, streams: whipStreams, engine: configuration.webRTC!, logger: logger)
         case .live(let url):
-            let totalBitrate = (configuration.video?.bitrate ?? 0) + (configuration.audio?.bitrate ?? 0)
+            let audioTracks = streams.filter { $0.parameters.mediaType == .audio }.count
+            let totalBitrate = (configuration.video?.bitrate ?? 0) + (configuration.audio?.bitrate ?? 0) * audioTracks
             return LiveStreamWorker(output: output, url: url, streams: streams, totalBitrate: totalBitrate, logger: logger)
         }
+    }
+
+    /// The Opus stream WHIP outputs get, its encoder made the first time one is asked for (nil
+    /// without audio). Session thread.
+    private func opusStream() throws(BroadcastError) -> StreamDescription? {
+        if let opusEncoder { return opusEncoder.stream }
+        guard let audio = configuration.audio else { return nil }
+        let settings = AudioEncoderSettings(encoder: "libopus", sampleRate: 48_000, channels: audio.channels, bitrate: audio.bitrate)
+        let encoder = try media { () throws(FFmpegError) in
+            try AudioEncoder(settings: settings, globalHeader: false, streamIndex: streams.count, logger: logger)
+        }
+        opusEncoder = encoder
+        return encoder.stream
+    }
+
+    /// The streams `output` carries: the video, and the audio tracks its container holds (an
+    /// FLV output one, the mix).
+    private func carriedStreams(of output: Output) -> [StreamDescription] {
+        guard let layout = audioLayout else { return streams }
+        let firstAudio = videoEncoder == nil ? 0 : 1
+        let audio = layout.carried(by: AudioTrackLayout.formatName(of: output.destination), mode: configuration.audioTracks)
+        return Array(streams[..<firstAudio]) + audio.map { streams[firstAudio + $0] }
     }
 
     /// Applies the output set asked through `outputControl` (on the session's thread): outputs whose
@@ -326,6 +413,8 @@ public final class EncodingHandler: BroadcastSampleHandler {
             logger.notice("output \(output.name) \(desired.contains { $0.name == output.name } ? "ended for its replacement" : "removed") (\(output.target))")
         }
         outputControl.publish(next)
+        // Opus is encoded only while a WHIP output takes it.
+        if !next.contains(where: \.isWebRTC) { opusEncoder = nil }
         videoEncoder?.forceKeyframe()
         return changes
     }
@@ -405,26 +494,39 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 counters.undecodableFrames.store(videoEncoder.undecodableFrames, ordering: .relaxed)
             }
         case .audioMic, .audioApp:
-            guard let audioEncoder, mixer != nil, let format = buffer.audioFormat else { return }
+            guard let settings = configuration.audio, audioLayout != nil, let format = buffer.audioFormat else { return }
             if resamplers[type]?.input != format {
                 resamplers[type] = try media { () throws(FFmpegError) in
                     try Resampler(
                         input: format,
-                        outputRate: audioEncoder.settings.sampleRate,
-                        outputChannels: audioEncoder.settings.channels
+                        outputRate: settings.sampleRate,
+                        outputChannels: settings.channels
                     )
                 }
             }
             let resampler = resamplers[type]!
-            let position = buffer.presentationTime.rescaled(to: Int32(audioEncoder.settings.sampleRate)).value
+            let position = buffer.presentationTime.rescaled(to: Int32(settings.sampleRate)).value
             // Converted and steered onto the timestamps (a device clock's drift is resampled away).
             // Lent from stage to stage (the resampler's storage, then the mixer's): no copies, no
             // allocation per buffer.
             let converted = try media { () throws(FFmpegError) in try resampler.resample(buffer, at: position) }
-            mixer!.append(converted, from: type)
-            while let mixed = mixer!.mixed() {
-                audioTrackTap?(0, mixed)
-                try route(media { () throws(FFmpegError) in try audioEncoder.encode(mixed) })
+            // The source's volume and mute, as set now (one atomic load): applied to its part of
+            // the mix and to its own track alike.
+            let gain = audioControl.gain(of: type)
+            if let audioEncoder, let mixer {
+                mixer.append(converted, from: type, gain: gain)
+                while let mixed = mixer.mixed() {
+                    if let index = mixTrackIndex { audioTrackTap?(index, mixed) }
+                    try route(media { () throws(FFmpegError) in try audioEncoder.encode(mixed) })
+                    if let opusEncoder { try route(media { () throws(FFmpegError) in try opusEncoder.encode(mixed) }, opus: true) }
+                }
+            }
+            for track in sourceTracks where track.type == type {
+                track.aligner.append(converted, from: type, gain: gain)
+                while let samples = track.aligner.mixed() {
+                    if let index = sourceTrackIndex[type] { audioTrackTap?(index, samples) }
+                    try route(media { () throws(FFmpegError) in try track.encoder.encode(samples) })
+                }
             }
         }
     }
@@ -465,8 +567,16 @@ public final class EncodingHandler: BroadcastSampleHandler {
         }
         do {
             if let audioEncoder, mixer != nil {
-                if let mixed = mixer!.mixed(final: true) { try route(audioEncoder.encode(mixed)) }
+                if let mixed = mixer!.mixed(final: true) {
+                    try route(audioEncoder.encode(mixed))
+                    if let opusEncoder { try route(opusEncoder.encode(mixed), opus: true) }
+                }
                 try route(audioEncoder.flush())
+                if let opusEncoder { try route(opusEncoder.flush(), opus: true) }
+            }
+            for track in sourceTracks {
+                if let samples = track.aligner.mixed(final: true) { try route(track.encoder.encode(samples)) }
+                try route(track.encoder.flush())
             }
             if let videoEncoder {
                 if let time = unsentRepeatTime {
@@ -490,6 +600,8 @@ public final class EncodingHandler: BroadcastSampleHandler {
         // in memory; the process's peak stays the recording's.
         videoEncoder = nil
         audioEncoder = nil
+        opusEncoder = nil
+        sourceTracks = []
         resamplers = [:]
         // Every output sends what it has (a live one for at most its finish timeout) and closes;
         // recordings are finalized on their own threads, together.
@@ -508,9 +620,15 @@ public final class EncodingHandler: BroadcastSampleHandler {
     }
 
     /// Counts the packets and hands each to every output. An output that fails reports it while
-    /// the others go on; when every output has failed the broadcast cannot go on.
-    private func route(_ packets: [EncodedPacket]) throws {
+    /// the others go on; when every output has failed the broadcast cannot go on. Audio goes to
+    /// the outputs of its codec: `opus` (the second encode of the same samples) to WHIP outputs
+    /// only, counted there, AAC to the others.
+    private func route(_ packets: [EncodedPacket], opus: Bool = false) throws {
         guard !packets.isEmpty else { return }
+        if opus {
+            for packet in packets { for output in outputs where output.isWebRTC { output.offer(packet) } }
+            return
+        }
         for packet in packets {
             switch packet.mediaType {
             case .video: counters.videoFrames.wrappingIncrement(ordering: .relaxed)
@@ -522,7 +640,10 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 if time > lastKeyframeTime ?? .min { lastKeyframeTime = time }
             }
             measureBitrate(packet)
-            for output in outputs { output.offer(packet) }
+            // WHIP outputs take the video and the Opus (routed apart), no AAC track.
+            for output in outputs where output.carries(packet.streamIndex) && (packet.mediaType == .video || !output.isWebRTC) {
+                output.offer(packet)
+            }
         }
         updateBytesWritten()
         // Every current output failed (the counter also counts outputs a reload has removed since:

@@ -55,7 +55,7 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
         self.streams = streams
         self.segments = segments
         self.logger = logger
-        self.join = PauseJoin(streamCount: streams.count)
+        self.join = PauseJoin(streamCount: streams.streamIndexSpan)
     }
 
     /// True for the packet a file may start with: a video keyframe (any packet without video).

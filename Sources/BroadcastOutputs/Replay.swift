@@ -245,7 +245,7 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
         status.set(.recording)
         status.everDelivered.store(true, ordering: .releasing)
         let writer = OSThread(name: "bc-replay-save") { [self] in writeJobs() }
-        var intake = Intake(buffer: ReplayBuffer<EncodedPacket>(settings: settings), join: PauseJoin(streamCount: streams.count))
+        var intake = Intake(buffer: ReplayBuffer<EncodedPacket>(settings: settings), join: PauseJoin(streamCount: streams.streamIndexSpan))
         while true {
             intake.pending += replay.requests.takeAll()
             intake.buffer.holdEnd = intake.pending.first.flatMap { $0.cut }.map { $0 - intake.join.shift }
