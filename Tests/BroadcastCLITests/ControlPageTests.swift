@@ -384,3 +384,55 @@ final class PollState: Sendable {
         #expect(!printed.contains(token), "the same token twice")
     }
 }
+
+/// The `levels` events (`/v1/events?levels=1`) with the output's audio tracks split: one meter per
+/// source and one per track (the mix and each source's own), muted tracks at the floor.
+@Suite(.serialized) struct LevelEventsTests {
+    @Test func oneMeterPerSourceAndPerTrack() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        let daemon = try spawnDaemon(config: """
+            [video]
+            size = "320x180"
+            [audio]
+            mic = "test"
+            app = "test"
+            [encoder]
+            audio_tracks = "both"
+            [control]
+            socket = "\(socket)"
+            [[output]]
+            name = "rec"
+            path = "\(dir.path("rec.mkv"))"
+            """, in: dir)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        _ = try waitUntilRecording(socket)
+        #expect(SocketConnection.request(socket, "POST", "/v1/audio/app/mute") == 200)
+        let plain = try #require(SocketConnection(socket))
+        plain.send("GET /v1/events HTTP/1.1\r\n\r\n")
+        let follower = try #require(SocketConnection(socket))
+        follower.send("GET /v1/events?levels=1 HTTP/1.1\r\n\r\n")
+        // 3 s of levels: the beeps (50 ms a second) show in some of them.
+        #expect(follower.read(until: "event: levels", occurrences: 25))
+        #expect(plain.read(until: "event: state"))
+        usleep(300_000)
+        var peaks: [String: Double] = [:]
+        for block in follower.text.replacingOccurrences(of: "\r\n", with: "\n").components(separatedBy: "\n\n") where block.contains("event: levels") {
+            guard let line = block.split(separator: "\n").first(where: { $0.hasPrefix("data: ") }),
+                let object = try? JSONSerialization.jsonObject(with: Data(line.dropFirst(6).utf8)) as? [String: Any],
+                let meters = object["meters"] as? [[String: Any]]
+            else { continue }
+            for meter in meters {
+                if let name = meter["name"] as? String, let peak = meter["peak_dbfs"] as? Double { peaks[name] = max(peaks[name] ?? -200, peak) }
+            }
+        }
+        // Sources as captured (the app's mute is applied to its tracks, not to its capture).
+        #expect((peaks["audioMic"] ?? -200) > -20 && (peaks["audioApp"] ?? -200) > -20, "\(peaks)")
+        // Three tracks: the mix, the mic's and the app's (muted: silence).
+        #expect(Set(peaks.keys).isSuperset(of: ["track1", "track2", "track3"]), "\(peaks)")
+        #expect((peaks["track1"] ?? -200) > -20 && (peaks["track2"] ?? -200) > -20, "\(peaks)")
+        #expect(peaks["track3"] == -120, "the muted app's track: \(peaks)")
+        #expect(!plain.text.contains("event: levels") && !plain.text.contains("event: status"), "a plain follower got the page's events")
+    }
+}
