@@ -128,6 +128,30 @@ import Testing
             """)
         #expect(bars != nil, "the preview does not show the test pattern's bars")
 
+        // The preview is fetched about twice a second while the tab is visible, and not while it
+        // is hidden (another tab in front): the page's fetches counted, and the count noted at
+        // each change of visibility.
+        try browser.execute(
+            "window.previews = 0; window.seen = []; const f = window.fetch;"
+                + " window.fetch = (u, o) => { if (String(u).includes('preview.jpg')) window.previews++; return f(u, o); };"
+                + " document.addEventListener('visibilitychange', () => window.seen.push([document.visibilityState, window.previews]));"
+                + " return null")
+        usleep(3_000_000)
+        let visibleCount = try browser.execute("return window.previews") as? Int ?? 0
+        let pageTab = try browser.windowHandle()
+        try browser.switchTo(try browser.newTab())
+        usleep(3_000_000)
+        try browser.switchTo(pageTab)
+        let seen = try browser.execute("return window.seen") as? [[Any]] ?? []
+        let counts = seen.compactMap { $0.last as? Int }
+        let states = seen.compactMap { $0.first as? String }
+        print("control page: \(visibleCount) previews fetched in 3 s visible; visibility changes \(seen)")
+        #expect(visibleCount >= 3, "\(visibleCount) previews in 3 s")
+        if states.first == "hidden", counts.count >= 2 {
+            #expect(counts[1] - counts[0] <= 1, "previews fetched while hidden: \(seen)")
+        } else {
+            Issue.record("the page was not hidden behind another tab: \(seen)")
+        }
         // The meters move with the test tone (a 50 ms beep each second): over 3 s the microphone's
         // peak reads both a beep and silence.
         let peaks = try browser.executeAsync(

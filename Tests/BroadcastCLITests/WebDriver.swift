@@ -97,6 +97,13 @@ final class WebDriver: @unchecked Sendable {
         return nil
     }
 
+    /// The current window's handle; a new tab's (not switched to).
+    func windowHandle() throws -> String { try call("GET", "/session/\(session)/window")["value"] as? String ?? "" }
+    func newTab() throws -> String {
+        ((try call("POST", "/session/\(session)/window/new", ["type": "tab"])["value"] as? [String: Any])?["handle"] as? String) ?? ""
+    }
+    func switchTo(_ handle: String) throws { try call("POST", "/session/\(session)/window", ["handle": handle]) }
+
     func click(_ css: String) throws {
         let found = try call("POST", "/session/\(session)/element", ["using": "css selector", "value": css])
         guard let element = (found["value"] as? [String: Any])?[Self.elementKey] as? String else {
