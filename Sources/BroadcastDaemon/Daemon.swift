@@ -249,6 +249,7 @@ extension Daemon {
                 token: token,
                 events: events,
                 snapshot: { controller.status() },
+                publicPaths: ControlPage.publicPaths,
                 logger: logger
             ) { request in
                 let response = ControlAPI.handle(request, controller: controller, metrics: metrics, reload: reload)
@@ -399,6 +400,9 @@ final class BroadcastController: Sendable {
     private let controlToken: ControlToken
     /// What FFmpeg's log is scrubbed of: a reload adds the new outputs' keys.
     private let secrets: StreamSecrets
+    /// The control page's preview (`GET /v1/preview.jpg`), audio meters and status ticks, fed by
+    /// every broadcast this controller starts.
+    let page: PageFeed
 
     init(
         config: DaemonConfiguration, locks: DirectoryLocks, events: ControlEvents = ControlEvents(),
@@ -410,7 +414,11 @@ final class BroadcastController: Sendable {
         self.events = events
         self.controlToken = controlToken ?? ControlToken(config.token)
         self.logger = logger
+        self.page = PageFeed(events: events)
+        page.start { [weak self] in self?.status() }
     }
+
+    deinit { page.stop() }
 
     var lastFailure: String? { failure.withLock { $0 } }
 
@@ -440,7 +448,10 @@ final class BroadcastController: Sendable {
         logger.info("memory plan: \(plan)")
         let handler = EncodingHandler(configuration: configuration, logger: logger)
         let counters = handler.counters
-        let session = BroadcastSession(handler: handler, sources: captureSources, logger: logger)
+        let levels = page.levels
+        handler.audioTrackTap = { track, audio in levels.offer(track: track, audio) }
+        let monitored = MonitoredHandler(handler, preview: page.preview, levels: levels)
+        let session = BroadcastSession(handler: monitored, sources: captureSources, logger: logger)
         let setup = config.setup
         let logger = self.logger
         let thread = OSThread(name: "bc-session") { [weak self] in

@@ -154,6 +154,12 @@ public final class EncodingHandler: BroadcastSampleHandler {
     public let configuration: EncodingConfiguration
     /// Read from any thread: `counters.snapshot()`.
     public let counters = EncodingCounters()
+    /// Sees each output track's mixed audio (track index, samples) on the session thread before it
+    /// is encoded (the control page's meters: `LevelMeters.offer(track:_:)`); set before the start.
+    public var audioTrackTap: ((Int, PlanarAudio) -> Void)?
+    /// Each audio track's index among the output's audio tracks (the order of `AudioTrackLayout`).
+    private var mixTrackIndex: Int?
+    private var sourceTrackIndex: [SampleBufferType: Int] = [:]
     private let logger: Logger
     /// Why the outputs could not be made at init (the start throws it).
     private var unmade: BroadcastError?
@@ -261,7 +267,11 @@ public final class EncodingHandler: BroadcastSampleHandler {
             if let audio = configuration.audio {
                 let layout = AudioTrackLayout(configuration)
                 audioLayout = layout
-                for track in layout.tracks {
+                for (index, track) in layout.tracks.enumerated() {
+                    switch track {
+                    case .mix: mixTrackIndex = index
+                    case .source(let type): sourceTrackIndex[type] = index
+                    }
                     let encoder = try AudioEncoder(
                         settings: audio, globalHeader: globalHeader, streamIndex: streams.count, logger: logger)
                     var stream = encoder.stream
@@ -506,6 +516,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
             if let audioEncoder, let mixer {
                 mixer.append(converted, from: type, gain: gain)
                 while let mixed = mixer.mixed() {
+                    if let index = mixTrackIndex { audioTrackTap?(index, mixed) }
                     try route(media { () throws(FFmpegError) in try audioEncoder.encode(mixed) })
                     if let opusEncoder { try route(media { () throws(FFmpegError) in try opusEncoder.encode(mixed) }, opus: true) }
                 }
@@ -513,6 +524,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
             for track in sourceTracks where track.type == type {
                 track.aligner.append(converted, from: type, gain: gain)
                 while let samples = track.aligner.mixed() {
+                    if let index = sourceTrackIndex[type] { audioTrackTap?(index, samples) }
                     try route(media { () throws(FFmpegError) in try track.encoder.encode(samples) })
                 }
             }

@@ -79,10 +79,11 @@ public struct ControlClient: Sendable {
     /// event until it returns false or the daemon ends the stream. Returns the HTTP status when the
     /// daemon refused the stream, 200 when it ended.
     @discardableResult
-    public func events(lastEventID: UInt64? = nil, _ onEvent: (Event) -> Bool) throws(BroadcastError) -> Int {
+    /// `query`: "levels=1" for the transient `levels` and `status` events too.
+    public func events(lastEventID: UInt64? = nil, query: String = "", _ onEvent: (Event) -> Bool) throws(BroadcastError) -> Int {
         let fd = try connect()
         defer { close(fd) }
-        let request = "GET /v1/events HTTP/1.1\r\nHost: localhost\r\n" + (lastEventID.map { "Last-Event-ID: \($0)\r\n" } ?? "") + "\r\n"
+        let request = "GET /v1/events\(query.isEmpty ? "" : "?" + query) HTTP/1.1\r\nHost: localhost\r\n" + (lastEventID.map { "Last-Event-ID: \($0)\r\n" } ?? "") + "\r\n"
         let bytes = Array(request.utf8)
         guard bytes.withUnsafeBytes({ Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }) == bytes.count else {
             throw BroadcastError(.outputFailed, "control socket \(socketPath): the daemon closed the connection")

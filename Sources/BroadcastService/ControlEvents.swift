@@ -23,10 +23,11 @@ public struct ControlEvent: Sendable {
         self.fields = fields
     }
 
-    /// The event as an SSE message, ending with its blank line.
+    /// The event as an SSE message, ending with its blank line; without an `id:` line when the id
+    /// is 0 (a transient event, which a client's Last-Event-ID does not count).
     public var encoded: [UInt8] {
         let data = JSONValue.object([("time", .string(time))] + fields).serialized()
-        return Array("id: \(id)\nevent: \(type)\ndata: \(data)\n\n".utf8)
+        return Array("\(id == 0 ? "" : "id: \(id)\n")event: \(type)\ndata: \(data)\n\n".utf8)
     }
 }
 
@@ -46,6 +47,8 @@ public final class ControlEvents: Sendable {
         var dropped = false
         var waiter: CheckedContinuation<Next, Never>?
         var onDrop: (@Sendable () -> Void)?
+        /// Asked for the transient events too (`/v1/events?levels=1`).
+        var transient = false
     }
 
     private struct State {
@@ -81,6 +84,9 @@ public final class ControlEvents: Sendable {
     /// Clients currently subscribed.
     public var clientCount: Int { state.withLock { $0.clients.count } }
 
+    /// Clients that asked for the transient events.
+    public var transientClientCount: Int { state.withLock { $0.clients.values.filter(\.transient).count } }
+
     /// Publishes one event to the history and every client; returns its id.
     @discardableResult
     public func publish(_ type: String, _ fields: [(String, JSONValue)]) -> UInt64 {
@@ -113,6 +119,29 @@ public final class ControlEvents: Sendable {
         return id
     }
 
+    /// Sends an event to the clients following now that asked for transient events, without an id
+    /// and without keeping it in the history: the audio meters' `levels`, ten a second, would push
+    /// every other event out of it (and a client resuming after a gap has no use for old levels).
+    /// A client with half its queue waiting misses it rather than being dropped for it.
+    public func publishTransient(_ type: String, _ fields: [(String, JSONValue)]) {
+        let event = ControlEvent(id: 0, type: type, time: clock(), fields: fields)
+        let wake = state.withLock { state -> [CheckedContinuation<Next, Never>] in
+            var wake: [CheckedContinuation<Next, Never>] = []
+            for key in Array(state.clients.keys) {
+                guard var client = state.clients[key], !client.dropped, client.transient else { continue }
+                if let waiter = client.waiter {
+                    client.waiter = nil
+                    wake.append(waiter)
+                } else if client.queue.count < clientQueueLimit / 2 {
+                    client.queue.append(event)
+                }
+                state.clients[key] = client
+            }
+            return wake
+        }
+        for waiter in wake { waiter.resume(returning: .event(event)) }
+    }
+
     /// A client's place in the events.
     public struct Subscription: Sendable {
         public let key: Int
@@ -133,13 +162,17 @@ public final class ControlEvents: Sendable {
     /// `subscribe`, or nil when `limit` clients are subscribed already: the count is checked and
     /// the client added under one lock, so a burst of connections cannot pass the limit together
     /// (checked apart, 96 of 100 at once got through a limit of 64).
-    public func subscribe(lastEventID: UInt64?, atMost limit: Int, onDrop: (@Sendable () -> Void)? = nil) -> Subscription? {
+    /// `transient`: the client gets the transient events too (`publishTransient`).
+    public func subscribe(
+        lastEventID: UInt64?, atMost limit: Int, transient: Bool = false, onDrop: (@Sendable () -> Void)? = nil
+    ) -> Subscription? {
         state.withLock { state in
             guard state.clients.count < limit else { return nil }
             let key = state.nextClient
             state.nextClient += 1
             var client = Client()
             client.onDrop = onDrop
+            client.transient = transient
             var resumed = false
             if let lastEventID, lastEventID <= state.lastID,
                 lastEventID + 1 >= (state.history.first?.id ?? state.lastID + 1)

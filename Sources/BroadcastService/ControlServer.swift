@@ -37,6 +37,8 @@ public struct ControlResponse: Error, Sendable, Equatable {
     public var status: Int
     public var contentType: String
     public var body: [UInt8]
+    /// More header fields (the page's Content-Security-Policy).
+    public var headers: [String: String] = [:]
 
     public init(status: Int, contentType: String = "application/json", body: [UInt8]) {
         self.status = status
@@ -92,7 +94,13 @@ public final class ControlServer: Service, Sendable {
     private let snapshot: @Sendable () -> JSONValue
     private let logger: Logger
     let requestDeadline: Duration
+    /// Paths answered to GET and HEAD on the TCP listener without the token (the control page's
+    /// own files, which hold nothing of the daemon's).
+    private let publicPaths: Set<String>
     private let listening = Mutex<ListenState>(.waiting([]))
+    private let boundTCPPort = Mutex<Int?>(nil)
+    /// The TCP listener's port once it listens (the one the system chose for port 0).
+    public var tcpPort: Int? { boundTCPPort.withLock { $0 } }
     private let actions = DispatchQueue(label: "bc-control")
     private let reads = DispatchQueue(label: "bc-control-read", attributes: .concurrent)
 
@@ -125,12 +133,13 @@ public final class ControlServer: Service, Sendable {
         events: ControlEvents? = nil,
         snapshot: @escaping @Sendable () -> JSONValue = { .object([]) },
         requestDeadline: Duration = .seconds(2),
+        publicPaths: Set<String> = [],
         logger: Logger,
         handler: @escaping Handler
     ) throws(BroadcastError) {
         try self.init(
             socketPath: socketPath, mode: mode, group: group, tcp: tcp, token: ControlToken(token), events: events, snapshot: snapshot,
-            requestDeadline: requestDeadline, logger: logger, handler: handler)
+            requestDeadline: requestDeadline, publicPaths: publicPaths, logger: logger, handler: handler)
     }
 
     /// With a `ControlToken` the caller keeps, to replace the token later (a reload).
@@ -143,6 +152,7 @@ public final class ControlServer: Service, Sendable {
         events: ControlEvents? = nil,
         snapshot: @escaping @Sendable () -> JSONValue = { .object([]) },
         requestDeadline: Duration = .seconds(2),
+        publicPaths: Set<String> = [],
         logger: Logger,
         handler: @escaping Handler
     ) throws(BroadcastError) {
@@ -158,6 +168,7 @@ public final class ControlServer: Service, Sendable {
         self.events = events
         self.snapshot = snapshot
         self.requestDeadline = requestDeadline
+        self.publicPaths = publicPaths
         self.handler = handler
         self.logger = logger
     }
@@ -255,7 +266,8 @@ public final class ControlServer: Service, Sendable {
                     responder: { request, writer, channel in try await self.respond(request, writer, channel, needsToken: true) },
                     configuration: tcpChannel),
                 configuration: ServerConfiguration(address: .hostname(tcp.host, port: Int(tcp.port))),
-                onServerRunning: { _ in
+                onServerRunning: { channel in
+                    self.boundTCPPort.withLock { $0 = channel.localAddress?.port }
                     tcpBoundSignal.finish()
                     if bound.one() { self.listened() }
                 },
@@ -384,7 +396,9 @@ public final class ControlServer: Service, Sendable {
             try await Self.send(.error(503, "already \(Self.maxTCPConnections) connections on the TCP control listener: try again later"), with: writer)
             return
         }
-        if needsToken {
+        let isPublic = (request.head.method == .get || request.head.method == .head)
+            && publicPaths.contains(String((request.head.path ?? "").prefix { $0 != "?" }))
+        if needsToken && !isPublic {
             let given = request.head.headerFields[values: .authorization]
             guard let token = token.current, given.count == 1, let bearer = Self.bearerToken(given[0]), Self.sameBytes(bearer, token) else {
                 try await Self.send(.error(401, "a bearer token is required on the TCP control listener"), with: writer)
@@ -450,7 +464,8 @@ public final class ControlServer: Service, Sendable {
         // is checked as the client subscribes, before any await.
         let lastEventID = request.headers["last-event-id"].flatMap { UInt64($0) }
         guard
-            let subscription = events.subscribe(lastEventID: lastEventID, atMost: Self.maxEventClients, onDrop: {
+            let subscription = events.subscribe(
+                lastEventID: lastEventID, atMost: Self.maxEventClients, transient: request.query["levels"] == "1", onDrop: {
                 channel.eventLoop.scheduleTask(in: Self.droppedGrace) { channel.close(promise: nil) }
             })
         else {
@@ -500,6 +515,9 @@ public final class ControlServer: Service, Sendable {
         fields[.contentType] = response.contentType
         fields[.contentLength] = "\(response.body.count)"
         fields[.connection] = "close"
+        for (name, value) in response.headers.sorted(by: { $0.key < $1.key }) {
+            if let name = HTTPField.Name(name) { fields[name] = value }
+        }
         let head = HTTPResponse(status: .init(code: response.status, reasonPhrase: reason(response.status)), headerFields: fields)
         try await writer.write(response: head, body: ResponseBody(byteBuffer: ByteBuffer(bytes: response.body)))
     }
@@ -561,6 +579,7 @@ public final class ControlServer: Service, Sendable {
     static func reason(_ status: Int) -> String {
         switch status {
         case 200: "OK"
+        case 204: "No Content"
         case 400: "Bad Request"
         case 401: "Unauthorized"
         case 404: "Not Found"

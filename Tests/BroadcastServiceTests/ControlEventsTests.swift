@@ -13,6 +13,31 @@ import Testing
         return ids
     }
 
+    /// Transient events (the page's `levels`) reach only the clients that asked for them, have no id
+    /// and are not kept: a client resuming from the history does not get them.
+    @Test func transientEventsReachOnlyTheClientsAskingAndAreNotKept() async {
+        let events = ControlEvents()
+        let plain = events.subscribe(lastEventID: nil)
+        let page = events.subscribe(lastEventID: nil, atMost: 10, transient: true)!
+        #expect(events.transientClientCount == 1)
+        events.publishTransient("levels", [("meters", .array([]))])
+        events.publish("output", [("name", .string("rec"))])
+        guard case .event(let first) = await events.next(page), case .event(let second) = await events.next(page) else {
+            Issue.record("the page client got no events")
+            return
+        }
+        #expect(first.type == "levels" && first.id == 0 && !String(decoding: first.encoded, as: UTF8.self).contains("id:"))
+        #expect(second.type == "output" && second.id == 1)
+        guard case .event(let only) = await events.next(plain) else {
+            Issue.record("the plain client got nothing")
+            return
+        }
+        #expect(only.type == "output" && events.queued(plain) == 0)
+        #expect(events.lastID == 1)
+        let resumed = events.subscribe(lastEventID: 0, atMost: 10, transient: true)!
+        #expect(events.queued(resumed) == 1, "only the output event is in the history")
+    }
+
     /// Ids increase by one; a subscriber gets every event published after it subscribed, in order.
     @Test func subscribersGetEveryEventInOrder() async {
         let events = ControlEvents()

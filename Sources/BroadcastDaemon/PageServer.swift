@@ -1,0 +1,138 @@
+public import BroadcastKit
+import BroadcastService
+public import Logging
+public import ServiceLifecycle
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `broadcast ui`: the control page for someone who has only the daemon's Unix socket. Serves the
+/// page on 127.0.0.1 (TCP, with a fresh token of its own) and forwards every API request to the
+/// socket; the daemon's event stream is relayed into an event list of its own (a thread follows
+/// the socket's `/v1/events` and publishes what comes), which the page's stream is served from.
+///
+/// The TCP listener is a `ControlServer` like the daemon's, so it has the same limits and the
+/// same token check; it also needs a Unix socket, which is made in a private directory and never
+/// used.
+public final class PageServer: Sendable {
+    /// The token the page must send (printed in the URL's fragment, never logged).
+    public let token: String
+    public let daemonSocket: String
+    private let server: ControlServer
+    private let events: ControlEvents
+    private let directory: String
+    private let relaying = Mutex(true)
+
+    /// `port` 0: a free one (see `port` once listening).
+    public init(daemonSocket: String, port: UInt16, logger: Logger) throws(BroadcastError) {
+        self.daemonSocket = daemonSocket
+        self.token = try Self.freshToken()
+        var template = Array("/tmp/broadcast-ui-XXXXXX".utf8CString)
+        guard let made = template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) else {
+            throw BroadcastError(.invalidArgument, "cannot make a private directory in /tmp: \(String(cString: strerror(errno)))")
+        }
+        directory = String(cString: made)
+        let events = ControlEvents()
+        self.events = events
+        let client = ControlClient(socketPath: daemonSocket)
+        server = try ControlServer(
+            socketPath: directory + "/unused.sock", mode: 0o600, tcp: ("127.0.0.1", port), token: token, events: events,
+            snapshot: { Self.status(client) }, publicPaths: ControlPage.publicPaths, logger: logger
+        ) { request in
+            ControlPage.fileAnswer(request) ?? Self.forward(request, to: client)
+        }
+    }
+
+    /// The URL to open, token included (in the fragment, which browsers never send).
+    public var url: String? { server.tcpPort.map { "http://127.0.0.1:\($0)/#token=\(token)" } }
+
+    /// Serves until the task group shuts down gracefully; the relay thread follows the daemon's
+    /// events meanwhile.
+    public func run() async throws {
+        let thread = OSThread(name: "bc-ui-relay") { [self] in relay() }
+        defer {
+            // The relay may be waiting in a read of the daemon's stream: it ends at its next event
+            // or with the process, and nobody joins it.
+            relaying.withLock { $0 = false }
+            thread.detach()
+            rmdir(directory)
+        }
+        try await server.run()
+    }
+
+    public func waitUntilListening() async throws { try await server.waitUntilListening() }
+
+    /// The daemon's events, published here as they come (the daemon's own `state` snapshot is not:
+    /// each client of this server gets one from `snapshot`); reconnects after a second when the
+    /// stream ends, from the last id seen.
+    private func relay() {
+        let client = ControlClient(socketPath: daemonSocket)
+        var lastID: UInt64?
+        while relaying.withLock({ $0 }) {
+            _ = try? client.events(lastEventID: lastID, query: "levels=1") { event in
+                if let id = event.id { lastID = id }
+                guard event.type != "state", case .object(let fields)? = JSONValue.parse(event.data) else {
+                    return relaying.withLock { $0 }
+                }
+                let kept = fields.filter { $0.0 != "time" }
+                if event.id == nil {
+                    events.publishTransient(event.type, kept)
+                } else {
+                    events.publish(event.type, kept)
+                }
+                return relaying.withLock { $0 }
+            }
+            if relaying.withLock({ $0 }) { sleep(1) }
+        }
+    }
+
+    static func status(_ client: ControlClient) -> JSONValue {
+        guard let answer = try? client.send(method: "GET", path: "/v1/status"), answer.status == 200,
+            let status = JSONValue.parse(String(decoding: answer.body, as: UTF8.self))
+        else { return .object([("state", .string("unreachable"))]) }
+        return status
+    }
+
+    /// One API request passed on to the daemon's socket, its answer passed back.
+    static func forward(_ request: ControlRequest, to client: ControlClient) -> ControlResponse {
+        var target = request.path
+        if !request.query.isEmpty {
+            target += "?" + request.query.sorted { $0.key < $1.key }.map { "\(escaped($0.key))=\(escaped($0.value))" }.joined(separator: "&")
+        }
+        do {
+            let answer = try client.send(method: request.method, path: target, body: request.body)
+            let type =
+                request.path == "/v1/preview.jpg" && answer.status == 200 ? "image/jpeg"
+                : request.path == "/metrics" && answer.status == 200 ? "text/plain; version=0.0.4" : "application/json"
+            return ControlResponse(status: answer.status, contentType: type, body: answer.body)
+        } catch {
+            return .error(502, "the daemon at \(client.socketPath) did not answer: \(error.message)")
+        }
+    }
+
+    static func escaped(_ text: String) -> String {
+        var out = ""
+        for byte in text.utf8 {
+            if (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A) || byte == 0x2D || byte == 0x5F || byte == 0x2E {
+                out.unicodeScalars.append(UnicodeScalar(byte))
+            } else {
+                out += "%" + String(byte, radix: 16, uppercase: true).leftPadded(to: 2)
+            }
+        }
+        return out
+    }
+
+    /// 128 random bits as hex (the system generator: getrandom(2) on Linux).
+    static func freshToken() throws(BroadcastError) -> String {
+        var generator = SystemRandomNumberGenerator()
+        return (0..<16).map { _ in String(UInt8.random(in: 0...255, using: &generator), radix: 16).leftPadded(to: 2) }.joined()
+    }
+}
+
+extension PageServer: Service {}
+
+extension String {
+    fileprivate func leftPadded(to width: Int) -> String { String(repeating: "0", count: max(0, width - count)) + self }
+}
