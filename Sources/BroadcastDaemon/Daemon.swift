@@ -426,17 +426,17 @@ final class BroadcastController: Sendable {
         }
         defer { state.withLock { $0.starting = false } }
         let sources = config.sources
-        let encoder = config.encoder
-        let captureSources = try sources.makeSources()
         let outputs = try Self.outputConfigurations(config.outputs)
+        let assembly = try PipelineAssembly(
+            sources: sources, encoder: config.encoder, outputs: outputs, liveTuning: true,
+            budget: config.memoryBudgetBytes, replayLimitsSet: config.replayLimitsSet, logger: logger)
+        let captureSources = assembly.sources
+        let plan = assembly.plan
         let hasVideo = captureSources.contains { $0.type == .video }
-        let (configuration, plan) = try encoder.configuration(
-            for: captureSources, size: sources.videoSize, frameRate: sources.frameRate, outputs: outputs,
-            liveTuning: true, budget: config.memoryBudgetBytes, replayLimitsSet: config.replayLimitsSet)
-        logger.info("memory plan: \(plan)")
-        let handler = EncodingHandler(configuration: configuration, logger: logger)
+        assembly.logPlan(logger, quietly: .info)
+        let handler = assembly.makeHandler(logger: logger)
         let counters = handler.counters
-        let session = BroadcastSession(handler: handler, sources: captureSources, logger: logger)
+        let session = assembly.makeSession(handler: handler, logger: logger)
         let setup = config.setup
         let logger = self.logger
         let thread = OSThread(name: "bc-session") { [weak self] in
