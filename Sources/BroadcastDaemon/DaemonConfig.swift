@@ -261,6 +261,8 @@ public struct DaemonConfiguration: Sendable {
                 let dotted = "\(tableName).\(key)"
                 lines[dotted] = entry.line
                 switch tableName {
+                case "video" where key == "layers":
+                    try readLayers(entry, key: dotted, environment: environment)
                 case "video", "audio", "encoder", "limits":
                     let settings = Self.optionKeys[tableName]!
                     guard let setting = settings[key] else {

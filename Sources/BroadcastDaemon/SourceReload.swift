@@ -171,6 +171,7 @@ struct SourceReload {
     static func label(_ video: VideoSourceSpec) -> String {
         switch video {
         case .test(let bt601, _): bt601.map { "test:colour=\($0 ? "bt601" : "bt709")" } ?? "test"
+        case .testLost(let from, let until): "test:lost=\(milliseconds(from.nanoseconds ?? 0))-\(milliseconds(until.nanoseconds ?? 0))"
         case .x11(let spec): "\(spec)"
         case .pipeWire(let spec): "\(spec)"
         case .v4l2(let path): path

@@ -1,0 +1,153 @@
+import BroadcastKit
+@testable import BroadcastMedia
+import Testing
+
+/// The compositor redraws what changed and nothing else (issue 26 item 3), and what it draws is
+/// the same as a whole redraw.
+@Suite("Composition costs what changed")
+struct CompositorTests {
+    static let width = 320
+    static let height = 192
+
+    /// A BGR0 picture of one colour, as a captured buffer (the memory lives as long as `pixels`).
+    final class Picture {
+        var pixels: [UInt32]
+        let width: Int
+        let height: Int
+        init(width: Int, height: Int, colour: UInt32) {
+            self.width = width
+            self.height = height
+            pixels = Array(repeating: colour, count: width * height)
+        }
+        func fill(_ region: PixelRegion, _ colour: UInt32) {
+            for y in region.y..<(region.y + region.height) {
+                for x in region.x..<(region.x + region.width) { pixels[y * width + x] = colour }
+            }
+        }
+        func captured(changed: [PixelRegion]?) -> CapturedBuffer {
+            pixels.withUnsafeBytes { bytes in
+                CapturedBuffer(
+                    format: .video(VideoFormat(pixelFormat: .bgr0, width: width, height: height)), captureTime: 0,
+                    duration: MediaTime(value: 1, timescale: 30),
+                    planes: [Plane(base: bytes.baseAddress!, count: bytes.count, bytesPerRow: width * 4)],
+                    changedRegions: changed)
+            }
+        }
+    }
+
+    static func placement(x: Int, y: Int, width: Int, height: Int) -> LayerPlacement {
+        var placement = LayerPlacement()
+        placement.x = .pixels(x)
+        placement.y = .pixels(y)
+        placement.width = .pixels(width)
+        placement.height = .pixels(height)
+        return placement
+    }
+
+    /// The composite's luma plane, rows without padding.
+    static func luma(_ compositor: Compositor) -> [UInt8] {
+        let luma = UnsafeMutableRawPointer.allocate(byteCount: width * height * 3 / 2, alignment: 64)
+        defer { luma.deallocate() }
+        let planes = [
+            Plane(base: luma, count: width * height, bytesPerRow: width),
+            Plane(base: luma + width * height, count: width * height / 4, bytesPerRow: width / 2),
+            Plane(base: luma + width * height * 5 / 4, count: width * height / 4, bytesPerRow: width / 2),
+        ]
+        compositor.copyComposite(into: planes)
+        return Array(UnsafeBufferPointer(start: luma.assumingMemoryBound(to: UInt8.self), count: width * height))
+    }
+
+    @Test func aStaticScreenUnderAMovingLayerRedrawsOnlyTheLayersBox() throws {
+        let screen = Picture(width: Self.width, height: Self.height, colour: 0x0000_00ff)  // blue
+        let layer = Picture(width: 64, height: 48, colour: 0x00ff_0000)  // red
+        let box = Self.placement(x: 200, y: 100, width: 64, height: 48)
+        let compositor = try Compositor(width: Self.width, height: Self.height, colour: .bt601, placements: [box])
+        try screen.pixels.withUnsafeBytes { _ in
+            try compositor.updateBase(screen.captured(changed: nil))
+        }
+        try compositor.updateLayer(0, with: layer.captured(changed: nil), show: .picture)
+        #expect(try compositor.compose() == nil, "the first composite is drawn whole")
+        let whole = compositor.composedPixels
+        #expect(whole >= Self.width * Self.height)
+
+        // The screen repeats, the layer has a new picture: only its box is drawn again.
+        for frame in 1...10 {
+            try compositor.updateBase(screen.captured(changed: []))
+            layer.fill(PixelRegion(x: 0, y: 0, width: 64, height: 48), frame % 2 == 0 ? 0x00ff_0000 : 0x0000_ff00)
+            try compositor.updateLayer(0, with: layer.captured(changed: nil), show: .picture)
+            let before = compositor.composedPixels
+            let redrawn = try compositor.compose()
+            #expect(redrawn == [PixelRegion(x: 200, y: 100, width: 64, height: 48)], "frame \(frame): \(String(describing: redrawn))")
+            // The base under the box, and the layer over it: twice the box, never the frame.
+            #expect(compositor.composedPixels - before == 2 * 64 * 48, "frame \(frame)")
+        }
+        // Nothing new at all: nothing drawn.
+        try compositor.updateBase(screen.captured(changed: []))
+        try compositor.updateLayer(0, with: nil, show: .picture)
+        let before = compositor.composedPixels
+        #expect(try compositor.compose() == [], "a static frame is the last composite again")
+        #expect(compositor.composedPixels == before)
+
+        // What the partial redraws made is what a whole redraw makes.
+        let partial = Self.luma(compositor)
+        let fresh = try Compositor(width: Self.width, height: Self.height, colour: .bt601, placements: [box])
+        try fresh.updateBase(screen.captured(changed: nil))
+        try fresh.updateLayer(0, with: layer.captured(changed: nil), show: .picture)
+        _ = try fresh.compose()
+        #expect(partial == Self.luma(fresh))
+        // Inside the box the layer, outside it the screen.
+        #expect(partial[120 * Self.width + 230] == Self.luma(fresh)[120 * Self.width + 230])
+        #expect(partial[120 * Self.width + 230] != partial[10 * Self.width + 10])
+    }
+
+    @Test func aChangedScreenRegionRedrawsThatRegionWithTheLayerOverIt() throws {
+        let screen = Picture(width: Self.width, height: Self.height, colour: 0x0000_00ff)
+        let layer = Picture(width: 64, height: 48, colour: 0x00ff_0000)
+        let box = Self.placement(x: 200, y: 100, width: 64, height: 48)
+        let compositor = try Compositor(width: Self.width, height: Self.height, colour: .bt601, placements: [box])
+        try compositor.updateBase(screen.captured(changed: nil))
+        try compositor.updateLayer(0, with: layer.captured(changed: nil), show: .picture)
+        _ = try compositor.compose()
+        // The screen changes under the layer's corner; the layer does not.
+        let changed = PixelRegion(x: 180, y: 80, width: 40, height: 40)
+        screen.fill(changed, 0x0000_ff00)
+        try compositor.updateBase(screen.captured(changed: [changed]))
+        try compositor.updateLayer(0, with: nil, show: .picture)
+        let before = compositor.composedPixels
+        let redrawn = try #require(try compositor.compose())
+        #expect(redrawn.count == 1)
+        #expect(compositor.composedPixels - before < Self.width * Self.height / 4, "only around the change")
+        let fresh = try Compositor(width: Self.width, height: Self.height, colour: .bt601, placements: [box])
+        try fresh.updateBase(screen.captured(changed: nil))
+        try fresh.updateLayer(0, with: layer.captured(changed: nil), show: .picture)
+        _ = try fresh.compose()
+        #expect(Self.luma(compositor) == Self.luma(fresh), "the layer stays over the changed screen")
+    }
+
+    @Test func aLostLayerHidesOrShowsItsSlateAndTheScreenComesBackUnderIt() throws {
+        let screen = Picture(width: Self.width, height: Self.height, colour: 0x0000_00ff)
+        let layer = Picture(width: 64, height: 48, colour: 0x00ff_0000)
+        var slate = Self.placement(x: 0, y: 0, width: 64, height: 48)
+        slate.onLoss = .slate
+        let compositor = try Compositor(
+            width: Self.width, height: Self.height, colour: .bt601,
+            placements: [Self.placement(x: 200, y: 100, width: 64, height: 48), slate])
+        try compositor.updateBase(screen.captured(changed: nil))
+        try compositor.updateLayer(0, with: layer.captured(changed: nil), show: .picture)
+        try compositor.updateLayer(1, with: layer.captured(changed: nil), show: .picture)
+        _ = try compositor.compose()
+        let shown = Self.luma(compositor)
+        try compositor.updateBase(screen.captured(changed: []))
+        try compositor.updateLayer(0, with: nil, show: .hidden)
+        try compositor.updateLayer(1, with: nil, show: .slate)
+        #expect(try compositor.compose()?.count == 2)
+        let lost = Self.luma(compositor)
+        #expect(lost[120 * Self.width + 230] == lost[10 * Self.width + 300], "hidden: the screen shows")
+        #expect(lost[20 * Self.width + 20] == 40, "the slate")
+        try compositor.updateBase(screen.captured(changed: []))
+        try compositor.updateLayer(0, with: layer.captured(changed: nil), show: .picture)
+        try compositor.updateLayer(1, with: layer.captured(changed: nil), show: .picture)
+        _ = try compositor.compose()
+        #expect(Self.luma(compositor) == shown, "back")
+    }
+}
