@@ -64,6 +64,8 @@ enum ControlAPI {
                 return .error(400, "\(error)")
             }
             return .json(200, controller.status())
+        case ("POST", let path) where path.hasPrefix("/v1/scene/"):
+            return DaemonScenes.select(String(path.dropFirst("/v1/scene/".count)), controller: controller)
         case (_, "/v1/status"), (_, "/metrics"):
             return .error(405, "\(request.method) is not allowed on \(request.path): use GET")
         case (_, let path) where path.hasPrefix("/v1/broadcast/") || path.hasPrefix("/v1/outputs/") || path == "/v1/replay/save" || path == "/v1/reload":
@@ -120,6 +122,8 @@ struct MetricsFigures {
     var eventClients = 0
     /// The memory budget (`--memory-budget`, `[limits] memory`) the footprint is held to.
     var memoryBudgetBytes: Int64 = 0
+    /// The composite's scenes and which is shown (empty: no scenes).
+    var scenes: [(name: String, current: Bool)] = []
 }
 
 /// Prometheus metrics through swift-metrics: the process's MetricsSystem is bootstrapped with a
@@ -203,6 +207,7 @@ public final class DaemonMetrics: Sendable {
             gauge("broadcast_bitrate_bits_per_second", Double(figures.bitrate), into: &now)
             gauge("broadcast_failed_outputs", Double(figures.failedOutputs), into: &now)
             gauge("broadcast_event_clients", Double(figures.eventClients), into: &now)
+            for scene in figures.scenes { gauge("broadcast_scene", scene.current ? 1 : 0, [("scene", scene.name)], into: &now) }
             counter("broadcast_video_frames_encoded_total", figures.videoFramesEncoded, of: broadcast, last: last, into: &now)
             counter("broadcast_audio_frames_encoded_total", figures.audioFramesEncoded, of: broadcast, last: last, into: &now)
             counter("broadcast_bytes_written_total", figures.bytesWritten, of: broadcast, last: last, into: &now)

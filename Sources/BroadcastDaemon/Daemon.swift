@@ -494,6 +494,12 @@ final class BroadcastController: Sendable {
         if paused { output.pause() } else { output.resume() }
     }
 
+    /// The running broadcast's composite picture, when it has layers (see `DaemonScenes`).
+    func runningComposite() -> LayeredVideoSource? {
+        guard let running = state.withLock({ $0.running }), running.session.state != .finished else { return nil }
+        return running.session.currentSources.lazy.compactMap { $0.source as? LayeredVideoSource }.first
+    }
+
     /// The running broadcast's outputs; nil when no broadcast runs.
     func runningOutputs() -> [Output]? {
         guard let running = state.withLock({ $0.running }), running.session.state != .finished else { return nil }
@@ -754,6 +760,9 @@ final class BroadcastController: Sendable {
                 deviceLosses: s.sourceHealth.deviceLosses,
                 dropped: [("queue_full", s.droppedQueueFull), ("source", s.droppedBySource), ("paused", s.droppedPaused), ("out_of_order", s.droppedOutOfOrder)])
         }
+        if let composite = runningComposite() {
+            figures.scenes = composite.scenes.map { ($0.name, $0.name == composite.scene) }
+        }
         figures.audioDrift = running.audioDevices.compactMap { device in device.statistics.driftPPM.map { (device.name, $0) } }
         figures.outputs = running.outputs.map { output in
             let o = output.statistics()
@@ -780,6 +789,7 @@ final class BroadcastController: Sendable {
                 return .init(name: output.name, state: state, files: files.count, lastFile: files.last)
             },
             devices: stats.sorted { $0.key.rawValue < $1.key.rawValue }.map { ($0.key.rawValue, $0.value.sourceHealth.state == .deviceLost) },
+            scene: runningComposite()?.shownSceneName,
             // What a pause leaves out is asked for, not lost: no drops event for it.
             drops: running.outputs.map { output in
                 .init(scope: "output", name: output.name, count: output.statistics().drops.filter { $0.key != .paused }.values.reduce(0, +))
@@ -886,6 +896,7 @@ final class BroadcastController: Sendable {
             ("undecodable_frames", .number(Double(encoding.undecodableFrames))),
             ("audio_drift_ppm", running.audioDevices.lazy.compactMap { $0.statistics.driftPPM }.first.map(JSONValue.number) ?? .null),
             ("types", .object(types)),
+            ("scene", runningComposite().map { .string($0.scene) } ?? .null),
             ("outputs", .array(outputs)),
             ("memory", Self.memoryFields(running.outputs, budget: state.withLock { $0.config.memoryBudgetBytes })),
             ("error", failure.map(JSONValue.string) ?? .null),

@@ -22,6 +22,8 @@ struct EventSnapshot {
     var outputs: [Output] = []
     /// Per sample-buffer type, whether its device is lost.
     var devices: [(String, Bool)] = []
+    /// The scene the composite shows (nil: a picture without scenes).
+    var scene: String?
     /// What was dropped so far, per output and per sample-buffer type of the session.
     var drops: [Drops] = []
 
@@ -70,6 +72,9 @@ struct EventSnapshot {
         let previousDevices = sameSession ? Dictionary(before.devices, uniquingKeysWith: { a, _ in a }) : [:]
         for (type, lost) in devices where lost != (previousDevices[type] ?? false) {
             events.append(("device", [("type", .string(type)), ("state", .string(lost ? "lost" : "back"))]))
+        }
+        if let scene, sameSession, before.scene != nil, scene != before.scene {
+            events.append(("scene", [("name", .string(scene)), ("was", .string(before.scene!))]))
         }
         let previousDrops = sameSession ? Dictionary(before.drops.map { ("\($0.scope) \($0.name)", $0.count) }, uniquingKeysWith: { a, _ in a }) : [:]
         for drop in drops where Self.dropBand(drop.count) > Self.dropBand(previousDrops["\(drop.scope) \(drop.name)"] ?? 0) {

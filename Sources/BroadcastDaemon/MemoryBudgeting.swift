@@ -29,15 +29,19 @@ public enum MemoryBudgeting {
             total.fixedBytes += 2 * composite.frameBytes
             total.converts = false
             total.poolFrameBytes += composite.frameBytes
-            for layer in composite.layers {
-                let box = layer.placement.box(frameWidth: width, frameHeight: height) ?? PixelRegion(x: 0, y: 0, width: 0, height: 0)
-                let own = captureMemory(of: layer.source, width: box.width, height: box.height)
+            for input in composite.inputs {
+                let own = captureMemory(of: input, width: width, height: height)
                 total.poolFrameBytes += own.poolFrameBytes
-                // The layer's picture (yuv420p) and an RGB step at its box's size, plus what its
-                // source converts or holds.
-                let area = box.width * box.height
-                total.fixedBytes += own.fixedBytes + area * 11 / 2
-                if own.converts { total.fixedBytes += area * 3 }
+                total.fixedBytes += own.fixedBytes
+            }
+            for layer in composite.scenes.flatMap(\.layers) {
+                // The layer's picture (yuv420p) and an RGB step at its box's size, and a frame for
+                // its source's conversion.
+                let box = layer.placement.box(frameWidth: width, frameHeight: height) ?? PixelRegion(x: 0, y: 0, width: 0, height: 0)
+                total.fixedBytes += box.width * box.height * 11 / 2
+                if captureMemory(of: composite.inputs[layer.input], width: box.width, height: box.height).converts {
+                    total.fixedBytes += box.width * box.height * 3
+                }
             }
             return total
         case let test as TestPatternSource:
@@ -87,7 +91,7 @@ public enum MemoryBudgeting {
         case let composite as LayeredVideoSource:
             let frames = frameBytes > 0 ? bytes / frameBytes : 4
             composite.poolBytes = frames * composite.frameBytes
-            for part in [composite.base] + composite.layers.map(\.source) {
+            for part in [composite.base] + composite.inputs {
                 let own = captureMemory(of: part, width: composite.width, height: composite.height).poolFrameBytes
                 givePool(frames * own, to: part, of: own)
             }

@@ -22,6 +22,8 @@ public struct SourceSettings: Sendable, Hashable {
     public var realtime = true
     /// Pictures drawn over the video source, in order (further `--video`s, `[video] layers`).
     public var layers: [VideoLayerSpec] = []
+    /// Named layouts of layers (the daemon's `[scenes]`); the first is shown at the start.
+    public var scenes: [SceneSpec] = []
 
     public init() {}
 
@@ -111,7 +113,7 @@ public struct SourceSettings: Sendable, Hashable {
         } catch {
             throw blame(Options.video.name, error)
         }
-        if !layers.isEmpty {
+        if !layers.isEmpty || !scenes.isEmpty {
             guard let base = sources.first?.source else {
                 if videoLeftOut { return sources }
                 throw OptionError(Options.video.name, "--video none cannot have layers over it: the first --video is the base picture")

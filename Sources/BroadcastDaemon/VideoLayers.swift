@@ -92,27 +92,55 @@ extension Options {
     }
 }
 
+/// A named layout of layers over the base (the daemon's `[scenes]`).
+public struct SceneSpec: Sendable, Hashable {
+    public var name: String
+    public var layers: [VideoLayerSpec]
+}
+
 extension SourceSettings {
-    /// Opens the layers' sources over `base` into one composite source of `frame`'s size.
+    /// The scenes the composite shows: `[scenes]` when given (the first at the start), else
+    /// `layers` as one scene, "default".
+    var sceneSpecs: [SceneSpec] { scenes.isEmpty ? [SceneSpec(name: "default", layers: layers)] : scenes }
+
+    /// Opens every source the scenes draw (once each, however many scenes show it) over `base`
+    /// into one composite source of `frame`'s size.
     func composite(
         base: any CaptureSource, frame: VideoSize, rate: (numerator: Int, denominator: Int), logger: Logger?,
         openingPortal: Bool, blame: (OptionName, any Error) -> any Error
     ) throws -> LayeredVideoSource {
-        var opened: [LayeredVideoSource.Layer] = []
+        var inputs: [any CaptureSource] = []
+        // A source shown in several scenes is opened once (a camera cannot be opened twice); two
+        // layers of one scene are two sources.
+        var opened: [VideoSourceSpec: [Int]] = [:]
+        var scenes: [LayeredVideoSource.Scene] = []
+        var blamed = Options.videoLayer.name
         do {
-            for layer in layers {
-                if case .pipeWire = layer.source, !openingPortal { continue }
-                // The built-in pattern is painted at its box's size: nothing to scale.
-                let box = layer.placement.box(frameWidth: frame.width, frameHeight: frame.height)
-                let size = VideoSize(width: max(16, box?.width ?? 16), height: max(16, box?.height ?? 16))
-                guard let source = try videoSource(layer.source, size: size, rate: rate, logger: logger) else { continue }
-                opened.append(LayeredVideoSource.Layer(source: source, placement: layer.placement))
+            for scene in sceneSpecs {
+                if !self.scenes.isEmpty { blamed = OptionName(flag: "[scenes] \(scene.name)", key: "scenes.\(scene.name)") }
+                var layers: [LayeredVideoSource.Layer] = []
+                for layer in scene.layers {
+                    if case .pipeWire = layer.source, !openingPortal { continue }
+                    let used = Set(layers.map(\.input))
+                    if let input = opened[layer.source, default: []].first(where: { !used.contains($0) }) {
+                        layers.append(LayeredVideoSource.Layer(input: input, placement: layer.placement))
+                    } else {
+                        // The built-in pattern is painted at its (first) box's size: nothing to scale.
+                        let box = layer.placement.box(frameWidth: frame.width, frameHeight: frame.height)
+                        let size = VideoSize(width: max(16, box?.width ?? 16), height: max(16, box?.height ?? 16))
+                        guard let source = try videoSource(layer.source, size: size, rate: rate, logger: logger) else { continue }
+                        opened[layer.source, default: []].append(inputs.count)
+                        layers.append(LayeredVideoSource.Layer(input: inputs.count, placement: layer.placement))
+                        inputs.append(source)
+                    }
+                }
+                scenes.append(LayeredVideoSource.Scene(name: scene.name, layers: layers))
             }
         } catch {
-            throw blame(Options.videoLayer.name, error)
+            throw blame(blamed, error)
         }
         return LayeredVideoSource(
-            base: base, layers: opened, width: frame.width, height: frame.height,
+            base: base, inputs: inputs, scenes: scenes, width: frame.width, height: frame.height,
             colour: Self.videoColour([(.video, base)]), logger: logger ?? Logger(label: "broadcast.layers"))
     }
 }
@@ -137,5 +165,35 @@ extension DaemonConfiguration {
             }
         }
         sources.layers = layers
+    }
+}
+
+extension DaemonConfiguration {
+    /// `[scenes]`: `NAME = ["source?placement", ...]`, each a layout of layers over `[video] source`
+    /// written as `layers` is; the broadcast starts in the first.
+    mutating func readScene(_ name: String, _ entry: TOMLDocument.Entry, key: String, environment: [String: String]) throws {
+        guard !name.isEmpty, name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-" || $0 == "_") }) else {
+            throw error(entry.line, key, "expected a scene name of letters, digits, '-' and '_'")
+        }
+        let before = sources.layers
+        sources.layers = []
+        try readLayers(entry, key: key, environment: environment)
+        sources.scenes.append(SceneSpec(name: name, layers: sources.layers))
+        sources.layers = before
+    }
+}
+
+extension DaemonConfiguration {
+    /// Scenes replace `[video] layers` (each scene says its own); they need a base to draw over.
+    func checkScenes() throws {
+        guard !sources.scenes.isEmpty else { return }
+        if !sources.layers.isEmpty {
+            throw error(
+                lines["video.layers"] ?? 0, "video.layers",
+                "[video] layers and [scenes] are both set: with scenes each scene lists its layers (the broadcast starts in the first)")
+        }
+        if sources.video == .none {
+            throw error(lines["video.source"] ?? 0, "video.source", "[scenes] draw over [video] source, which is 'none'")
+        }
     }
 }

@@ -23,7 +23,8 @@ final class Compositor: @unchecked Sendable {
         case slate
     }
 
-    final class Layer {
+    /// Used by the composite's thread only (handed to it at the start, as the compositor is).
+    final class Layer: @unchecked Sendable {
         let placement: LayerPlacement
         /// Where the layer goes in the frame; nil when its box is outside the frame.
         let box: PixelRegion?
@@ -57,7 +58,7 @@ final class Compositor: @unchecked Sendable {
     private let canvas: Frame
     private var baseScaler: Scaler?
     private var baseDecoder: MJPEGDecoder?
-    let layers: [Layer]
+    private(set) var layers: [Layer]
     /// The next `compose` redraws everything.
     private var everything = true
     private var dirty: [PixelRegion] = []
@@ -66,7 +67,13 @@ final class Compositor: @unchecked Sendable {
     /// Layer pictures converted since the start.
     private(set) var layerConversions = 0
 
-    init(width: Int, height: Int, colour: ColourDescription, placements: [LayerPlacement]) throws(FFmpegError) {
+    convenience init(width: Int, height: Int, colour: ColourDescription, placements: [LayerPlacement]) throws(FFmpegError) {
+        try self.init(
+            width: width, height: height, colour: colour,
+            layers: placements.map { Layer(placement: $0, box: $0.box(frameWidth: width, frameHeight: height)) })
+    }
+
+    init(width: Int, height: Int, colour: ColourDescription, layers: [Layer]) throws(FFmpegError) {
         self.width = width
         self.height = height
         self.colour = colour
@@ -75,7 +82,13 @@ final class Compositor: @unchecked Sendable {
         canvas.pointer.pointee.width = Int32(width)
         canvas.pointer.pointee.height = Int32(height)
         try check(av_frame_get_buffer(canvas.pointer, 0), "allocating a \(width)x\(height) composite")
-        layers = placements.map { Layer(placement: $0, box: $0.box(frameWidth: width, frameHeight: height)) }
+        self.layers = layers
+    }
+
+    /// Draws `layers` from the next `compose` on (another scene): everything is redrawn.
+    func show(_ layers: [Layer]) {
+        self.layers = layers
+        everything = true
     }
 
     // MARK: Pictures in
@@ -125,7 +138,9 @@ final class Compositor: @unchecked Sendable {
         let layer = layers[index]
         let before = layer.area
         var changed = false
-        if let buffer, show == .picture, let box = layer.box {
+        // A repeat (the source says nothing changed) is not a new picture: nothing to convert.
+        let repeats = buffer?.changedRegions?.isEmpty == true && layer.picture != nil
+        if let buffer, !repeats, show == .picture, let box = layer.box {
             try convert(buffer, for: layer, box: box)
             changed = true
         }

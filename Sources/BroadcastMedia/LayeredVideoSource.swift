@@ -20,24 +20,40 @@ public import Logging
 /// ended, hides or shows a slate (`LayerPlacement.onLoss`) and comes back with its next picture
 /// once its source captures again. No lock anywhere on this path.
 public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
-    public struct Layer: Sendable {
-        public let source: any CaptureSource
+    /// A layer: one of `inputs`, placed.
+    public struct Layer: Sendable, Hashable {
+        /// Index into `inputs`.
+        public let input: Int
         public let placement: LayerPlacement
-        public init(source: any CaptureSource, placement: LayerPlacement) {
-            self.source = source
+        public init(input: Int, placement: LayerPlacement) {
+            self.input = input
             self.placement = placement
         }
     }
 
+    /// A named layout: the layers drawn over the base, in order.
+    public struct Scene: Sendable, Hashable {
+        public let name: String
+        public let layers: [Layer]
+        public init(name: String, layers: [Layer]) {
+            self.name = name
+            self.layers = layers
+        }
+    }
+
     public let base: any CaptureSource
-    public let layers: [Layer]
+    /// Every source the scenes draw (each opened once, however many scenes show it): all of them
+    /// capture all the time, so a switch shows a scene's pictures at its first frame.
+    public let inputs: [any CaptureSource]
+    /// The first is shown at the start.
+    public let scenes: [Scene]
     public let width: Int
     public let height: Int
     /// What the composite's YUV is: the base's own when it says (a YUV camera, the test pattern:
     /// taken without a matrix change), else BT.709 from 720 lines, BT.601 below.
     public let colour: VideoColour
     public var isRealtime: Bool { base.isRealtime }
-    public var name: String { "\(base.name) with \(layers.map(\.source.name).joined(separator: ", ")) over it" }
+    public var name: String { "\(base.name) with \(inputs.map(\.name).joined(separator: ", ")) over it" }
     /// What the composite's frame pool may take (the memory budget's share); set before `start`.
     public var poolBytes = 16 << 20
     /// Bytes of one composite frame (yuv420p at the output size).
@@ -46,60 +62,88 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
     private let logger: Logger
     private let running = ManagedAtomic<Bool>(false)
     private let droppedFrames = ManagedAtomic<Int>(0)
-    /// Set by a layer's `fail`: it shows as lost from then on.
-    private let layerFailed: [ManagedAtomic<Bool>]
+    /// The base's frames its ring had no room for (the composite fell behind), copied from the
+    /// ring's count by the composite's thread.
+    private let baseRingDrops = ManagedAtomic<Int>(0)
+    /// Set by an input's `fail`: it shows as lost from then on.
+    private let inputFailed: [ManagedAtomic<Bool>]
     private let composed = ManagedAtomic<Int>(0)
     private let redrawnPixels = ManagedAtomic<Int>(0)
+    /// The scene asked for (any thread) and the one shown (the composite's thread), by index.
+    private let requestedScene = ManagedAtomic<Int>(0)
+    private let shownScene = ManagedAtomic<Int>(0)
     private var thread: OSThread?
     private var startedSources: [any CaptureSource] = []
     private var sinks: [SourceSink] = []
 
-    public init(base: any CaptureSource, layers: [Layer], width: Int, height: Int, colour: VideoColour?, logger: Logger) {
+    public init(
+        base: any CaptureSource, inputs: [any CaptureSource], scenes: [Scene], width: Int, height: Int, colour: VideoColour?,
+        logger: Logger
+    ) {
+        precondition(!scenes.isEmpty, "a composite shows at least one scene")
         self.base = base
-        self.layers = layers
+        self.inputs = inputs
+        self.scenes = scenes
         self.width = width
         self.height = height
         self.colour = colour ?? (height >= 720 ? .bt709 : .bt601)
         self.logger = logger
-        self.layerFailed = layers.map { _ in ManagedAtomic(false) }
+        self.inputFailed = inputs.map { _ in ManagedAtomic(false) }
     }
 
     public var health: CaptureHealth { base.health }
-    public var droppedCount: Int { base.droppedCount + droppedFrames.load(ordering: .relaxed) }
+    public var droppedCount: Int {
+        base.droppedCount + baseRingDrops.load(ordering: .relaxed) + droppedFrames.load(ordering: .relaxed)
+    }
     /// Frames composed, and pixels drawn into the composite, since the start (tests, benchmarks).
     public var compositionStatistics: (frames: Int, pixels: Int) {
         (composed.load(ordering: .relaxed), redrawnPixels.load(ordering: .relaxed))
     }
 
-    /// Whether layer `index` shows as lost (its device gone, its source failed or ended).
-    public func layerIsLost(_ index: Int) -> Bool {
-        layerFailed[index].load(ordering: .relaxed) || layers[index].source.health.state == .deviceLost
+    /// Whether input `index` shows as lost (its device gone, its source failed).
+    public func inputIsLost(_ index: Int) -> Bool {
+        inputFailed[index].load(ordering: .relaxed) || inputs[index].health.state == .deviceLost
+    }
+
+    /// The scene asked for last (shown from the next frame on).
+    public var scene: String { scenes[requestedScene.load(ordering: .relaxed)].name }
+    /// The scene the last frame showed.
+    public var shownSceneName: String { scenes[shownScene.load(ordering: .relaxed)].name }
+
+    /// Shows scene `name` from the next frame on (any thread). Throws when there is none of that name.
+    public func select(scene name: String) throws(BroadcastError) {
+        guard let index = scenes.firstIndex(where: { $0.name == name }) else {
+            throw BroadcastError(.invalidArgument, "no scene named \(name): scenes are \(scenes.map(\.name).joined(separator: ", "))")
+        }
+        requestedScene.store(index, ordering: .relaxed)
     }
 
     public func start(into sink: SourceSink) throws {
         let wakeup = try Wakeup()
-        let compositor = try Compositor(
-            width: width, height: height, colour: ColourDescription(colour), placements: layers.map(\.placement))
-        let baseSink = try SourceSink.nested(in: sink, capacity: 8, consumer: wakeup, onFailure: { sink.fail($0) })
-        var layerSinks: [SourceSink] = []
-        for (index, layer) in layers.enumerated() {
-            // A layer's pushes need not wake the composite: it looks at each base frame.
-            let flag = layerFailed[index]
+        let sceneLayers = scenes.map { scene in
+            scene.layers.map { Compositor.Layer(placement: $0.placement, box: $0.placement.box(frameWidth: width, frameHeight: height)) }
+        }
+        let compositor = try Compositor(width: width, height: height, colour: ColourDescription(colour), layers: sceneLayers[0])
+        let baseSink = try SourceSink.nested(in: sink, capacity: 64, consumer: wakeup, onFailure: { sink.fail($0) })
+        var inputSinks: [SourceSink] = []
+        for (index, input) in inputs.enumerated() {
+            // An input's pushes need not wake the composite: it looks at each base frame.
+            let flag = inputFailed[index]
             let logger = self.logger
-            let name = layer.source.name
-            layerSinks.append(
+            let name = input.name
+            inputSinks.append(
                 try SourceSink.nested(in: sink, capacity: 4, consumer: try Wakeup(), onFailure: { error in
                     flag.store(true, ordering: .relaxed)
                     logger.warning("layer \(name) failed, hidden from now on: \(error.message)")
                 }))
         }
-        sinks = [baseSink] + layerSinks
+        sinks = [baseSink] + inputSinks
         do {
             try base.start(into: baseSink)
             startedSources.append(base)
-            for (layer, layerSink) in zip(layers, layerSinks) {
-                try layer.source.start(into: layerSink)
-                startedSources.append(layer.source)
+            for (input, inputSink) in zip(inputs, inputSinks) {
+                try input.start(into: inputSink)
+                startedSources.append(input)
             }
         } catch {
             stopSources()
@@ -107,8 +151,8 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
         }
         let pool = CompositeFramePool(count: max(4, min(poolBytes / max(frameBytes, 1), 60)), width: width, height: height)
         running.store(true, ordering: .releasing)
-        thread = OSThread(name: "bc-compose") { [self, layerSinks] in
-            run(into: sink, base: baseSink, layerSinks: layerSinks, wakeup: wakeup, compositor: compositor, pool: pool)
+        thread = OSThread(name: "bc-compose") { [self, inputSinks] in
+            run(into: sink, base: baseSink, inputSinks: inputSinks, wakeup: wakeup, compositor: compositor, sceneLayers: sceneLayers, pool: pool)
         }
     }
 
@@ -130,11 +174,19 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
     }
 
     private func run(
-        into sink: SourceSink, base: SourceSink, layerSinks: [SourceSink], wakeup: Wakeup, compositor: Compositor,
-        pool: CompositeFramePool
+        into sink: SourceSink, base: SourceSink, inputSinks: [SourceSink], wakeup: Wakeup, compositor: Compositor,
+        sceneLayers: [[Compositor.Layer]], pool: CompositeFramePool
     ) {
         var last: CompositeFrame?
-        defer { last?.release() }
+        // Each input's newest picture, kept until the next one comes: a scene switched to shows
+        // every one of its pictures at its first frame.
+        var held = [CapturedBuffer?](repeating: nil, count: inputs.count)
+        var fresh = [Bool](repeating: false, count: inputs.count)
+        var current = 0
+        defer {
+            last?.release()
+            for buffer in held { buffer?.backing?.release() }
+        }
         while running.load(ordering: .acquiring) && !sink.isStopping {
             // `ended` before the ring: the producer pushes its last buffers, then says it ended.
             let ended = base.endedForConsumer
@@ -151,6 +203,7 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
                 wakeup.sleep(timeout: .milliseconds(100))
                 continue
             }
+            baseRingDrops.store(base.droppedCount, ordering: .relaxed)
             do {
                 try compositor.updateBase(frame)
             } catch {
@@ -158,19 +211,35 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
                 sink.fail(BroadcastError(.sourceFailed, "composing the base picture: \(error)"))
                 return
             }
-            for (index, layerSink) in layerSinks.enumerated() {
-                let newest = layerSink.takeNewest()
-                let lost = layerIsLost(index)
-                let show: Compositor.Shown = lost ? (layers[index].placement.onLoss == .slate ? .slate : .hidden) : .picture
+            for (index, inputSink) in inputSinks.enumerated() {
+                fresh[index] = false
+                guard let newest = inputSink.takeNewest() else { continue }
+                held[index]?.backing?.release()
+                held[index] = newest
+                fresh[index] = true
+            }
+            let wanted = requestedScene.load(ordering: .relaxed)
+            let switching = wanted != current
+            if switching {
+                current = wanted
+                compositor.show(sceneLayers[current])
+                shownScene.store(current, ordering: .relaxed)
+            }
+            for (position, layer) in scenes[current].layers.enumerated() {
+                let lost = inputIsLost(layer.input)
+                let show: Compositor.Shown = lost ? (layer.placement.onLoss == .slate ? .slate : .hidden) : .picture
+                var picture = fresh[layer.input] || switching ? held[layer.input] : nil
+                // Shown again after another scene: whatever it says changed is relative to a
+                // picture this layer never drew.
+                if switching { picture?.changedRegions = nil }
                 do {
-                    try compositor.updateLayer(index, with: lost ? nil : newest, show: show)
+                    try compositor.updateLayer(position, with: lost ? nil : picture, show: show)
                 } catch {
-                    if !layerFailed[index].exchange(true, ordering: .relaxed) {
-                        logger.warning("layer \(layers[index].source.name) cannot be converted, hidden from now on: \(error)")
+                    if !inputFailed[layer.input].exchange(true, ordering: .relaxed) {
+                        logger.warning("layer \(inputs[layer.input].name) cannot be converted, hidden from now on: \(error)")
                     }
-                    try? compositor.updateLayer(index, with: nil, show: .hidden)
+                    try? compositor.updateLayer(position, with: nil, show: .hidden)
                 }
-                newest?.backing?.release()
             }
             let changed: [PixelRegion]?
             do {

@@ -81,12 +81,17 @@ struct CompositorTests {
             // The base under the box, and the layer over it: twice the box, never the frame.
             #expect(compositor.composedPixels - before == 2 * 64 * 48, "frame \(frame)")
         }
-        // Nothing new at all: nothing drawn.
+        // Nothing new at all (no layer picture, or one that says it repeats): nothing converted or drawn.
+        let conversions = compositor.layerConversions
         try compositor.updateBase(screen.captured(changed: []))
         try compositor.updateLayer(0, with: nil, show: .picture)
         let before = compositor.composedPixels
         #expect(try compositor.compose() == [], "a static frame is the last composite again")
+        try compositor.updateBase(screen.captured(changed: []))
+        try compositor.updateLayer(0, with: layer.captured(changed: []), show: .picture)
+        #expect(try compositor.compose() == [], "a repeated layer picture changes nothing")
         #expect(compositor.composedPixels == before)
+        #expect(compositor.layerConversions == conversions)
 
         // What the partial redraws made is what a whole redraw makes.
         let partial = Self.luma(compositor)
