@@ -133,7 +133,7 @@ public enum Options {
     // MARK: Sources ([video], [audio])
 
     public static let video = OptionSpec<VideoSourceSpec>("--video", "video.source", default: "test") { text in
-        try videoSource(text)
+        try baseVideoSource(text)
     }
     public static let audioMic = OptionSpec<AudioSourceSpec>("--audio-mic", "audio.mic", default: "test") { text in
         try audioSource(text, option: "--audio-mic")

@@ -18,6 +18,19 @@ extension Options {
         try videoLayer(text)
     }
 
+    /// The base picture (the first --video, `[video] source`): it fills the frame, so placement
+    /// keys are refused with a word on where they belong.
+    static func baseVideoSource(_ text: String) throws -> VideoSourceSpec {
+        if let mark = text.firstIndex(of: "?"),
+            let key = text[text.index(after: mark)...].split(separator: ",").map({ String($0.prefix { $0 != "=" }) })
+                .first(where: placementKeys.contains)
+        {
+            throw ValueError(
+                "invalid --video '\(text)': \(key) places a layer, and the first --video is the base (it fills the frame): give the layer as a further --video")
+        }
+        return try videoSource(text)
+    }
+
     /// The keys a layer's query takes beside its source's own.
     static let placementKeys = ["x", "y", "width", "height", "fit", "crop", "on_loss"]
 

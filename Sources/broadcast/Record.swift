@@ -29,6 +29,10 @@ struct Record: ParsableCommand {
               broadcast record talk.mkv --size 1920x1080 --fps 30 --video-bitrate 6M
               broadcast record fast.mp4 --no-realtime --duration 1m
                   (as fast as the CPU allows)
+              broadcast record talk.mp4 --video x11::0 \\
+                  --video '/dev/video0?x=75%,y=75%,width=25%,height=25%'
+                  (the screen with the camera in its bottom-right corner: a further --video
+                  is a layer over the first; see --video)
 
             While recording: Ctrl-C (SIGINT) or SIGTERM stops cleanly; a second Ctrl-C quits \
             at once (the file still plays). SIGUSR1 pauses and resumes: the file has no gap.

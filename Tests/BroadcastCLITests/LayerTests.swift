@@ -139,6 +139,12 @@ import Testing
         #expect(dir.contents.isEmpty, "nothing may be created: \(dir.contents)")
     }
 
+    @Test func placementOnTheBaseIsRefused() throws {
+        let r = try broadcast(["record", "/tmp/never-written.mp4", "--video", "test?x=10", "--duration", "1s"])
+        #expect(r.status == 2, "exit \(r.status): \(r.stderr)")
+        #expect(r.stderr.contains("x places a layer, and the first --video is the base"), "\(r.stderr)")
+    }
+
     /// The daemon's `[video] layers`, refused with file:line: key.
     @Test func badLayerInTheConfigNamesFileLineAndKey() throws {
         let dir = try TemporaryDirectory()
