@@ -129,6 +129,47 @@ struct CompositorTests {
         #expect(Self.luma(compositor) == Self.luma(fresh), "the layer stays over the changed screen")
     }
 
+    /// Y, U, V of the composite at a pixel.
+    static func yuv(_ compositor: Compositor, x: Int, y: Int) -> [Int] {
+        let bytes = UnsafeMutableRawPointer.allocate(byteCount: width * height * 3 / 2, alignment: 64)
+        defer { bytes.deallocate() }
+        let planes = [
+            Plane(base: bytes, count: width * height, bytesPerRow: width),
+            Plane(base: bytes + width * height, count: width * height / 4, bytesPerRow: width / 2),
+            Plane(base: bytes + width * height * 5 / 4, count: width * height / 4, bytesPerRow: width / 2),
+        ]
+        compositor.copyComposite(into: planes)
+        let b = bytes.assumingMemoryBound(to: UInt8.self)
+        return [Int(b[y * width + x]), Int(b[width * height + (y / 2) * (width / 2) + x / 2]),
+                Int(b[width * height * 5 / 4 + (y / 2) * (width / 2) + x / 2])]
+    }
+
+    /// A webcam's MJPEG (full-range BT.601 JPEG, decoded by libavcodec) drawn into a BT.709
+    /// composite: converted through RGB into the output's matrix and range, so its red is BT.709's
+    /// red (Y 63, U 102, V 240), not BT.601's values relabelled (Y 81, U 90).
+    @Test func anMJPEGLayerIsConvertedIntoTheOutputsColour() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let jpeg = try MJPEGTests.jpeg(MJPEGTests.redBlue(width: 128, height: 72), pixelFormat: "yuvj422p", in: directory)
+        let screen = Picture(width: Self.width, height: Self.height, colour: 0x0080_8080)
+        let compositor = try Compositor(
+            width: Self.width, height: Self.height, colour: .bt709, placements: [Self.placement(x: 0, y: 0, width: 128, height: 72)])
+        try compositor.updateBase(screen.captured(changed: nil))
+        try jpeg.withUnsafeBytes { raw in
+            let buffer = CapturedBuffer(
+                format: .video(VideoFormat(pixelFormat: .mjpeg, width: 128, height: 72, colour: .jpeg)), captureTime: 0,
+                duration: MediaTime(value: 1, timescale: 30), planes: [Plane(base: raw.baseAddress!, count: raw.count, bytesPerRow: raw.count)])
+            try compositor.updateLayer(0, with: buffer, show: .picture)
+        }
+        _ = try compositor.compose()
+        let red = Self.yuv(compositor, x: 30, y: 36)
+        let blue = Self.yuv(compositor, x: 100, y: 36)
+        #expect(abs(red[0] - 63) <= 4 && abs(red[1] - 102) <= 5 && abs(red[2] - 240) <= 5, "red in BT.709: \(red)")
+        // Blue in BT.709 limited range: Y 32, U 240, V 118.
+        #expect(abs(blue[0] - 32) <= 4 && abs(blue[1] - 240) <= 5 && abs(blue[2] - 118) <= 5, "blue in BT.709: \(blue)")
+        #expect(compositor.layerConversions == 1)
+    }
+
     @Test func aLostLayerHidesOrShowsItsSlateAndTheScreenComesBackUnderIt() throws {
         let screen = Picture(width: Self.width, height: Self.height, colour: 0x0000_00ff)
         let layer = Picture(width: 64, height: 48, colour: 0x00ff_0000)
