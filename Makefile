@@ -117,8 +117,11 @@ soak: deps
 install: release
 	install -D -m 0755 $$($(RELEASE_BUILD) --show-bin-path)/broadcast $(DESTDIR)$(PREFIX)/bin/broadcast
 	install -D -m 0644 systemd/broadcast.service $(DESTDIR)/etc/systemd/system/broadcast.service
+	install -D -m 0644 systemd/broadcast.sysusers $(DESTDIR)/usr/lib/sysusers.d/broadcast.conf
+	@if [ -z "$(DESTDIR)" ]; then systemd-sysusers /usr/lib/sysusers.d/broadcast.conf 2>/dev/null || getent group broadcast >/dev/null || groupadd --system broadcast; fi
 	sed -i 's|/usr/local/bin/broadcast|$(PREFIX)/bin/broadcast|' $(DESTDIR)/etc/systemd/system/broadcast.service
 	@if [ -e $(DESTDIR)/etc/broadcast/broadcast.toml ]; then echo "keeping $(DESTDIR)/etc/broadcast/broadcast.toml"; \
 	else install -D -m 0644 systemd/broadcast.toml $(DESTDIR)/etc/broadcast/broadcast.toml; fi
 	install -D -m 0644 README.md $(DESTDIR)$(PREFIX)/share/doc/broadcast/README.md
 	@echo "installed; then: systemctl daemon-reload && systemctl enable --now broadcast"
+	@echo "control socket users: usermod -aG broadcast NAME (then log in again)"

@@ -23,6 +23,7 @@ let package = Package(
         .library(name: "BroadcastDaemon", targets: ["BroadcastDaemon"]),
         .executable(name: "broadcast", targets: ["broadcast"]),
         .executable(name: "level-meter", targets: ["LevelMeter"]),
+        .executable(name: "event-tail", targets: ["EventTail"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-atomics.git", from: "1.3.0"),
@@ -114,7 +115,7 @@ let package = Package(
         .target(
             name: "BroadcastService",
             dependencies: [
-                "BroadcastKit", "BroadcastOutputs",
+                "BroadcastKit",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -159,6 +160,13 @@ let package = Package(
             dependencies: ["BroadcastKit", "BroadcastCapture"],
             path: "samples/LevelMeter",
             exclude: ["README.md"],
+            swiftSettings: swiftSettings
+        ),
+        // samples/: a client of the control plane, linking BroadcastService alone.
+        .executableTarget(
+            name: "EventTail",
+            dependencies: ["BroadcastService"],
+            path: "samples/EventTail",
             swiftSettings: swiftSettings
         ),
 

@@ -225,6 +225,47 @@ def screen_cases(args, work):
     return cases
 
 
+# Composition (issue 26): the X11 screen of 1080p30 with a 640x360 moving layer in its bottom-right
+# corner, against ffmpeg's x11grab with the same layer put on by `overlay`. The layer is the same
+# moving picture on both sides: broadcast's test pattern painted at 640x360 (its `test` layer), and
+# for ffmpeg that pattern recorded losslessly and looped from a raw file (`make_pattern`). Two
+# screens under it: "full" (the whole screen moving) and "static" (static windows: broadcast redraws
+# only the layer's box, ffmpeg's overlay redraws the frame).
+LAYER_SIZE = (640, 360)
+
+
+def layer_cases(args, work, layer_pattern):
+    cases = []
+    w, h = SCREEN_SIZE
+    lw, lh = LAYER_SIZE
+    x, y = w - lw, h - lh
+    s = args.seconds
+    rate = "6M"
+    for kind in ("full", "static"):
+        name = f"layer-{'moving' if kind == 'full' else 'static'}"
+        if not wanted(args, name):
+            continue
+        screen = XScreen(kind)
+        a_out, b_out = os.path.join(work, f"{name}-a.mp4"), os.path.join(work, f"{name}-b.mp4")
+        cases.append(Case(
+            name, f"x11 {kind} screen 1080p30 + a {lw}x{lh} moving layer → mp4",
+            lambda sc=screen, o=a_out: [args.broadcast, "record", o, "--video", f"x11:{sc.display}?cursor=off",
+                                        "--video", f"test?x={x},y={y},width={lw},height={lh}",
+                                        "--audio-mic", "none", "--fps", str(FPS), "--duration", f"{s}s",
+                                        "--preset", "veryfast", "--tune", "zerolatency", "--video-bitrate", rate,
+                                        "--rate-control", "cbr", "--keyframe-interval", "2s",
+                                        "--quiet", "--log-level", "error", "-y"],
+            lambda sc=screen, o=b_out: FF + ["-f", "x11grab", "-draw_mouse", "0", "-framerate", str(FPS),
+                                             "-video_size", f"{w}x{h}", "-i", sc.display,
+                                             "-re", "-stream_loop", "-1", "-f", "rawvideo", "-pix_fmt", "yuv420p",
+                                             "-s", f"{lw}x{lh}", "-r", str(FPS), "-i", layer_pattern["video"],
+                                             "-filter_complex", f"[0:v][1:v]overlay={x}:{y}:format=auto,format=yuv420p[v]",
+                                             "-map", "[v]", "-t", str(s), "-an",
+                                             "-c:v", "libx264"] + X264 + x264_rc(rate) + ["-movflags", "+faststart", o],
+            s, s * FPS, True, latency=True, screen=screen, outputs=(a_out, b_out)))
+    return cases
+
+
 def make_cases(args, work, rtmp, patterns):
     cases = []
     for key, (w, h, rate) in SIZES.items():
@@ -601,7 +642,9 @@ def main():
                         if wanted(args, f"same-{key}") or wanted(args, f"same-offline-{key}")
                         or wanted(args, f"overhead-{key}")}
             results = []
-            for case in make_cases(args, work, nginx.url if nginx else None, patterns) + screen_cases(args, work):
+            layers = (layer_cases(args, work, make_pattern(args.broadcast, work, "layer", *LAYER_SIZE))
+                      if wanted(args, "layer-moving") or wanted(args, "layer-static") else [])
+            for case in make_cases(args, work, nginx.url if nginx else None, patterns) + screen_cases(args, work) + layers:
                 print(f"{case.name}: {case.title}", flush=True)
                 results.append(run_case(case, args.pairs, work))
             overhead = {}

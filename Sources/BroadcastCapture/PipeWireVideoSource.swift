@@ -119,14 +119,16 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
     /// The output rate's frame slots on the session clock.
     private var slots: FrameSlots { FrameSlots(frameRate) }
 
-    private func produce(_ first: PipeWireVideoConnection, into sink: SourceSink) {
-        let duration = MediaTime(value: Int64(frameRate.denominator), timescale: Int32(frameRate.numerator))
-        if !first.enter() { logger.error("\(spec.description): the stream's loop is still owned by the thread that opened it") }
-        var connection: PipeWireVideoConnection? = first
-        var converter = PipeWireFrameConverter(drawCursor: spec.cursor == .metadata)
+    /// The capture thread's state from one frame slot to the next (that thread alone touches it).
+    private struct CaptureLoop {
+        var connection: PipeWireVideoConnection?
+        var converter: PipeWireFrameConverter
+        /// The next frame slot.
         var index: Int64 = 0
+        /// The latest frame, offered again in every slot until a new one comes.
         var last: CapturedBuffer?
-        var lastSize = (width: announcedSize?.width ?? 1280, height: announcedSize?.height ?? 720)
+        var lastSize: (width: Int, height: Int)
+        /// While the stream is lost: the no-signal frames.
         var slate: SlateGenerator?
         /// A buffer since the last new frame was skipped (corrupted, unusable, no frame free): the
         /// next new frame's damage, relative to that one, does not say what changed since ours.
@@ -134,178 +136,207 @@ public final class PipeWireVideoSource: CaptureSource, @unchecked Sendable {
         var nextRetry: Int64 = 0
         var attempt: ReconnectAttempt?
         var closing: OSThread?
-        defer {
-            closing?.join()
-            last?.backing?.release()
-            connection?.close()
-            if let attempt {
-                attempt.thread?.join()
-                attempt.thread = nil
-                attempt.result?.close()
-            }
-            logger.info(
-                "\(spec.description): \(capturedCount + repeatedCount) frames delivered, \(capturedCount) new from PipeWire, \(damaged.load(ordering: .relaxed)) of them with the compositor's damage, \(repeatedCount) repeated (screen unchanged; \(blanks.load(ordering: .relaxed)) of them black before the first), \(corruptedCount) corrupted buffers skipped, \(busy.load(ordering: .relaxed)) new frames held back (all frames with the session), \(droppedCount) slots skipped, \(slateFrames.load(ordering: .relaxed)) slate frames, \(losses.load(ordering: .relaxed)) losses, \(formats.load(ordering: .relaxed)) formats negotiated"
-            )
-        }
+    }
+
+    private func produce(_ first: PipeWireVideoConnection, into sink: SourceSink) {
+        if !first.enter() { logger.error("\(spec.description): the stream's loop is still owned by the thread that opened it") }
+        var loop = CaptureLoop(
+            connection: first, converter: PipeWireFrameConverter(drawCursor: spec.cursor == .metadata),
+            lastSize: (announcedSize?.width ?? 1280, announcedSize?.height ?? 720))
+        defer { end(&loop) }
         while running.load(ordering: .acquiring) && !sink.isStopping {
-            guard let current = connection else {
-                // Lost: slate at the frame rate, and a new attempt every two seconds.
-                if slate == nil {
-                    slate = SlateGenerator(width: lastSize.width, height: lastSize.height, frameDuration: slots.start(1), start: sink.clock.now())
-                }
-                let now = sink.clock.now()
-                // A new attempt runs on a thread of its own (portal round trips can take seconds),
-                // so the slate keeps its rate meanwhile.
-                if let finished = attempt, finished.isDone {
-                    finished.thread?.join()
-                    finished.thread = nil  // the thread's closure holds the attempt
-                    attempt = nil
-                    if let reopened = finished.result {
-                        if !reopened.enter() { logger.error("\(spec.description): the new stream's loop is still owned by the thread that opened it") }
-                        connection = reopened
-                        formatsBefore = 0
-                        // The screen again from the first slot the slate has not filled (the nearest
-                        // slot to its next frame: its frame length is the slot's, rounded), so the
-                        // output has no hole and no slot twice.
-                        let resume = slate.map { $0.nextDue - sink.startTime + slots.start(1) / 2 } ?? (sink.clock.now() - sink.startTime)
-                        index = slots.index(at: resume)
-                        slate = nil
-                        gone.store(false, ordering: .relaxed)
-                        logger.notice("\(spec.description): back")
-                        continue
-                    }
-                }
-                if attempt == nil, now >= nextRetry {
-                    nextRetry = now + 2_000_000_000
-                    let next = ReconnectAttempt()
-                    let (spec, tokens, logger) = (self.spec, self.tokens, self.logger)
-                    next.thread = OSThread(name: "bc-pw-reopen") {
-                        let reopened = try? PipeWireVideoConnection.open(spec: spec, tokens: tokens, logger: logger, startTimeout: 5)
-                        reopened?.leave()  // the capture thread takes it
-                        next.finish(reopened)
-                    }
-                    attempt = next
-                }
-                let slateNow = sink.clock.now()
-                slate!.deliverDue(into: sink, now: slateNow, counter: slateFrames, dropped: skipped)
-                MonotonicClock.sleep(until: min(nextRetry, slate!.wakeTime(now: slateNow)))
+            guard let current = loop.connection else {
+                whileLost(&loop, sink)
                 continue
             }
-
-            let due = sink.startTime + slots.start(index)
-            // PipeWire's loop until the frame is due (events, format changes, buffers).
-            var loopFailed = false
-            while running.load(ordering: .relaxed) {
-                let left = due - sink.clock.now()
-                if left <= 0 { break }
-                if CBroadcastPWVideo_iterate(current.stream, Int32(min((left + 999_999) / 1_000_000, 100))) < 0 {
-                    loopFailed = true
-                    break
-                }
-            }
-            let portalAlive = current.portal?.poll() ?? true
-            let state = CBroadcastPWVideo_state(current.stream)
-            if loopFailed || !portalAlive || state == Int32(CBroadcastPWVideoState_lost) {
-                let why = !portalAlive ? "the portal closed the screen-cast session" : String(cString: CBroadcastPWVideo_error(current.stream))
-                logger.warning("\(spec.description): lost (\(why)); sending a no-signal slate and retrying")
-                // Closed on a thread of its own: ending the portal session is a D-Bus round trip
-                // through a portal whose backend may just have died, and the slate must not wait.
-                current.leave()
-                closing?.join()
-                closing = OSThread(name: "bc-pw-close") { current.close() }
-                connection = nil
-                // The slate from the slot this frame would have filled (closing the stream and the
-                // portal session took time), so the output has no hole at the loss.
-                slate = SlateGenerator(width: lastSize.width, height: lastSize.height, frameDuration: slots.start(1), start: due)
-                gone.store(true, ordering: .relaxed)
-                losses.wrappingIncrement(ordering: .relaxed)
-                nextRetry = sink.clock.now() + 2_000_000_000
-                last?.backing?.release()
-                last = nil
-                frameLost = true
+            let due = sink.startTime + slots.start(loop.index)
+            if let why = waitForSlot(due, on: current, sink) {
+                lose(&loop, current, why: why, at: due, sink)
                 continue
             }
-
             let negotiated = Int(CBroadcastPWVideo_formatChanges(current.stream))
             if negotiated > formatsBefore {
                 formats.wrappingIncrement(by: negotiated - formatsBefore, ordering: .relaxed)
                 formatsBefore = negotiated
             }
-            var frame = CBroadcastPWVideoFrame()
-            var fresh = false
-            var changed: [PixelRegion]? = nil
-            if CBroadcastPWVideo_acquire(current.stream, &frame) == 1 {
-                if frame.corrupted != 0 {
-                    corrupt.wrappingIncrement(ordering: .relaxed)
-                    frameLost = true
-                } else {
-                    converter.noteCursor(frame)
-                    if frame.data != nil {
-                        switch converter.convert(frame) {
-                        case .frame(let image, let format):
-                            last?.backing?.release()
-                            last = CapturedBuffer(
-                                format: .video(format), captureTime: due, duration: duration,
-                                planes: [Plane(base: UnsafeRawPointer(image.memory), count: image.bytesPerRow * format.height, bytesPerRow: image.bytesPerRow)],
-                                backing: image)
-                            changed = frameLost || format.width != lastSize.width || format.height != lastSize.height
-                                ? nil : Self.changedRegion(frame, width: format.width, height: format.height, cursorDrawn: spec.cursor == .metadata)
-                            if changed != nil { damaged.wrappingIncrement(ordering: .relaxed) }
-                            frameLost = false
-                            lastSize = (format.width, format.height)
-                            fresh = true
-                            if logger.logLevel <= .debug {
-                                // The producer's time of the frame on the session clock, when it is on
-                                // the monotonic clock (within a minute of it): how late the tick was.
-                                let monotonic = MonotonicClock().now()
-                                let sessionNow = sink.clock.now()
-                                let pts = frame.pts > 0 && abs(frame.pts - monotonic) < 60_000_000_000
-                                    ? "\(frame.pts - monotonic + sessionNow - sink.startTime)" : "none"
-                                logger.debug("new frame: producer time \(pts) ns, tick \(due - sink.startTime) ns, damage regions \(frame.damageRegions)")
-                            }
-                        case .busy:
-                            busy.wrappingIncrement(ordering: .relaxed)
-                            frameLost = true
-                        case .unusable(let why):
-                            logger.warning("\(spec.description): buffer skipped: \(why)")
-                            corrupt.wrappingIncrement(ordering: .relaxed)
-                            frameLost = true
-                        }
-                    }
-                }
-                CBroadcastPWVideo_release(current.stream)
-            }
-            if last == nil {
-                // Nothing yet: the compositor sends its first frame only when something on screen
-                // changes. Black at the announced size until then, so the broadcast does not wait.
-                if let blank = converter.blankFrame(width: lastSize.width, height: lastSize.height) {
-                    last = CapturedBuffer(
-                        format: .video(blank.1), captureTime: due, duration: duration,
-                        planes: [Plane(base: UnsafeRawPointer(blank.0.memory), count: blank.0.bytesPerRow * blank.1.height, bytesPerRow: blank.0.bytesPerRow)],
-                        backing: blank.0)
-                    blanks.wrappingIncrement(ordering: .relaxed)
-                    logger.info("\(spec.description): no frame yet (the compositor sends one when the screen changes); black until then")
-                }
-            }
-            if var buffer = last, let image = buffer.backing as? PipeWireFrame {
-                (fresh ? captured : repeated).wrappingIncrement(ordering: .relaxed)
-                buffer.captureTime = due
-                // What changed since the previous frame offered: the compositor's damage for a new
-                // frame (nil, everything, when it is not known), nothing for a repeat.
-                buffer.changedRegions = fresh ? changed : []
-                image.retain()
-                sink.offer(buffer)
-            } else {
-                skipped.wrappingIncrement(ordering: .relaxed)
-            }
-            index += 1
+            let fresh = takeFrame(&loop, from: current, due: due, sink)
+            offerLatest(&loop, due: due, fresh: fresh, sink)
+            loop.index += 1
             let now = slots.index(at: sink.clock.now() - sink.startTime)
-            if now > index + Int64(frameRate.numerator / frameRate.denominator) {
-                skipped.wrappingIncrement(by: Int(now - index), ordering: .relaxed)
-                index = now
+            if now > loop.index + Int64(frameRate.numerator / frameRate.denominator) {
+                skipped.wrappingIncrement(by: Int(now - loop.index), ordering: .relaxed)
+                loop.index = now
             }
         }
     }
+
+    /// The capture thread's end: the connection, a reconnection under way and the last frame let
+    /// go, and what happened counted in the log.
+    private func end(_ loop: inout CaptureLoop) {
+        loop.closing?.join()
+        loop.last?.backing?.release()
+        loop.connection?.close()
+        if let attempt = loop.attempt {
+            attempt.thread?.join()
+            attempt.thread = nil
+            attempt.result?.close()
+        }
+        logger.info(
+            "\(spec.description): \(capturedCount + repeatedCount) frames delivered, \(capturedCount) new from PipeWire, \(damaged.load(ordering: .relaxed)) of them with the compositor's damage, \(repeatedCount) repeated (screen unchanged; \(blanks.load(ordering: .relaxed)) of them black before the first), \(corruptedCount) corrupted buffers skipped, \(busy.load(ordering: .relaxed)) new frames held back (all frames with the session), \(droppedCount) slots skipped, \(slateFrames.load(ordering: .relaxed)) slate frames, \(losses.load(ordering: .relaxed)) losses, \(formats.load(ordering: .relaxed)) formats negotiated"
+        )
+    }
+
+    /// Lost: slate at the frame rate, and a new attempt every two seconds, each on a thread of its
+    /// own (portal round trips can take seconds), so the slate keeps its rate meanwhile. Takes the
+    /// new connection when an attempt succeeded.
+    private func whileLost(_ loop: inout CaptureLoop, _ sink: SourceSink) {
+        if loop.slate == nil {
+            loop.slate = SlateGenerator(width: loop.lastSize.width, height: loop.lastSize.height, frameDuration: slots.start(1), start: sink.clock.now())
+        }
+        let now = sink.clock.now()
+        if let finished = loop.attempt, finished.isDone {
+            finished.thread?.join()
+            finished.thread = nil  // the thread's closure holds the attempt
+            loop.attempt = nil
+            if let reopened = finished.result {
+                if !reopened.enter() { logger.error("\(spec.description): the new stream's loop is still owned by the thread that opened it") }
+                loop.connection = reopened
+                formatsBefore = 0
+                // The screen again from the first slot the slate has not filled (the nearest
+                // slot to its next frame: its frame length is the slot's, rounded), so the
+                // output has no hole and no slot twice.
+                let resume = loop.slate.map { $0.nextDue - sink.startTime + slots.start(1) / 2 } ?? (sink.clock.now() - sink.startTime)
+                loop.index = slots.index(at: resume)
+                loop.slate = nil
+                gone.store(false, ordering: .relaxed)
+                logger.notice("\(spec.description): back")
+                return
+            }
+        }
+        if loop.attempt == nil, now >= loop.nextRetry {
+            loop.nextRetry = now + 2_000_000_000
+            let next = ReconnectAttempt()
+            let (spec, tokens, logger) = (self.spec, self.tokens, self.logger)
+            next.thread = OSThread(name: "bc-pw-reopen") {
+                let reopened = try? PipeWireVideoConnection.open(spec: spec, tokens: tokens, logger: logger, startTimeout: 5)
+                reopened?.leave()  // the capture thread takes it
+                next.finish(reopened)
+            }
+            loop.attempt = next
+        }
+        let slateNow = sink.clock.now()
+        loop.slate!.deliverDue(into: sink, now: slateNow, counter: slateFrames, dropped: skipped)
+        MonotonicClock.sleep(until: min(loop.nextRetry, loop.slate!.wakeTime(now: slateNow)))
+    }
+
+    /// Runs PipeWire's loop until the slot is due (events, format changes, buffers); why the
+    /// stream is lost, or nil.
+    private func waitForSlot(_ due: Int64, on current: PipeWireVideoConnection, _ sink: SourceSink) -> String? {
+        var loopFailed = false
+        while running.load(ordering: .relaxed) {
+            let left = due - sink.clock.now()
+            if left <= 0 { break }
+            if CBroadcastPWVideo_iterate(current.stream, Int32(min((left + 999_999) / 1_000_000, 100))) < 0 {
+                loopFailed = true
+                break
+            }
+        }
+        let portalAlive = current.portal?.poll() ?? true
+        let state = CBroadcastPWVideo_state(current.stream)
+        guard loopFailed || !portalAlive || state == Int32(CBroadcastPWVideoState_lost) else { return nil }
+        return !portalAlive ? "the portal closed the screen-cast session" : String(cString: CBroadcastPWVideo_error(current.stream))
+    }
+
+    /// The stream is lost at slot `due`: closed on a thread of its own (ending the portal session is
+    /// a D-Bus round trip through a portal whose backend may just have died, and the slate must not
+    /// wait), and the slate starts from that slot (closing took time), so the output has no hole.
+    private func lose(_ loop: inout CaptureLoop, _ current: PipeWireVideoConnection, why: String, at due: Int64, _ sink: SourceSink) {
+        logger.warning("\(spec.description): lost (\(why)); sending a no-signal slate and retrying")
+        current.leave()
+        loop.closing?.join()
+        loop.closing = OSThread(name: "bc-pw-close") { current.close() }
+        loop.connection = nil
+        loop.slate = SlateGenerator(width: loop.lastSize.width, height: loop.lastSize.height, frameDuration: slots.start(1), start: due)
+        gone.store(true, ordering: .relaxed)
+        losses.wrappingIncrement(ordering: .relaxed)
+        loop.nextRetry = sink.clock.now() + 2_000_000_000
+        loop.last?.backing?.release()
+        loop.last = nil
+        loop.frameLost = true
+    }
+
+    /// Takes the stream's newest buffer, if one came, converted into `loop.last` with what changed
+    /// since the previous frame; true when there is a new frame.
+    private func takeFrame(_ loop: inout CaptureLoop, from current: PipeWireVideoConnection, due: Int64, _ sink: SourceSink) -> Bool {
+        var frame = CBroadcastPWVideoFrame()
+        guard CBroadcastPWVideo_acquire(current.stream, &frame) == 1 else { return false }
+        defer { CBroadcastPWVideo_release(current.stream) }
+        if frame.corrupted != 0 {
+            corrupt.wrappingIncrement(ordering: .relaxed)
+            loop.frameLost = true
+            return false
+        }
+        loop.converter.noteCursor(frame)
+        guard frame.data != nil else { return false }
+        switch loop.converter.convert(frame) {
+        case .frame(let image, let format):
+            loop.last?.backing?.release()
+            let changed = loop.frameLost || format.width != loop.lastSize.width || format.height != loop.lastSize.height
+                ? nil : Self.changedRegion(frame, width: format.width, height: format.height, cursorDrawn: spec.cursor == .metadata)
+            loop.last = CapturedBuffer(
+                format: .video(format), captureTime: due, duration: frameDuration,
+                planes: [Plane(base: UnsafeRawPointer(image.memory), count: image.bytesPerRow * format.height, bytesPerRow: image.bytesPerRow)],
+                changedRegions: changed, backing: image)
+            if changed != nil { damaged.wrappingIncrement(ordering: .relaxed) }
+            loop.frameLost = false
+            loop.lastSize = (format.width, format.height)
+            if logger.logLevel <= .debug {
+                // The producer's time of the frame on the session clock, when it is on the
+                // monotonic clock (within a minute of it): how late the tick was.
+                let monotonic = MonotonicClock().now()
+                let sessionNow = sink.clock.now()
+                let pts = frame.pts > 0 && abs(frame.pts - monotonic) < 60_000_000_000
+                    ? "\(frame.pts - monotonic + sessionNow - sink.startTime)" : "none"
+                logger.debug("new frame: producer time \(pts) ns, tick \(due - sink.startTime) ns, damage regions \(frame.damageRegions)")
+            }
+            return true
+        case .busy:
+            busy.wrappingIncrement(ordering: .relaxed)
+            loop.frameLost = true
+        case .unusable(let why):
+            logger.warning("\(spec.description): buffer skipped: \(why)")
+            corrupt.wrappingIncrement(ordering: .relaxed)
+            loop.frameLost = true
+        }
+        return false
+    }
+
+    /// Offers the latest frame for the slot `due` (black at the announced size before the first:
+    /// the compositor sends its first frame only when something on screen changes, and the
+    /// broadcast does not wait), or counts the slot skipped.
+    private func offerLatest(_ loop: inout CaptureLoop, due: Int64, fresh: Bool, _ sink: SourceSink) {
+        if loop.last == nil, let blank = loop.converter.blankFrame(width: loop.lastSize.width, height: loop.lastSize.height) {
+            loop.last = CapturedBuffer(
+                format: .video(blank.1), captureTime: due, duration: frameDuration,
+                planes: [Plane(base: UnsafeRawPointer(blank.0.memory), count: blank.0.bytesPerRow * blank.1.height, bytesPerRow: blank.0.bytesPerRow)],
+                backing: blank.0)
+            blanks.wrappingIncrement(ordering: .relaxed)
+            logger.info("\(spec.description): no frame yet (the compositor sends one when the screen changes); black until then")
+        }
+        guard var buffer = loop.last, let image = buffer.backing as? PipeWireFrame else {
+            skipped.wrappingIncrement(ordering: .relaxed)
+            return
+        }
+        (fresh ? captured : repeated).wrappingIncrement(ordering: .relaxed)
+        buffer.captureTime = due
+        // What changed since the previous frame offered: the compositor's damage for a new frame
+        // (nil, everything, when it is not known), nothing for a repeat.
+        buffer.changedRegions = fresh ? buffer.changedRegions : []
+        image.retain()
+        sink.offer(buffer)
+    }
+
+    private var frameDuration: MediaTime { MediaTime(value: Int64(frameRate.denominator), timescale: Int32(frameRate.numerator)) }
 }
 
 /// A reconnection tried on a thread of its own; the capture thread polls `isDone` (no lock: the

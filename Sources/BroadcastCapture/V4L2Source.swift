@@ -788,8 +788,9 @@ final class V4L2Stream: @unchecked Sendable {
     }
 }
 
-/// One V4L2 buffer as the session sees it. `release()` (session thread) only marks it returned
-/// and wakes the capture thread, which re-queues it.
+/// One V4L2 buffer as the session sees it. `release()` (the session's thread, or the capture
+/// thread's own when the ring was full) only marks it returned and wakes the capture thread,
+/// which re-queues it.
 final class V4L2FrameBacking: SampleBufferBacking, @unchecked Sendable {
     let index: Int
     /// Keeps the memory mapped (and the device open) while the session holds the frame.

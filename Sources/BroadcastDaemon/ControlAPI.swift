@@ -66,12 +66,26 @@ enum ControlAPI {
             return .json(200, controller.status())
         case ("POST", let path) where path.hasPrefix("/v1/scene/"):
             return DaemonScenes.select(String(path.dropFirst("/v1/scene/".count)), controller: controller)
+        case ("POST", let path) where path.hasPrefix("/v1/audio/"):
+            // /v1/audio/{mic|app}/{mute|unmute}
+            let parts = path.dropFirst("/v1/audio/".count).split(separator: "/", omittingEmptySubsequences: false)
+            guard parts.count == 2, parts[1] == "mute" || parts[1] == "unmute" else {
+                return .error(400, "unknown audio action '\(path)': use /v1/audio/{mic|app}/{mute|unmute}")
+            }
+            do {
+                try controller.setAudio(String(parts[0]), muted: parts[1] == "mute")
+            } catch let error as BroadcastError {
+                return .error(error.code == .illegalTransition ? 409 : 400, error.message)
+            } catch {
+                return .error(400, "\(error)")
+            }
+            return .json(200, controller.status())
         case (_, "/v1/status"), (_, "/metrics"):
             return .error(405, "\(request.method) is not allowed on \(request.path): use GET")
-        case (_, let path) where path.hasPrefix("/v1/broadcast/") || path.hasPrefix("/v1/outputs/") || path == "/v1/replay/save" || path == "/v1/reload":
+        case (_, let path) where path.hasPrefix("/v1/broadcast/") || path.hasPrefix("/v1/outputs/") || path.hasPrefix("/v1/audio/") || path.hasPrefix("/v1/scene/") || path == "/v1/replay/save" || path == "/v1/reload":
             return .error(405, "\(request.method) is not allowed on \(path): use POST")
         default:
-            return .error(404, "no such endpoint: \(request.path) (see /v1/status, /v1/broadcast/{start,pause,resume,stop}, /v1/outputs/{name}/{pause,resume,save}, /v1/replay/save, /v1/reload, /metrics)")
+            return .error(404, "no such endpoint: \(request.path) (see /v1/status, /v1/broadcast/{start,pause,resume,stop}, /v1/outputs/{name}/{pause,resume,save}, /v1/replay/save, /v1/audio/{mic,app}/{mute,unmute}, /v1/scene/{name}, /v1/reload, /metrics)")
         }
     }
 }

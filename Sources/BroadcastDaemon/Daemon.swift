@@ -244,6 +244,7 @@ extension Daemon {
             return try ControlServer(
                 socketPath: configuration.socketPath,
                 mode: configuration.socketMode,
+                group: configuration.socketGroup?.id,
                 tcp: configuration.tcp.map { ($0.host, $0.port) },
                 token: token,
                 events: events,
@@ -376,6 +377,9 @@ final class BroadcastController: Sendable {
         var sourceSettings: SourceSettings
         /// The sizes the memory budget gave; outputs added by SIGHUP get them too.
         let memoryPlan: MemoryPlan
+        /// The audio sources' volumes and mutes (`POST /v1/audio/...`), and which sources there are.
+        var audioControl: AudioSourceControl? = nil
+        var audioSources: [SampleBufferType] = []
     }
 
     private let state: Mutex<(config: DaemonConfiguration, running: Running?, starting: Bool)>
@@ -473,7 +477,10 @@ final class BroadcastController: Sendable {
             sourceSettings: sources,
             memoryPlan: plan
         )
-        state.withLock { $0.running = running }
+        var withAudio = running
+        withAudio.audioControl = handler.audioControl
+        withAudio.audioSources = assembly.configuration.audioSources
+        state.withLock { $0.running = withAudio }
         failure.withLock { $0 = nil }
         logger.notice("broadcast started: \(outputs.map(\.name).joined(separator: ", "))")
     }
@@ -498,6 +505,41 @@ final class BroadcastController: Sendable {
     func runningComposite() -> LayeredVideoSource? {
         guard let running = state.withLock({ $0.running }), running.session.state != .finished else { return nil }
         return running.session.currentSources.lazy.compactMap { $0.source as? LayeredVideoSource }.first
+    }
+
+    /// Mutes or unmutes an audio source (`mic`, `app`) of the running broadcast, from its next
+    /// buffer on. Throws `illegalTransition` when none runs, `invalidArgument` for a source it has not.
+    func setAudio(_ source: String, muted: Bool) throws {
+        let type: SampleBufferType
+        switch source {
+        case "mic": type = .audioMic
+        case "app": type = .audioApp
+        default: throw BroadcastError(.invalidArgument, "unknown audio source '\(source)': use mic or app")
+        }
+        guard let running = state.withLock({ $0.running }), running.session.state != .finished,
+            let control = running.audioControl
+        else {
+            throw BroadcastError(.illegalTransition, "cannot \(muted ? "mute" : "unmute") \(source): no broadcast is running")
+        }
+        guard running.audioSources.contains(type) else {
+            throw BroadcastError(.invalidArgument, "cannot \(muted ? "mute" : "unmute") \(source): the broadcast has no \(source) audio")
+        }
+        control.setMuted(muted, of: type)
+        logger.notice("\(source) audio \(muted ? "muted" : "unmuted")")
+        publishChanges()
+    }
+
+    /// A reload's new `mic_volume`/`mic_mute` (`app_...`) apply at once, from the source's next
+    /// buffer; a level the reload did not change stays as the control API left it.
+    private func applyAudioLevels(of fresh: DaemonConfiguration, changedFrom previous: DaemonConfiguration, to running: Running, trigger: String) {
+        guard let control = running.audioControl else { return }
+        for (name, type, level, before) in [
+            ("mic", SampleBufferType.audioMic, fresh.encoder.micLevel, previous.encoder.micLevel),
+            ("app", .audioApp, fresh.encoder.appLevel, previous.encoder.appLevel),
+        ] where level != before && running.audioSources.contains(type) {
+            control.set(level, of: type)
+            logger.notice("\(trigger): \(name) audio at \(level.volumeDecibels) dB\(level.muted ? ", muted" : "")")
+        }
     }
 
     /// The running broadcast's outputs; nil when no broadcast runs.
@@ -625,9 +667,10 @@ final class BroadcastController: Sendable {
             logger.error("\(trigger): config not reloaded: \(error)")
             return .refused("\(error)")
         }
-        let running = state.withLock { state -> Running? in
+        let (running, previous) = state.withLock { state -> (Running?, DaemonConfiguration) in
+            let previous = state.config
             state.config = fresh
-            return state.running
+            return (state.running, previous)
         }
         if controlToken.current != fresh.token {
             controlToken.replace(with: fresh.token)
@@ -681,6 +724,7 @@ final class BroadcastController: Sendable {
                 : "the outputs change before the broadcast's next buffer; its thread was busy for \(Self.reloadPatience / 1_000_000_000) s"
         }
         let applied = sourceReload?.apply(to: running.session, logger: logger)
+        applyAudioLevels(of: fresh, changedFrom: previous, to: running, trigger: trigger)
         state.withLock { state in
             var definitions = Dictionary(fresh.outputs.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
             // An output still on its old settings is compared with them at the next reload.
@@ -708,7 +752,8 @@ final class BroadcastController: Sendable {
     /// once), as a config error naming the key: restart needed. nil when only the token changed.
     static func controlChangeNeedingRestart(from old: DaemonConfiguration, to new: DaemonConfiguration) -> ConfigError? {
         let changed: String? =
-            old.socketPath != new.socketPath ? "socket" : old.socketMode != new.socketMode ? "socket_mode" : old.tcp != new.tcp ? "tcp" : nil
+            old.socketPath != new.socketPath ? "socket" : old.socketMode != new.socketMode ? "socket_mode"
+            : old.socketGroup != new.socketGroup ? "socket_group" : old.tcp != new.tcp ? "tcp" : nil
         guard let changed else { return nil }
         let key = "control.\(changed)"
         return ConfigError(
@@ -790,6 +835,7 @@ final class BroadcastController: Sendable {
             },
             devices: stats.sorted { $0.key.rawValue < $1.key.rawValue }.map { ($0.key.rawValue, $0.value.sourceHealth.state == .deviceLost) },
             scene: runningComposite()?.shownSceneName,
+            audio: Self.audioSourceNames(running.audioSources).map { ($0.name, running.audioControl?.level(of: $0.type).muted ?? false) },
             // What a pause leaves out is asked for, not lost: no drops event for it.
             drops: running.outputs.map { output in
                 .init(scope: "output", name: output.name, count: output.statistics().drops.filter { $0.key != .paused }.values.reduce(0, +))
@@ -819,6 +865,11 @@ final class BroadcastController: Sendable {
         case .idle: "starting"
         default: health == .deviceLost ? "device-lost" : "capturing"
         }
+    }
+
+    /// The audio sources as the control API names them.
+    static func audioSourceNames(_ types: [SampleBufferType]) -> [(name: String, type: SampleBufferType)] {
+        [("mic", SampleBufferType.audioMic), ("app", .audioApp)].filter { types.contains($0.1) }
     }
 
     func statusLine() -> String {
@@ -898,6 +949,10 @@ final class BroadcastController: Sendable {
             ("types", .object(types)),
             ("scene", runningComposite().map { .string($0.scene) } ?? .null),
             ("outputs", .array(outputs)),
+            ("audio", .object(Self.audioSourceNames(running.audioSources).map { source in
+                let level = running.audioControl?.level(of: source.type) ?? AudioLevel()
+                return (source.name, .object([("muted", .bool(level.muted)), ("volume_db", .number(level.volumeDecibels))]))
+            })),
             ("memory", Self.memoryFields(running.outputs, budget: state.withLock { $0.config.memoryBudgetBytes })),
             ("error", failure.map(JSONValue.string) ?? .null),
         ]

@@ -72,6 +72,9 @@ public struct DaemonConfiguration: Sendable {
     public var setup: SetupInfo = SetupInfo()
     public var socketPath = "/run/broadcast/control.sock"
     public var socketMode: UInt32 = 0o660
+    /// [control] socket_group: the group the socket is given (the daemon must be a member); nil:
+    /// the daemon's own group.
+    public var socketGroup: ControlGroup?
     public var tcp: ControlTCP?
     public var token: String?
     public var autostart = true
@@ -85,6 +88,29 @@ public struct DaemonConfiguration: Sendable {
     public struct ControlTCP: Sendable, Hashable {
         public var host: String
         public var port: UInt16
+    }
+
+    /// A group of this system's, by name (or number), resolved when the config is read.
+    public struct ControlGroup: Sendable, Hashable {
+        public var name: String
+        public var id: UInt32
+
+        /// nil when the system has no such group.
+        public init?(_ name: String) {
+            var entry = group()
+            var result: UnsafeMutablePointer<group>?
+            var buffer = [CChar](repeating: 0, count: 16384)
+            let found = buffer.withUnsafeMutableBufferPointer { getgrnam_r(name, &entry, $0.baseAddress, $0.count, &result) }
+            if found == 0, let result {
+                self.name = name
+                self.id = result.pointee.gr_gid
+            } else if let number = UInt32(name), getgrgid_r(number, &entry, &buffer, buffer.count, &result) == 0, result != nil {
+                self.name = name
+                self.id = number
+            } else {
+                return nil
+            }
+        }
     }
 
     public init(file: String) { self.file = file }
@@ -102,18 +128,20 @@ public struct DaemonConfiguration: Sendable {
             "audio": table([
                 Options.audioMic.setting(\.sources.audioMic), Options.audioApp.setting(\.sources.audioApp),
                 Options.audioPeriod.setting(\.sources.audioPeriodNanoseconds),
+                Options.micVolume.setting(\.encoder.micLevel.volumeDecibels), Options.appVolume.setting(\.encoder.appLevel.volumeDecibels),
+                Options.micMute.setting(\.encoder.micLevel.muted), Options.appMute.setting(\.encoder.appLevel.muted),
             ]),
             "encoder": table([
                 Options.videoBitrate.setting(\.encoder.videoBitrate), Options.audioBitrate.setting(\.encoder.audioBitrate),
                 Options.preset.setting(\.encoder.preset), Options.tune.setting(\.encoder.tune), Options.encoder.setting(\.encoder.encoder),
                 Options.keyframeInterval.setting(\.encoder.keyframeInterval), Options.rateControl.setting(\.encoder.rateControl),
                 Options.crf.setting(\.encoder.crf), Options.profile.setting(\.encoder.profile), Options.threads.setting(\.encoder.threads),
-                Options.frameRateMode.setting(\.encoder.frameRateMode),
+                Options.frameRateMode.setting(\.encoder.frameRateMode), Options.audioTracks.setting(\.encoder.audioTracks),
             ]),
             "limits": table([Options.memoryBudget.setting(\.memoryBudget)]),
         ]
     }
-    static let controlKeys = ["socket", "socket_mode", "tcp", "token"]
+    static let controlKeys = ["socket", "socket_mode", "socket_group", "tcp", "token"]
     static let daemonKeys = ["autostart"]
     static let outputKeys = ["name", "path", "url", "segment", "retain_for", "retain_bytes", "overwrite", "replay", "max_memory", "on_file_finished", "hook_timeout", "tls_ca", "tls_verify"]
     static let tables = ["video", "audio", "encoder", "setup", "control", "daemon", "limits", "output", "scenes"]
@@ -271,7 +299,12 @@ public struct DaemonConfiguration: Sendable {
                     guard let setting = settings[key] else {
                         throw unknownKey(dotted, entry.line, known: settings.keys.sorted(), table: tableName)
                     }
-                    let value = try scalarText(entry, key: dotted, environment: environment)
+                    let value: String
+                    if case .boolean(let on) = entry.value, tableName == "audio", key.hasSuffix("_mute") {
+                        value = on ? "true" : "false"  // mic_mute = true
+                    } else {
+                        value = try scalarText(entry, key: dotted, environment: environment)
+                    }
                     do {
                         try setting.apply(&self, value)
                     } catch {
@@ -290,6 +323,12 @@ public struct DaemonConfiguration: Sendable {
                             throw error(entry.line, dotted, "expected an octal mode such as \"0660\", got \(text)")
                         }
                         socketMode = UInt32(mode)
+                    case "socket_group":
+                        let name = try string(entry, key: dotted, environment: environment)
+                        guard let group = ControlGroup(name) else {
+                            throw error(entry.line, dotted, "no group named \"\(name)\" on this system (create it: groupadd --system \(name), or systemd-sysusers with systemd/broadcast.sysusers)")
+                        }
+                        socketGroup = group
                     case "tcp":
                         let text = try string(entry, key: dotted, environment: environment)
                         let parts = text.split(separator: ":")

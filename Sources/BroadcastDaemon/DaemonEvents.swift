@@ -24,6 +24,8 @@ struct EventSnapshot {
     var devices: [(String, Bool)] = []
     /// The scene the composite shows (nil: a picture without scenes).
     var scene: String?
+    /// Per audio source (mic, app), whether it is muted.
+    var audio: [(String, Bool)] = []
     /// What was dropped so far, per output and per sample-buffer type of the session.
     var drops: [Drops] = []
 
@@ -75,6 +77,10 @@ struct EventSnapshot {
         }
         if let scene, sameSession, before.scene != nil, scene != before.scene {
             events.append(("scene", [("name", .string(scene)), ("was", .string(before.scene!))]))
+        }
+        let previousAudio = sameSession ? Dictionary(before.audio, uniquingKeysWith: { a, _ in a }) : [:]
+        for (source, muted) in audio where muted != (previousAudio[source] ?? false) {
+            events.append(("audio", [("source", .string(source)), ("state", .string(muted ? "muted" : "unmuted"))]))
         }
         let previousDrops = sameSession ? Dictionary(before.drops.map { ("\($0.scope) \($0.name)", $0.count) }, uniquingKeysWith: { a, _ in a }) : [:]
         for drop in drops where Self.dropBand(drop.count) > Self.dropBand(previousDrops["\(drop.scope) \(drop.name)"] ?? 0) {

@@ -21,6 +21,11 @@ public struct EncoderSettings: Sendable, Hashable {
     /// nil: the encoder's choice.
     public var profile: String?
     public var threads: Int = Options.threads.defaultValue
+    /// One mixed audio track, one per source, or both.
+    public var audioTracks: AudioTrackMode = Options.audioTracks.defaultValue
+    /// The microphone's and the application audio's volume (dB) and mute at the start.
+    public var micLevel = AudioLevel()
+    public var appLevel = AudioLevel()
 
     public init() {}
 
@@ -80,6 +85,9 @@ public struct EncoderSettings: Sendable, Hashable {
             outputs: outputs
         )
         configuration.frameRateMode = try rateMode(live: outputs.contains { $0.destination.isLive })
+        configuration.audioTracks = audioTracks
+        configuration.audioSources = sources.map(\.type).filter(\.isAudio)
+        configuration.audioLevels = [.audioMic: micLevel, .audioApp: appLevel]
         configuration.video?.colour = SourceSettings.videoColour(sources)
         try configuration.validate()
         return try MemoryBudgeting.plan(configuration, budget: budget, sources: sources, replayLimitsSet: replayLimitsSet)

@@ -221,6 +221,45 @@ public enum Options {
     public static let frameRateMode = OptionSpec<FrameRateMode>("--frame-rate-mode", "encoder.frame_rate_mode", default: "cfr") { text in
         try Values.frameRateMode(text, live: false)
     }
+    /// mixed, separate or both (see `AudioTrackMode`).
+    public static let audioTracks = OptionSpec<AudioTrackMode>("--audio-tracks", "encoder.audio_tracks", default: "mixed") { text in
+        guard let mode = AudioTrackMode(rawValue: text) else {
+            throw ValueError("invalid --audio-tracks '\(text)': accepted are mixed, separate and both")
+        }
+        return mode
+    }
+    public static let micVolume = OptionSpec<Double>("--mic-volume", "audio.mic_volume", default: "0dB") { text in
+        try volume(text, option: "--mic-volume")
+    }
+    public static let appVolume = OptionSpec<Double>("--app-volume", "audio.app_volume", default: "0dB") { text in
+        try volume(text, option: "--app-volume")
+    }
+    public static let micMute = OptionSpec<Bool>("--mute-mic", "audio.mic_mute", default: "false") { text in
+        try flag(text, option: "--mute-mic")
+    }
+    public static let appMute = OptionSpec<Bool>("--mute-app", "audio.app_mute", default: "false") { text in
+        try flag(text, option: "--mute-app")
+    }
+    /// A source's volume in decibels: "-6dB", "-6", "+3dB", from -60 to +20 (0: as captured).
+    public static let volumeRange: ClosedRange<Double> = -60...20
+    static func volume(_ text: String, option: String) throws -> Double {
+        var number = Substring(text)
+        if number.lowercased().hasSuffix("db") { number = number.dropLast(2) }
+        if number.hasPrefix("+") { number = number.dropFirst() }
+        guard !number.isEmpty, number.allSatisfy({ $0.isNumber || $0 == "." || $0 == "-" }), let value = Double(number),
+            volumeRange.contains(value)
+        else {
+            throw ValueError("invalid \(option) '\(text)': expected decibels from -60dB to +20dB, such as -6dB (0dB: as captured)")
+        }
+        return value
+    }
+    static func flag(_ text: String, option: String) throws -> Bool {
+        switch text {
+        case "true": return true
+        case "false": return false
+        default: throw ValueError("invalid \(option) '\(text)': expected true or false")
+        }
+    }
     public static let profile = OptionSpec<String>("--profile", "encoder.profile") { text in
         guard ["baseline", "main", "high"].contains(text) else {
             throw ValueError("unknown --profile '\(text)': accepted are baseline, main and high")

@@ -9,7 +9,7 @@ public import Logging
 ///
 /// *Why one type*: the three used to assemble this each on their own and drifted (the daemon and
 /// `stream` encoded a screen at 1280x720 where `record` took the screen's size; `stream` made its
-/// sources without a logger). `PipelineAssemblyTests` and the CLI's `SamePipelineTests` hold them
+/// sources without a logger). The CLI's `SamePipelineTests` holds them
 /// together.
 public struct PipelineAssembly {
     /// The capture sources, one per buffer type (video may be a composite of layers).

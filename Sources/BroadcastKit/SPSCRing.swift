@@ -4,7 +4,7 @@ import Atomics
 /// session (and from the encoder to an output). Lock-free: one atomic index per side.
 ///
 /// Exactly one thread may call `push`, and exactly one (other) thread `peek`/`pop`.
-public final class SPSCRing<Element>: @unchecked Sendable {
+public final class SPSCRing<Element: Sendable>: @unchecked Sendable {
     public let capacity: Int
     private let mask: Int
     private let slots: UnsafeMutablePointer<Element?>

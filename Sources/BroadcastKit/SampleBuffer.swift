@@ -183,7 +183,11 @@ public struct Plane: @unchecked Sendable {
 /// Keeps a buffer's memory alive and takes it back once the handler is done with it
 /// (a pooled test-pattern frame, a V4L2 mmap buffer that goes back to the driver).
 public protocol SampleBufferBacking: AnyObject, Sendable {
-    /// Called exactly once, on the session's thread, after the handler call that saw the buffer returned.
+    /// Called exactly once: on the session's thread after the handler call that saw the buffer
+    /// returned, or when the session drops it; or on the source's own thread when the buffer never
+    /// reached the session (``SourceSink/offer(_:)`` found the ring full, ``SourceSink/push(_:)``
+    /// met the session's end). So it must be safe on either thread: the built-in backings store an
+    /// atomic flag or count and wake their source, nothing more.
     func release()
 }
 
@@ -193,7 +197,7 @@ public protocol SampleBufferBacking: AnyObject, Sendable {
 /// a handler to that: the buffer is `~Copyable` and borrowed, so it cannot be stored, and its bytes
 /// are lent as a non-escapable `RawSpan` inside ``withPlane(_:_:)``, so no pointer to them can be
 /// kept either. A handler that keeps media for later calls ``copy()``.
-public struct SampleBuffer: ~Copyable, @unchecked Sendable {
+public struct SampleBuffer: ~Copyable {
     public let format: MediaFormat
     /// Media time on the session clock: zero at broadcastStarted, standing still while paused.
     public let presentationTime: MediaTime

@@ -96,19 +96,24 @@ extension BroadcastSession {
                 MonotonicClock.sleep(until: clock.now() + 2_000_000)
             }
             func startReplacement(_ build: () throws -> any CaptureSource, until deadline: Int64) throws -> any CaptureSource {
+                // A build or a start that fails is tried again until the deadline (the device may
+                // still be busy); a source of the other pacing is refused at once: waiting cannot
+                // change what it is.
+                func retry(after error: any Error) throws {
+                    if clock.now() >= deadline || state == .finished { throw error }
+                    MonotonicClock.sleep(until: clock.now() + 50_000_000)
+                }
                 while true {
+                    let source: any CaptureSource
+                    do { source = try build() } catch { try retry(after: error); continue }
+                    guard source.isRealtime == old.isRealtime else {
+                        throw BroadcastError(.invalidArgument, "cannot replace the \(type) source \(old.name) with \(source.name): one is realtime, the other not")
+                    }
                     do {
-                        let source = try build()
-                        guard source.isRealtime == old.isRealtime else {
-                            throw BroadcastError(.invalidArgument, "cannot replace the \(type) source \(old.name) with \(source.name): one is realtime, the other not")
-                        }
                         try source.start(into: sink)
                         return source
-                    } catch let error as BroadcastError where error.code == .invalidArgument && error.message.contains("realtime") {
-                        throw error
                     } catch {
-                        if clock.now() >= deadline || state == .finished { throw error }
-                        MonotonicClock.sleep(until: clock.now() + 50_000_000)
+                        try retry(after: error)
                     }
                 }
             }

@@ -91,8 +91,9 @@ public final class AudioMixer {
         AudioChunk(startSample: position, channels: samples).withPlanarAudio { append($0, from: input) }
     }
 
-    /// Adds lent `samples` of `input`, placed at their `startSample`; they are copied in.
-    public func append(_ samples: PlanarAudio, from input: SampleBufferType) {
+    /// Adds lent `samples` of `input`, placed at their `startSample`; they are copied in, times
+    /// `gain` (a source's volume; 0 mutes it, keeping its place on the timeline).
+    public func append(_ samples: PlanarAudio, from input: SampleBufferType, gain: Float = 1) {
         precondition(
             samples.channelCount == channelCount, "the mixer takes \(channelCount) channels, got \(samples.channelCount)")
         let count = samples.frameCount
@@ -112,7 +113,7 @@ public final class AudioMixer {
             data = data.dropping(first: overlap)
             position = lane.end
         }
-        lane.samples.append(data)
+        lane.samples.append(data, gain: gain)
         if let cursor, lane.start < cursor { Self.trim(lane, upTo: cursor) }
     }
 

@@ -60,11 +60,26 @@ public struct StreamDescription: Sendable {
     public var timeBase: Rational
     /// Nominal frame rate of a video stream.
     public var frameRate: Rational?
+    /// The track's title in the container ("Microphone"): MP4/MOV `hdlr` name, Matroska TrackName.
+    public var title: String?
+    /// The `streamIndex` of the packets of this stream, when an output carries only some of the
+    /// encoder's streams (nil: the order the streams are added in).
+    public var streamIndex: Int?
 
     public init(parameters: CodecParameters, timeBase: Rational, frameRate: Rational? = nil) {
         self.parameters = parameters
         self.timeBase = timeBase
         self.frameRate = frameRate
+    }
+}
+
+extension Array where Element == StreamDescription {
+    /// How many packet stream indices these streams span (the largest `streamIndex` + 1): what a
+    /// per-stream table indexed by `EncodedPacket.streamIndex` needs.
+    public var streamIndexSpan: Int {
+        var span = 0
+        for (position, stream) in enumerated() { span = Swift.max(span, (stream.streamIndex ?? position) + 1) }
+        return span
     }
 }
 

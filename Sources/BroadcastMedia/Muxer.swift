@@ -24,6 +24,9 @@ public final class Muxer {
     private let logger: Logger
     private let context: UnsafeMutablePointer<AVFormatContext>
     private var sourceTimeBases: [Rational] = []
+    /// Per packet stream index (`EncodedPacket.streamIndex`): the container's stream, or -1 for a
+    /// stream this output does not carry.
+    private var containerIndex: [Int] = []
     private var headerWritten = false
     private var finished = false
     private var ioOpen = false
@@ -199,7 +202,15 @@ public final class Muxer {
             stream.pointee.avg_frame_rate = rate.av
             stream.pointee.r_frame_rate = rate.av
         }
+        if let title = description.title {
+            // MP4/MOV name a track in its handler reference (`hdlr`), Matroska in TrackName (`title`).
+            let key = formatName == "mp4" || formatName == "mov" ? "handler_name" : "title"
+            av_dict_set(&stream.pointee.metadata, key, title, 0)
+        }
+        let source = description.streamIndex ?? sourceTimeBases.count
         sourceTimeBases.append(description.timeBase)
+        if containerIndex.count <= source { containerIndex += Array(repeating: -1, count: source + 1 - containerIndex.count) }
+        containerIndex[source] = Int(stream.pointee.index)
         return Int(stream.pointee.index)
     }
 
@@ -241,12 +252,13 @@ public final class Muxer {
     public func write(_ packet: EncodedPacket, shiftNanoseconds: Int64 = 0) throws(FFmpegError) {
         let what = "writing a packet to \(displayName)"
         guard headerWritten, !finished else { throw FFmpegError.invalidArgument("the output is not open", what) }
-        guard packet.streamIndex < sourceTimeBases.count else {
+        let index = packet.streamIndex < containerIndex.count ? containerIndex[packet.streamIndex] : -1
+        guard index >= 0 else {
             throw FFmpegError.invalidArgument("no stream \(packet.streamIndex)", what)
         }
         let reference = try packet.reference()
-        let stream = context.pointee.streams[packet.streamIndex]!
-        reference.pointer.pointee.stream_index = Int32(packet.streamIndex)
+        let stream = context.pointee.streams[index]!
+        reference.pointer.pointee.stream_index = Int32(index)
         if shiftNanoseconds != 0 {
             let ticks = av_rescale_q(shiftNanoseconds, AVRational(num: 1, den: 1_000_000_000), packet.timeBase.av)
             let none = CBroadcastShimBridge.noTimestamp
@@ -310,10 +322,13 @@ public final class Muxer {
             guard let target = avformat_new_stream(muxer.context, nil) else { throw FFmpegError.outOfMemory(what) }
             try check(avcodec_parameters_copy(target.pointee.codecpar, stream.pointee.codecpar), what)
             target.pointee.codecpar.pointee.codec_tag = 0
+            // The track's title (`hdlr` name) and language go with it.
+            av_dict_copy(&target.pointee.metadata, stream.pointee.metadata, 0)
             target.pointee.time_base = stream.pointee.time_base
             target.pointee.avg_frame_rate = stream.pointee.avg_frame_rate
             target.pointee.r_frame_rate = stream.pointee.r_frame_rate
             muxer.sourceTimeBases.append(Rational(stream.pointee.time_base))
+            muxer.containerIndex.append(index)
         }
         try muxer.writeHeader(options: options)
         let packet = try Packet()

@@ -156,14 +156,20 @@ final class PlanarFIFO {
         count += frames
     }
 
-    /// Appends the samples of `samples` (which must have this FIFO's channel count).
-    func append(_ samples: PlanarAudio) {
+    /// Appends the samples of `samples` (which must have this FIFO's channel count), times `gain`.
+    func append(_ samples: PlanarAudio, gain: Float = 1) {
         precondition(samples.channelCount == channels, "\(samples.channelCount) channels into a FIFO of \(channels)")
         let frames = samples.frameCount
         guard frames > 0 else { return }
         makeRoom(frames)
         for c in 0..<channels {
-            (base + c * capacity + head + count).initialize(from: samples.channel(c).baseAddress!, count: frames)
+            let destination = base + c * capacity + head + count
+            let source = samples.channel(c).baseAddress!
+            if gain == 1 {
+                destination.initialize(from: source, count: frames)
+            } else {
+                for j in 0..<frames { (destination + j).initialize(to: source[j] * gain) }
+            }
         }
         count += frames
     }

@@ -24,6 +24,12 @@ public struct EncodingConfiguration: Sendable {
     public var outputs: [OutputConfiguration]
     /// cfr unless set; vfr is refused with a live output.
     public var frameRateMode: FrameRateMode = .cfr
+    /// One mixed audio track (the default), one per source, or both (see `AudioTrackMode`).
+    public var audioTracks: AudioTrackMode = .mixed
+    /// The audio sources the broadcast has (a track each in `separate` and `both`).
+    public var audioSources: [SampleBufferType] = [.audioMic, .audioApp]
+    /// Each audio source's volume and mute at the start (`EncodingHandler.audioControl` changes them).
+    public var audioLevels: [SampleBufferType: AudioLevel] = [:]
 
     public init(
         video: VideoEncoderSettings?,
@@ -132,6 +138,12 @@ public final class EncodingHandler: BroadcastSampleHandler {
     private var videoEncoder: VideoEncoder?
     private var audioEncoder: AudioEncoder?
     private var mixer: AudioMixer?
+    /// `separate`/`both`: each source's own track.
+    private var sourceTracks: [SourceTrack] = []
+    /// The audio tracks encoded, in stream order after the video (set at the start).
+    private var audioLayout: AudioTrackLayout?
+    /// The sources' volumes and mutes: set from any thread, applied from each source's next buffer.
+    public let audioControl: AudioSourceControl
     private var resamplers: [SampleBufferType: Resampler] = [:]
     /// Every output, in configuration order, from init on (their threads start with the broadcast),
     /// and the way to change them while the broadcast runs: read and asked from any thread.
@@ -175,6 +187,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
         let failed = counters.failedOutputs
         let mediaClock = MediaClock(realtime: realtime)
         self.mediaClock = mediaClock
+        audioControl = AudioSourceControl(configuration.audioLevels)
         var outputs: [Output] = []
         do {
             for output in configuration.allOutputs {
@@ -221,15 +234,27 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 videoEncoder = encoder
             }
             if let audio = configuration.audio {
-                let encoder = try AudioEncoder(
-                    settings: audio, globalHeader: globalHeader, streamIndex: streams.count, logger: logger)
-                streams.append(encoder.stream)
-                audioEncoder = encoder
-                mixer = AudioMixer(channelCount: audio.channels, sampleRate: audio.sampleRate)
+                let layout = AudioTrackLayout(configuration)
+                audioLayout = layout
+                for track in layout.tracks {
+                    let encoder = try AudioEncoder(
+                        settings: audio, globalHeader: globalHeader, streamIndex: streams.count, logger: logger)
+                    var stream = encoder.stream
+                    stream.title = track.title(alone: layout.tracks.count == 1)
+                    streams.append(stream)
+                    switch track {
+                    case .mix:
+                        audioEncoder = encoder
+                        mixer = AudioMixer(channelCount: audio.channels, sampleRate: audio.sampleRate)
+                    case .source(let type):
+                        sourceTracks.append(SourceTrack(type: type, encoder: encoder))
+                    }
+                }
             }
         } catch {
             throw BroadcastError(.outputFailed, "\(error)")
         }
+        for i in streams.indices { streams[i].streamIndex = i }
         self.streams = streams
         // Files are opened here, so a recording that cannot be created fails the start; live
         // outputs connect on their own threads (a server that is down must not stop the recording).
@@ -250,6 +275,8 @@ public final class EncodingHandler: BroadcastSampleHandler {
     /// The worker that feeds `output` its packets: a file is created now (so a path that cannot
     /// be written fails here), a live stream connects on its own thread.
     private func makeWorker(for output: Output, joining: Bool = false) throws(BroadcastError) -> any OutputWorker {
+        let streams = carriedStreams(of: output)
+        output.carriedStreams = streams.reduce(0) { $0 | 1 << UInt64($1.streamIndex!) }
         switch output.destination {
         case .file(let template) where output.configuration.replay != nil:
             return try ReplayWorker(
@@ -264,9 +291,19 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 segments: output.configuration.segments, manifest: output.configuration.manifest,
                 joinsRunningBroadcast: joining, logger: logger)
         case .live(let url):
-            let totalBitrate = (configuration.video?.bitrate ?? 0) + (configuration.audio?.bitrate ?? 0)
+            let audioTracks = streams.filter { $0.parameters.mediaType == .audio }.count
+            let totalBitrate = (configuration.video?.bitrate ?? 0) + (configuration.audio?.bitrate ?? 0) * audioTracks
             return LiveStreamWorker(output: output, url: url, streams: streams, totalBitrate: totalBitrate, logger: logger)
         }
+    }
+
+    /// The streams `output` carries: the video, and the audio tracks its container holds (an
+    /// FLV output one, the mix).
+    private func carriedStreams(of output: Output) -> [StreamDescription] {
+        guard let layout = audioLayout else { return streams }
+        let firstAudio = videoEncoder == nil ? 0 : 1
+        let audio = layout.carried(by: AudioTrackLayout.formatName(of: output.destination), mode: configuration.audioTracks)
+        return Array(streams[..<firstAudio]) + audio.map { streams[firstAudio + $0] }
     }
 
     /// Applies the output set asked through `outputControl` (on the session's thread): outputs whose
@@ -402,25 +439,36 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 counters.undecodableFrames.store(videoEncoder.undecodableFrames, ordering: .relaxed)
             }
         case .audioMic, .audioApp:
-            guard let audioEncoder, mixer != nil, let format = buffer.audioFormat else { return }
+            guard let settings = configuration.audio, audioLayout != nil, let format = buffer.audioFormat else { return }
             if resamplers[type]?.input != format {
                 resamplers[type] = try media { () throws(FFmpegError) in
                     try Resampler(
                         input: format,
-                        outputRate: audioEncoder.settings.sampleRate,
-                        outputChannels: audioEncoder.settings.channels
+                        outputRate: settings.sampleRate,
+                        outputChannels: settings.channels
                     )
                 }
             }
             let resampler = resamplers[type]!
-            let position = buffer.presentationTime.rescaled(to: Int32(audioEncoder.settings.sampleRate)).value
+            let position = buffer.presentationTime.rescaled(to: Int32(settings.sampleRate)).value
             // Converted and steered onto the timestamps (a device clock's drift is resampled away).
             // Lent from stage to stage (the resampler's storage, then the mixer's): no copies, no
             // allocation per buffer.
             let converted = try media { () throws(FFmpegError) in try resampler.resample(buffer, at: position) }
-            mixer!.append(converted, from: type)
-            while let mixed = mixer!.mixed() {
-                try route(media { () throws(FFmpegError) in try audioEncoder.encode(mixed) })
+            // The source's volume and mute, as set now (one atomic load): applied to its part of
+            // the mix and to its own track alike.
+            let gain = audioControl.gain(of: type)
+            if let audioEncoder, let mixer {
+                mixer.append(converted, from: type, gain: gain)
+                while let mixed = mixer.mixed() {
+                    try route(media { () throws(FFmpegError) in try audioEncoder.encode(mixed) })
+                }
+            }
+            for track in sourceTracks where track.type == type {
+                track.aligner.append(converted, from: type, gain: gain)
+                while let samples = track.aligner.mixed() {
+                    try route(media { () throws(FFmpegError) in try track.encoder.encode(samples) })
+                }
             }
         }
     }
@@ -464,6 +512,10 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 if let mixed = mixer!.mixed(final: true) { try route(audioEncoder.encode(mixed)) }
                 try route(audioEncoder.flush())
             }
+            for track in sourceTracks {
+                if let samples = track.aligner.mixed(final: true) { try route(track.encoder.encode(samples)) }
+                try route(track.encoder.flush())
+            }
             if let videoEncoder {
                 if let time = unsentRepeatTime {
                     try route(videoEncoder.repeatLastPicture(at: MediaTime(nanoseconds: time)))
@@ -486,6 +538,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
         // in memory; the process's peak stays the recording's.
         videoEncoder = nil
         audioEncoder = nil
+        sourceTracks = []
         resamplers = [:]
         // Every output sends what it has (a live one for at most its finish timeout) and closes;
         // recordings are finalized on their own threads, together.
@@ -518,7 +571,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 if time > lastKeyframeTime ?? .min { lastKeyframeTime = time }
             }
             measureBitrate(packet)
-            for output in outputs { output.offer(packet) }
+            for output in outputs where output.carries(packet.streamIndex) { output.offer(packet) }
         }
         updateBytesWritten()
         // Every current output failed (the counter also counts outputs a reload has removed since:

@@ -68,7 +68,23 @@ enum MP4Defragmenter {
         var outputClosed = false
         defer { if !outputClosed { try? output.close() } }
 
-        // The top-level layout: ftyp, moov, then moof + mdat pairs (a truncated last pair is left out).
+        let (ftyp, moovBytes, fragments) = try topLevelLayout(input)
+        let movie = try Movie(parsing: moovBytes)
+        let counts = try countSamples(input, fragments, movie)
+        let layout = try Layout(ftypSize: Int64(ftyp.count), movie: movie, counts: counts, fragments: fragments)
+
+        // The index, each table straight to its place; then the media behind it.
+        var cursor = Cursor(file: output)
+        try cursor.put(ftyp)
+        try writeIndex(movie, counts, layout, fragments, from: input, to: output, at: &cursor)
+        try copyMedia(fragments, layout, from: input, to: output, at: &cursor)
+        do { try output.fd.resize(to: cursor.offset) } catch { throw File.error("truncating \(destination)", error) }
+        outputClosed = true
+        do { try output.close() } catch { throw File.error("closing \(destination)", error) }
+    }
+
+    /// The top-level layout: ftyp, moov, then moof + mdat pairs (a truncated last pair is left out).
+    private static func topLevelLayout(_ input: File) throws -> (ftyp: [UInt8], moov: [UInt8], fragments: [Fragment]) {
         var ftyp: [UInt8]?
         var moov: [UInt8]?
         var fragments: [Fragment] = []
@@ -91,10 +107,12 @@ enum MP4Defragmenter {
             }
             offset = box.end
         }
-        guard let ftyp, let moovBytes = moov else { throw Unsupported(reason: "no ftyp or moov box") }
-        let movie = try Movie(parsing: moovBytes)
+        guard let ftyp, let moov else { throw Unsupported(reason: "no ftyp or moov box") }
+        return (ftyp, moov, fragments)
+    }
 
-        // Pass 1: count.
+    /// Pass 1: each track's samples and duration, checked for what the index can say.
+    private static func countSamples(_ input: File, _ fragments: [Fragment], _ movie: Movie) throws -> [UInt32: TrackCount] {
         var counts: [UInt32: TrackCount] = [:]
         for track in movie.tracks { counts[track.id] = TrackCount() }
         try forEachRun(input, fragments, movie) { trackID, run in
@@ -110,31 +128,48 @@ enum MP4Defragmenter {
                 throw Unsupported(reason: "track \(track.id) lasts too long")
             }
         }
+        return counts
+    }
 
-        // The layout: sizes first, with 32-bit chunk offsets unless the file is too large for them.
-        let payloadBytes = fragments.reduce(Int64(0)) { $0 + ($1.mdatEnd - $1.mdatPayload) }
-        var wide = false
-        var moovSize = movie.size(counts: counts, wideOffsets: false)
-        var mdatHeader: Int64 = payloadBytes + 8 > Int64(UInt32.max) ? 16 : 8
-        if Int64(ftyp.count) + moovSize + mdatHeader + payloadBytes > Int64(UInt32.max) {
-            wide = true
-            moovSize = movie.size(counts: counts, wideOffsets: true)
+    /// The regular file's sizes, worked out before anything is written: 32-bit chunk offsets unless
+    /// the file is too large for them.
+    private struct Layout {
+        let ftypSize: Int64
+        let moovSize: Int64
+        let wideOffsets: Bool
+        let payloadBytes: Int64
+        /// 16 for a 64-bit mdat size, else 8.
+        let mdatHeader: Int64
+        var payloadStart: Int64 { ftypSize + moovSize + mdatHeader }
+
+        init(ftypSize: Int64, movie: Movie, counts: [UInt32: TrackCount], fragments: [Fragment]) throws {
+            let payloadBytes = fragments.reduce(Int64(0)) { $0 + ($1.mdatEnd - $1.mdatPayload) }
+            let mdatHeader: Int64 = payloadBytes + 8 > Int64(UInt32.max) ? 16 : 8
+            var wide = false
+            var moovSize = movie.size(counts: counts, wideOffsets: false)
+            if ftypSize + moovSize + mdatHeader + payloadBytes > Int64(UInt32.max) {
+                wide = true
+                moovSize = movie.size(counts: counts, wideOffsets: true)
+            }
+            guard moovSize < Int64(UInt32.max) else { throw Unsupported(reason: "an index over 4 GB") }
+            (self.ftypSize, self.moovSize, self.wideOffsets, self.payloadBytes, self.mdatHeader) = (ftypSize, moovSize, wide, payloadBytes, mdatHeader)
         }
-        guard moovSize < Int64(UInt32.max) else { throw Unsupported(reason: "an index over 4 GB") }
-        mdatHeader = payloadBytes + 8 > Int64(UInt32.max) ? 16 : 8
-        let payloadStart = Int64(ftyp.count) + moovSize + mdatHeader
+    }
 
-        // Pass 2: the index, each table straight to its place.
-        var cursor = Cursor(file: output)
-        try cursor.put(ftyp)
+    /// Pass 2: the moov, each track's tables filled in from the fragments' runs, with chunk offsets
+    /// into the mdat that `copyMedia` writes behind it.
+    private static func writeIndex(
+        _ movie: Movie, _ counts: [UInt32: TrackCount], _ layout: Layout, _ fragments: [Fragment],
+        from input: File, to output: File, at cursor: inout Cursor
+    ) throws {
         var writers: [UInt32: TrackWriter] = [:]
-        try movie.write(to: &cursor, counts: counts, wideOffsets: wide) { trackID, tables in
-            writers[trackID] = TrackWriter(file: output, tables: tables, wideOffsets: wide)
+        try movie.write(to: &cursor, counts: counts, wideOffsets: layout.wideOffsets) { trackID, tables in
+            writers[trackID] = TrackWriter(file: output, tables: tables, wideOffsets: layout.wideOffsets)
         }
-        guard cursor.offset == Int64(ftyp.count) + moovSize else {
-            throw Unsupported(reason: "index size mismatch (\(cursor.offset) != \(Int64(ftyp.count) + moovSize))")
+        guard cursor.offset == layout.ftypSize + layout.moovSize else {
+            throw Unsupported(reason: "index size mismatch (\(cursor.offset) != \(layout.ftypSize + layout.moovSize))")
         }
-        var fragmentStart = payloadStart
+        var fragmentStart = layout.payloadStart
         for fragment in fragments {
             try forEachRun(input, [fragment], movie) { trackID, run in
                 guard run.dataOffset >= fragment.mdatPayload, run.dataOffset + run.bytes <= fragment.mdatEnd else {
@@ -145,12 +180,14 @@ enum MP4Defragmenter {
             fragmentStart += fragment.mdatEnd - fragment.mdatPayload
         }
         for writer in writers.values { try writer.finish() }
+    }
 
-        // The media, fragment by fragment, behind the index.
-        if mdatHeader == 16 {
-            try cursor.put(Bytes.u32(1) + Bytes.fourCC("mdat") + Bytes.u64(UInt64(payloadBytes + 16)))
+    /// The media: one mdat holding every fragment's payload, in order.
+    private static func copyMedia(_ fragments: [Fragment], _ layout: Layout, from input: File, to output: File, at cursor: inout Cursor) throws {
+        if layout.mdatHeader == 16 {
+            try cursor.put(Bytes.u32(1) + Bytes.fourCC("mdat") + Bytes.u64(UInt64(layout.payloadBytes + 16)))
         } else {
-            try cursor.put(Bytes.u32(UInt32(payloadBytes + 8)) + Bytes.fourCC("mdat"))
+            try cursor.put(Bytes.u32(UInt32(layout.payloadBytes + 8)) + Bytes.fourCC("mdat"))
         }
         var buffer = [UInt8](repeating: 0, count: 1 << 20)
         for fragment in fragments {
@@ -163,9 +200,6 @@ enum MP4Defragmenter {
                 position += Int64(n)
             }
         }
-        do { try output.fd.resize(to: cursor.offset) } catch { throw File.error("truncating \(destination)", error) }
-        outputClosed = true
-        do { try output.close() } catch { throw File.error("closing \(destination)", error) }
     }
 
     /// Calls `body` for every track run of `fragments`, in file order.

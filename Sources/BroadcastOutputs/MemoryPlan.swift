@@ -144,7 +144,8 @@ public struct MemoryPlan: Sendable, Hashable, CustomStringConvertible {
         let outputs = configuration.allOutputs
         // Peak bytes per second of media and packets per second, for the queues.
         let fps = video?.frameRate.framesPerSecond ?? 0
-        var bitsPerSecond = Double(configuration.audio?.bitrate ?? 0)
+        let audioTracks = Double(configuration.audioTrackCount)
+        var bitsPerSecond = Double(configuration.audio?.bitrate ?? 0) * audioTracks
         if let video {
             switch video.rateControl {
             case .cbr: bitsPerSecond += Double(video.bitrate)
@@ -153,7 +154,7 @@ public struct MemoryPlan: Sendable, Hashable, CustomStringConvertible {
             }
         }
         let bytesPerSecond = bitsPerSecond / 8
-        let packetsPerSecond = fps + (configuration.audio == nil ? 0 : Self.audioPacketsPerSecond)
+        let packetsPerSecond = fps + (configuration.audio == nil ? 0 : Self.audioPacketsPerSecond * audioTracks)
         let packetBytes = packetsPerSecond > 0 ? bytesPerSecond / packetsPerSecond : 0
         let keyframeSeconds = video?.keyframeIntervalSeconds ?? 1
         // The smallest queue: two seconds or a keyframe interval, whichever is longer.

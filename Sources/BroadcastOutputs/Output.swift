@@ -187,6 +187,9 @@ public final class Output: @unchecked Sendable {
     /// for the control plane's events: two atomic stores per file, nothing the output waits on.
     private let filesFinished = ManagedAtomic<Int>(0)
     private let lastFinishedFile = ManagedAtomic<OutputStatus.Text?>(nil)
+    /// The packet stream indices this output carries, as bits (set by the encoding handler
+    /// before the output starts; an FLV output carries one audio track of several). Session thread only.
+    var carriedStreams: UInt64 = .max
     /// Session thread only.
     private var thread: OSThread?
     private var worker: (any OutputWorker)?
@@ -305,6 +308,9 @@ public final class Output: @unchecked Sendable {
 
     /// The output's thread has ended (it finished or failed): `join()` returns at once.
     var hasExited: Bool { exited.load(ordering: .acquiring) }
+
+    /// Whether packets of `streamIndex` go to this output. Session thread only.
+    func carries(_ streamIndex: Int) -> Bool { streamIndex >= 64 || carriedStreams & (1 << UInt64(streamIndex)) != 0 }
 
     /// Hands a packet to the output's thread. A live output never waits: when its queue is full the
     /// packet is dropped (and the output restarts on a keyframe). A file output never drops: it

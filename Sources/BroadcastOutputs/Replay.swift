@@ -226,6 +226,18 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
 
     // MARK: The output's thread: the buffer
 
+    /// The output thread's state: the buffer, the saves asked for and not yet handed to the writer,
+    /// and where the packets stand (that thread alone touches it).
+    private struct Intake {
+        var buffer: ReplayBuffer<EncodedPacket>
+        var pending: [ReplaySave] = []
+        var awaitingKeyframe = false
+        var join: PauseJoin
+        var newestVideo: Int64 = .min
+        var newestAudio: Int64 = .min
+        var lastOverflows = 0
+    }
+
     func run() {
         let status = output.status
         let replay = output.replayStatus
@@ -233,101 +245,28 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
         status.set(.recording)
         status.everDelivered.store(true, ordering: .releasing)
         let writer = OSThread(name: "bc-replay-save") { [self] in writeJobs() }
-        var buffer = ReplayBuffer<EncodedPacket>(settings: settings)
-        var pending: [ReplaySave] = []
-        var awaitingKeyframe = false
-        var join = PauseJoin(streamCount: streams.count)
-        var newestVideo: Int64 = .min
-        var newestAudio: Int64 = .min
-        var lastOverflows = 0
+        var intake = Intake(buffer: ReplayBuffer<EncodedPacket>(settings: settings), join: PauseJoin(streamCount: streams.streamIndexSpan))
         while true {
-            pending += replay.requests.takeAll()
-            buffer.holdEnd = pending.first.flatMap { $0.cut }.map { $0 - join.shift }
-            var took = 0
-            while took < 256, let packet = feed.pop() {
-                took += 1
-                let pts = packet.ptsNanoseconds
-                let end = pts + max(0, packet.durationNanoseconds)
-                if packet.mediaType == .video { newestVideo = max(newestVideo, end) } else { newestAudio = max(newestAudio, end) }
-                if output.isPaused {
-                    // The buffer is kept; what comes while paused is not added.
-                    if status.current != .paused { status.set(.paused) }
-                    status.drop(.paused)
-                    awaitingKeyframe = true
-                    continue
-                }
-                let isStart = packet.isKeyframe && (packet.mediaType == .video || !hasVideo)
-                let dts = packet.dtsNanoseconds
-                if awaitingKeyframe {
-                    guard isStart else {
-                        status.drop(.paused)
-                        continue
-                    }
-                    awaitingKeyframe = false
-                    // Joins the packets before the pause without a gap.
-                    join.resume(at: dts)
-                    status.set(.recording)
-                }
-                // A packet that would go back in its stream (audio begun just before the keyframe
-                // a resume joined at) belongs to the paused time: a save could not write it.
-                guard join.admit(stream: packet.streamIndex, dts: dts, end: end) else {
-                    status.drop(.paused)
-                    continue
-                }
-                buffer.append(
-                    .init(
-                        packet: packet, isVideo: packet.mediaType == .video, isStart: isStart, pts: pts, dts: dts,
-                        end: end, shift: join.shift, payloadBytes: packet.size))
-                status.sent(packet)
-            }
-            if buffer.overflows != lastOverflows {
-                if lastOverflows == 0 {
-                    logger.warning(
-                        "replay \(output.name): one keyframe interval is more than max_memory (\(settings.maxBytes) bytes): the buffer was emptied; raise the limit or shorten the keyframe interval")
-                }
-                lastOverflows = buffer.overflows
-            }
-            replay.bufferedNanoseconds.store(buffer.bufferedNanoseconds, ordering: .relaxed)
-            replay.bufferedBytes.store(buffer.bytes, ordering: .relaxed)
-            replay.droppedForMemory.store(buffer.gopsDroppedForMemory + buffer.overflows, ordering: .relaxed)
-
+            intake.pending += replay.requests.takeAll()
+            intake.buffer.holdEnd = intake.pending.first.flatMap { $0.cut }.map { $0 - intake.join.shift }
+            let took = take(upTo: 256, into: &intake)
+            publish(&intake)
             let ended = feed.ended.load(ordering: .acquiring) && feed.ring.isEmpty
-            // Requests are served in order: one waiting for its packets holds the next.
             let now = MonotonicClock().now()
-            while let save = pending.first {
-                let covered: Bool
-                if let cut = save.cut {
-                    covered = (!hasVideo || newestVideo >= cut) && (!hasAudio || newestAudio >= cut)
-                } else {
-                    covered = true
-                }
-                guard covered || ended || output.isPaused || now >= save.waitUntil else { break }
-                pending.removeFirst()
-                let wanted = save.seconds.map { Self.nanoseconds($0) }
-                let selection = buffer.selection(cut: save.cut, nanoseconds: wanted)
-                let empty =
-                    buffer.overflows > 0 && buffer.isEmpty
-                    ? "nothing buffered: one keyframe interval is more than max_memory (\(settings.maxBytes) bytes)"
-                    : "nothing buffered yet to save"
-                let note =
-                    covered || output.isPaused || save.whilePaused
-                    ? nil : "saved without the last packets asked for (none came within the wait)"
-                jobs.push(Job(save: save, selection: selection, note: selection == nil ? empty : note))
-                jobWakeup.wake()
-            }
-            if ended && took == 0 && pending.isEmpty {
+            handOverDueSaves(&intake, ended: ended, now: now)
+            if ended && took == 0 && intake.pending.isEmpty {
                 // A request that came in at the very end is still served.
                 let late = replay.requests.takeAll()
                 if late.isEmpty { break }
-                pending += late
+                intake.pending += late
                 continue
             }
             if took == 0 {
-                let timeout: Int64 = pending.first.map { max(1_000_000, min(200_000_000, $0.waitUntil - now)) } ?? 200_000_000
+                let timeout: Int64 = intake.pending.first.map { max(1_000_000, min(200_000_000, $0.waitUntil - now)) } ?? 200_000_000
                 feed.waitForPackets(timeout: .nanoseconds(timeout))
             }
         }
-        buffer.removeAll()
+        intake.buffer.removeAll()
         replay.bufferedNanoseconds.store(0, ordering: .relaxed)
         replay.bufferedBytes.store(0, ordering: .relaxed)
         intakeEnded.store(true, ordering: .releasing)
@@ -335,6 +274,91 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
         writer.join()
         status.set(.finished)
         feed.close()
+    }
+
+    /// Adds up to `limit` packets from the feed to the buffer: none while paused (the buffer is
+    /// kept), from a keyframe after a pause, joined to what came before without a gap. Returns how
+    /// many were taken.
+    private func take(upTo limit: Int, into intake: inout Intake) -> Int {
+        let status = output.status
+        var took = 0
+        while took < limit, let packet = output.feed.pop() {
+            took += 1
+            let pts = packet.ptsNanoseconds
+            let end = pts + max(0, packet.durationNanoseconds)
+            if packet.mediaType == .video { intake.newestVideo = max(intake.newestVideo, end) } else { intake.newestAudio = max(intake.newestAudio, end) }
+            if output.isPaused {
+                if status.current != .paused { status.set(.paused) }
+                status.drop(.paused)
+                intake.awaitingKeyframe = true
+                continue
+            }
+            let isStart = packet.isKeyframe && (packet.mediaType == .video || !hasVideo)
+            let dts = packet.dtsNanoseconds
+            if intake.awaitingKeyframe {
+                guard isStart else {
+                    status.drop(.paused)
+                    continue
+                }
+                intake.awaitingKeyframe = false
+                intake.join.resume(at: dts)
+                status.set(.recording)
+            }
+            // A packet that would go back in its stream (audio begun just before the keyframe
+            // a resume joined at) belongs to the paused time: a save could not write it.
+            guard intake.join.admit(stream: packet.streamIndex, dts: dts, end: end) else {
+                status.drop(.paused)
+                continue
+            }
+            intake.buffer.append(
+                .init(
+                    packet: packet, isVideo: packet.mediaType == .video, isStart: isStart, pts: pts, dts: dts,
+                    end: end, shift: intake.join.shift, payloadBytes: packet.size))
+            status.sent(packet)
+        }
+        return took
+    }
+
+    /// The buffer's figures for the status, and the warning when one keyframe interval overflowed it.
+    private func publish(_ intake: inout Intake) {
+        let replay = output.replayStatus
+        let buffer = intake.buffer
+        if buffer.overflows != intake.lastOverflows {
+            if intake.lastOverflows == 0 {
+                logger.warning(
+                    "replay \(output.name): one keyframe interval is more than max_memory (\(settings.maxBytes) bytes): the buffer was emptied; raise the limit or shorten the keyframe interval")
+            }
+            intake.lastOverflows = buffer.overflows
+        }
+        replay.bufferedNanoseconds.store(buffer.bufferedNanoseconds, ordering: .relaxed)
+        replay.bufferedBytes.store(buffer.bytes, ordering: .relaxed)
+        replay.droppedForMemory.store(buffer.gopsDroppedForMemory + buffer.overflows, ordering: .relaxed)
+    }
+
+    /// Hands the saves whose packets are in (or that waited long enough, or that the end or a pause
+    /// makes due) to the writer, in order: one waiting for its packets holds the next.
+    private func handOverDueSaves(_ intake: inout Intake, ended: Bool, now: Int64) {
+        while let save = intake.pending.first {
+            let covered: Bool
+            if let cut = save.cut {
+                covered = (!hasVideo || intake.newestVideo >= cut) && (!hasAudio || intake.newestAudio >= cut)
+            } else {
+                covered = true
+            }
+            guard covered || ended || output.isPaused || now >= save.waitUntil else { break }
+            intake.pending.removeFirst()
+            let wanted = save.seconds.map { Self.nanoseconds($0) }
+            let selection = intake.buffer.selection(cut: save.cut, nanoseconds: wanted)
+            let empty =
+                intake.buffer.overflows > 0 && intake.buffer.isEmpty
+                ? "nothing buffered: one keyframe interval is more than max_memory (\(settings.maxBytes) bytes)"
+                : "nothing buffered yet to save"
+            let note =
+                covered || output.isPaused || save.whilePaused
+                ? nil : "saved without the last packets asked for (none came within the wait)"
+            jobs.push(Job(save: save, selection: selection, note: selection == nil ? empty : note))
+            jobWakeup.wake()
+        }
     }
 
     // MARK: The writer thread: saves

@@ -82,6 +82,8 @@ public final class ControlServer: Service, Sendable {
 
     public let socketPath: String
     private let mode: UInt32
+    /// The socket's group (a gid), given before its mode; nil: the daemon's own group.
+    private let group: UInt32?
     private let tcp: (host: String, port: UInt16)?
     /// The TCP listener's token, replaced by a reload.
     public let token: ControlToken
@@ -117,6 +119,7 @@ public final class ControlServer: Service, Sendable {
     public convenience init(
         socketPath: String,
         mode: UInt32 = 0o660,
+        group: UInt32? = nil,
         tcp: (host: String, port: UInt16)? = nil,
         token: String? = nil,
         events: ControlEvents? = nil,
@@ -126,7 +129,7 @@ public final class ControlServer: Service, Sendable {
         handler: @escaping Handler
     ) throws(BroadcastError) {
         try self.init(
-            socketPath: socketPath, mode: mode, tcp: tcp, token: ControlToken(token), events: events, snapshot: snapshot,
+            socketPath: socketPath, mode: mode, group: group, tcp: tcp, token: ControlToken(token), events: events, snapshot: snapshot,
             requestDeadline: requestDeadline, logger: logger, handler: handler)
     }
 
@@ -134,6 +137,7 @@ public final class ControlServer: Service, Sendable {
     public init(
         socketPath: String,
         mode: UInt32 = 0o660,
+        group: UInt32? = nil,
         tcp: (host: String, port: UInt16)? = nil,
         token: ControlToken,
         events: ControlEvents? = nil,
@@ -148,6 +152,7 @@ public final class ControlServer: Service, Sendable {
         try Self.checkSocketPath(socketPath)
         self.socketPath = socketPath
         self.mode = mode
+        self.group = group
         self.tcp = tcp
         self.token = token
         self.events = events
@@ -227,7 +232,7 @@ public final class ControlServer: Service, Sendable {
                 configuration: channel),
             configuration: ServerConfiguration(address: .unixDomainSocket(path: stagedPath)),
             onServerRunning: { _ in
-                let problem = Self.moveIntoPlace(stagedPath, to: self.socketPath, mode: self.mode)
+                let problem = Self.moveIntoPlace(stagedPath, to: self.socketPath, mode: self.mode, group: self.group)
                 rmdir(staging)
                 if let problem {
                     // Nobody can reach the staged socket: waiters (the daemon) end with this line.
@@ -316,9 +321,13 @@ public final class ControlServer: Service, Sendable {
         return path
     }
 
-    /// Gives the bound socket its mode and renames it to where clients look; why not, or nil.
-    static func moveIntoPlace(_ staged: String, to socketPath: String, mode: UInt32) -> String? {
+    /// Gives the bound socket its group and mode and renames it to where clients look; why not, or nil.
+    static func moveIntoPlace(_ staged: String, to socketPath: String, mode: UInt32, group: UInt32? = nil) -> String? {
         defer { unlink(staged) }
+        // The owner may give a file any group it is a member of (the unit's SupplementaryGroups=).
+        if let group, chown(staged, uid_t.max, gid_t(group)) != 0 {
+            return "cannot give it group \(group): \(String(cString: strerror(errno))) (the daemon must be a member of the group)"
+        }
         var info = stat()
         guard chmod(staged, mode_t(mode)) == 0, stat(staged, &info) == 0, info.st_mode & 0o7777 == mode else {
             return "cannot set its mode \(String(mode, radix: 8)): \(String(cString: strerror(errno)))"

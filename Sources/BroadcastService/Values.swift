@@ -2,7 +2,6 @@
 // names the value and what is accepted; every number is checked against its range *before* it is
 // converted to an integer, so no string can reach a trapping conversion or an overflow.
 public import BroadcastKit
-public import BroadcastOutputs
 
 public struct ValueError: Error, CustomStringConvertible {
     public let description: String
@@ -16,18 +15,6 @@ public enum Values {
     public static let maximumBytes: Int64 = 1_000_000 << 40
     /// A frame rate's numerator and denominator, in lowest terms, are at most this.
     public static let maximumRateTerm = 1_000_000
-
-    /// "cfr" or "vfr". vfr only when nothing goes to a live output (`live` false): platforms and
-    /// players of live streams expect a frame every tick.
-    public static func frameRateMode(_ text: String, option: String = "--frame-rate-mode", live: Bool) throws -> FrameRateMode {
-        guard let mode = FrameRateMode(rawValue: text) else {
-            throw ValueError("invalid \(option) '\(text)': accepted are cfr and vfr")
-        }
-        if mode == .vfr, live {
-            throw ValueError("\(option) vfr is for files only: a live output needs a constant frame rate (cfr)")
-        }
-        return mode
-    }
 
     /// "1280x720": even, positive, at most 8192 on a side.
     public static func size(_ text: String, option: String = "--size") throws -> (width: Int, height: Int) {

@@ -187,6 +187,35 @@ struct Resume: ParsableCommand {
     func run() throws { try control.call("POST", output.map { "/v1/outputs/\(pathSegment($0))/resume" } ?? "/v1/broadcast/resume") }
 }
 
+/// `mic` or `app`, the audio sources `mute`/`unmute` name; anything else is exit 2.
+struct AudioSourceArgument: ParsableArguments {
+    @Argument(help: ArgumentHelp("mic (the microphone) or app (the application audio).", valueName: "source"))
+    var source: String
+
+    func validate() throws {
+        guard source == "mic" || source == "app" else {
+            throw ValidationError("invalid source '\(source)': accepted are mic and app")
+        }
+    }
+}
+
+struct Mute: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Mute a running daemon's microphone or application audio (its track and its part of the mix).",
+        discussion: "Applies from the source's next audio period; the audio stays on the timeline as silence. An 'audio' event says so."
+    )
+    @OptionGroup var control: ControlOptions
+    @OptionGroup var audio: AudioSourceArgument
+    func run() throws { try control.call("POST", "/v1/audio/\(audio.source)/mute") }
+}
+
+struct Unmute: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Unmute a muted audio source (mic or app) of a running daemon.")
+    @OptionGroup var control: ControlOptions
+    @OptionGroup var audio: AudioSourceArgument
+    func run() throws { try control.call("POST", "/v1/audio/\(audio.source)/unmute") }
+}
+
 struct Stop: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Stop a running daemon's broadcast (files are finalized; the daemon stays up).")
     @OptionGroup var control: ControlOptions

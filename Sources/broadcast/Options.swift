@@ -99,6 +99,25 @@ struct EncoderOptions: ParsableArguments {
             valueName: "mode"))
     var frameRateMode: String = Options.frameRateMode.defaultText!
 
+    @Option(
+        name: .customLong("audio-tracks"),
+        help: ArgumentHelp(
+            "mixed: one track, microphone and application audio mixed (default). separate: a track per source (\"Microphone\", \"Desktop audio\"). both: the mix, then a track per source. An FLV output (RTMP) gets the mix.",
+            valueName: "mode"))
+    var audioTracks: String = Options.audioTracks.defaultText!
+
+    @Option(name: .customLong("mic-volume"), help: ArgumentHelp("The microphone's volume in dB, -60dB to +20dB (0dB: as captured).", valueName: "dB"))
+    var micVolume: String = Options.micVolume.defaultText!
+
+    @Option(name: .customLong("app-volume"), help: ArgumentHelp("The application audio's volume in dB, -60dB to +20dB.", valueName: "dB"))
+    var appVolume: String = Options.appVolume.defaultText!
+
+    @Flag(name: .customLong("mute-mic"), help: "Start with the microphone muted (silence in its track and the mix).")
+    var muteMic = false
+
+    @Flag(name: .customLong("mute-app"), help: "Start with the application audio muted.")
+    var muteApp = false
+
     @Option(help: ArgumentHelp("H.264 profile: baseline, main or high (default: the encoder's choice).", valueName: "name"))
     var profile: String?
 
@@ -119,6 +138,11 @@ struct EncoderOptions: ParsableArguments {
         settings.frameRateMode = try Options.frameRateMode.parse(frameRateMode)
         settings.profile = try profile.map { text throws(OptionError) in try Options.profile.parse(text) }
         settings.threads = try Options.threads.parse(threads)
+        settings.audioTracks = try Options.audioTracks.parse(audioTracks)
+        settings.micLevel.volumeDecibels = try Options.micVolume.parse(micVolume)
+        settings.appLevel.volumeDecibels = try Options.appVolume.parse(appVolume)
+        settings.micLevel.muted = muteMic
+        settings.appLevel.muted = muteApp
         return settings
     }
 }

@@ -84,6 +84,18 @@ final class SocketConnection: @unchecked Sendable {
 @Suite(.serialized) struct DaemonEventsTests {
     static let frame = 1.0 / 30
 
+    /// Runs `body` with a daemon from `startDaemon` that records (its first status says so),
+    /// its directory and its control socket; kills the daemon and removes the directory after.
+    func withRecordingDaemon(_ body: (TemporaryDirectory, String, Child) throws -> Void) throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        let daemon = try startDaemon(dir)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        _ = try waitUntilRecording(socket)
+        try body(dir, socket, daemon)
+    }
+
     func startDaemon(_ dir: TemporaryDirectory) throws -> Child {
         let config = """
             [video]
@@ -104,55 +116,52 @@ final class SocketConnection: @unchecked Sendable {
     /// paused and resumed, an output paused and back to recording, the stop. Reconnecting with
     /// `Last-Event-ID` gets exactly the events missed meanwhile.
     @Test func eventsFollowChangesInOrderAndResumeWithoutLoss() throws {
-        let dir = try TemporaryDirectory()
-        defer { dir.cleanup() }
-        let socket = dir.path("c.sock")
-        let daemon = try startDaemon(dir)
-        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
-        let up = try waitUntilRecording(socket)
-        #expect(up.contains("\"name\":\"archive\""), "\(up)")
-        let watcher = try #require(SocketConnection(socket))
-        watcher.send("GET /v1/events HTTP/1.1\r\n\r\n")
-        #expect(watcher.read(until: "event: state"), "\(watcher.text)")
-        #expect(watcher.text.contains("\"state\":\"started\""), "the state first: \(watcher.text)")
-        for (verb, path) in [
-            ("pause", "/v1/broadcast/pause"), ("resume", "/v1/broadcast/resume"),
-            ("pause rec", "/v1/outputs/rec/pause"), ("resume rec", "/v1/outputs/rec/resume"),
-        ] {
-            #expect(SocketConnection.request(socket, "POST", path) == 200, "\(verb)")
-        }
-        #expect(watcher.read(until: "\"name\":\"rec\",\"state\":\"recording\""), "\(watcher.text)")
-        let seen = watcher.events
-        let ids = seen.map(\.id)
-        #expect(ids.first.map { Array($0..<($0 + UInt64(ids.count))) } == ids, "ids without gaps: \(ids)")
-        // (An output resumed waits for a keyframe: "resuming" may come between, when its worker
-        // saw the pause first. A busy host may drop a frame meanwhile: a `drops` event, not checked here.)
-        let changes = seen.dropFirst().map { "\($0.type) \($0.data.replacingOccurrences(of: #"\{"time":"[^"]*","#, with: "", options: .regularExpression))" }
-            .filter { !$0.contains("\"state\":\"resuming\"") && !$0.hasPrefix("drops ") }
-        #expect(
-            changes == [
-                "broadcast \"state\":\"paused\"}", "broadcast \"state\":\"resumed\"}",
-                "output \"name\":\"rec\",\"state\":\"paused\"}", "output \"name\":\"rec\",\"state\":\"recording\"}",
-            ], "\(changes)")
-        let last = try #require(ids.last)
-        close(watcher.fd)
+        try withRecordingDaemon { dir, socket, daemon in
+            let up = try waitUntilRecording(socket)
+            #expect(up.contains("\"name\":\"archive\""), "\(up)")
+            let watcher = try #require(SocketConnection(socket))
+            watcher.send("GET /v1/events HTTP/1.1\r\n\r\n")
+            #expect(watcher.read(until: "event: state"), "\(watcher.text)")
+            #expect(watcher.text.contains("\"state\":\"started\""), "the state first: \(watcher.text)")
+            for (verb, path) in [
+                ("pause", "/v1/broadcast/pause"), ("resume", "/v1/broadcast/resume"),
+                ("pause rec", "/v1/outputs/rec/pause"), ("resume rec", "/v1/outputs/rec/resume"),
+            ] {
+                #expect(SocketConnection.request(socket, "POST", path) == 200, "\(verb)")
+            }
+            #expect(watcher.read(until: "\"name\":\"rec\",\"state\":\"recording\""), "\(watcher.text)")
+            let seen = watcher.events
+            let ids = seen.map(\.id)
+            #expect(ids.first.map { Array($0..<($0 + UInt64(ids.count))) } == ids, "ids without gaps: \(ids)")
+            // (An output resumed waits for a keyframe: "resuming" may come between, when its worker
+            // saw the pause first. A busy host may drop a frame meanwhile: a `drops` event, not checked here.)
+            let changes = seen.dropFirst().map { "\($0.type) \($0.data.replacingOccurrences(of: #"\{"time":"[^"]*","#, with: "", options: .regularExpression))" }
+                .filter { !$0.contains("\"state\":\"resuming\"") && !$0.hasPrefix("drops ") }
+            #expect(
+                changes == [
+                    "broadcast \"state\":\"paused\"}", "broadcast \"state\":\"resumed\"}",
+                    "output \"name\":\"rec\",\"state\":\"paused\"}", "output \"name\":\"rec\",\"state\":\"recording\"}",
+                ], "\(changes)")
+            let last = try #require(ids.last)
+            close(watcher.fd)
 
-        // Missed while away: archive paused and back; then the stop.
-        #expect(SocketConnection.request(socket, "POST", "/v1/outputs/archive/pause") == 200)
-        #expect(SocketConnection.request(socket, "POST", "/v1/outputs/archive/resume") == 200)
-        let again = try #require(SocketConnection(socket))
-        again.send("GET /v1/events HTTP/1.1\r\nLast-Event-ID: \(last)\r\n\r\n")
-        #expect(again.read(until: "\"name\":\"archive\",\"state\":\"recording\""), "\(again.text)")
-        #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/stop") == 200)
-        #expect(again.read(until: "\"state\":\"finished\"}"), "\(again.text)")
-        let resumed = again.events
-        #expect(!again.text.contains("event: state"), "a resume does not start with the state")
-        #expect(resumed.first?.id == last + 1, "\(resumed.map(\.id)) after \(last)")
-        #expect(resumed.map(\.id) == Array((last + 1)...(last + UInt64(resumed.count))))
-        #expect(resumed.first?.data.contains("\"name\":\"archive\",\"state\":\"paused\"") == true, "\(again.text)")
-        #expect(resumed.contains { $0.type == "broadcast" && $0.data.contains("\"state\":\"finished\"") })
-        // Each recording's finished file is an event with its path.
-        #expect(again.read(until: "event: file"), "\(again.text)")
+            // Missed while away: archive paused and back; then the stop.
+            #expect(SocketConnection.request(socket, "POST", "/v1/outputs/archive/pause") == 200)
+            #expect(SocketConnection.request(socket, "POST", "/v1/outputs/archive/resume") == 200)
+            let again = try #require(SocketConnection(socket))
+            again.send("GET /v1/events HTTP/1.1\r\nLast-Event-ID: \(last)\r\n\r\n")
+            #expect(again.read(until: "\"name\":\"archive\",\"state\":\"recording\""), "\(again.text)")
+            #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/stop") == 200)
+            #expect(again.read(until: "\"state\":\"finished\"}"), "\(again.text)")
+            let resumed = again.events
+            #expect(!again.text.contains("event: state"), "a resume does not start with the state")
+            #expect(resumed.first?.id == last + 1, "\(resumed.map(\.id)) after \(last)")
+            #expect(resumed.map(\.id) == Array((last + 1)...(last + UInt64(resumed.count))))
+            #expect(resumed.first?.data.contains("\"name\":\"archive\",\"state\":\"paused\"") == true, "\(again.text)")
+            #expect(resumed.contains { $0.type == "broadcast" && $0.data.contains("\"state\":\"finished\"") })
+            // Each recording's finished file is an event with its path.
+            #expect(again.read(until: "event: file"), "\(again.text)")
+        }
     }
 
     /// SIGTERM while event streams are open, again and again: every stop exits 0 with its files
@@ -162,66 +171,59 @@ final class SocketConnection: @unchecked Sendable {
     /// 1 of 20 such stops on this host, the debug one in none of 132 (timing; the freed memory not
     /// reused); `ControlExecutorTests` pins the cause, this pins the symptom.
     @Test func stopsWithEventStreamsOpenAlwaysExitCleanly() throws {
-        for round in 1...12 {
-            let dir = try TemporaryDirectory()
-            defer { dir.cleanup() }
-            let socket = dir.path("c.sock")
-            let daemon = try startDaemon(dir)
-            defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
-            _ = try waitUntilRecording(socket)
-            var watchers: [SocketConnection] = []
-            for _ in 0..<3 {
-                let watcher = try #require(SocketConnection(socket))
-                watcher.send("GET /v1/events HTTP/1.1\r\n\r\n")
-                #expect(watcher.read(until: "event: state"), "round \(round): \(watcher.text)")
-                watchers.append(watcher)
+        var failed = false
+        for round in 1...12 where !failed {
+            try withRecordingDaemon { dir, socket, daemon in
+                var watchers: [SocketConnection] = []
+                for _ in 0..<3 {
+                    let watcher = try #require(SocketConnection(socket))
+                    watcher.send("GET /v1/events HTTP/1.1\r\n\r\n")
+                    #expect(watcher.read(until: "event: state"), "round \(round): \(watcher.text)")
+                    watchers.append(watcher)
+                }
+                daemon.signal(SIGTERM)
+                let r = daemon.wait(timeout: 60)
+                #expect(r.reason == .exit && r.status == 0, "round \(round): \(r.reason == .exit ? "exit" : "signal") \(r.status): \(r.stderr.suffix(2000))")
+                for watcher in watchers {
+                    #expect(watcher.readToEnd(), "round \(round): an event stream did not end with the daemon")
+                }
+                try expectDecodesCleanly(dir.path("rec.mkv"))
+                failed = r.status != 0
             }
-            daemon.signal(SIGTERM)
-            let r = daemon.wait(timeout: 60)
-            #expect(r.reason == .exit && r.status == 0, "round \(round): \(r.reason == .exit ? "exit" : "signal") \(r.status): \(r.stderr.suffix(2000))")
-            for watcher in watchers {
-                #expect(watcher.readToEnd(), "round \(round): an event stream did not end with the daemon")
-            }
-            try expectDecodesCleanly(dir.path("rec.mkv"))
-            if r.status != 0 { break }
         }
     }
 
     /// An events client that never reads is dropped (its connection closed) once it is too far
     /// behind; the broadcast does not wait for it: the untouched output's recording is complete.
     @Test func anEventsClientThatNeverReadsIsDroppedAndTheRecordingIsComplete() throws {
-        let dir = try TemporaryDirectory()
-        defer { dir.cleanup() }
-        let socket = dir.path("c.sock")
-        let daemon = try startDaemon(dir)
-        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
-        _ = try waitUntilRecording(socket)
-        let stuck = try Self.eventsClientThatNeverReads(socket)
-        let reader = try #require(SocketConnection(socket))
-        reader.send("GET /v1/events HTTP/1.1\r\n\r\n")
-        #expect(reader.read(until: "event: state"))
-        // The reader reads all along, on a thread of its own, until the broadcast's end.
-        let readerDone = DispatchSemaphore(value: 0)
-        let readerEnded = Thread { [reader] in
-            reader.read(until: "\"state\":\"finished\"}")
-            readerDone.signal()
+        try withRecordingDaemon { dir, socket, daemon in
+            let stuck = try Self.eventsClientThatNeverReads(socket)
+            let reader = try #require(SocketConnection(socket))
+            reader.send("GET /v1/events HTTP/1.1\r\n\r\n")
+            #expect(reader.read(until: "event: state"))
+            // The reader reads all along, on a thread of its own, until the broadcast's end.
+            let readerDone = DispatchSemaphore(value: 0)
+            let readerEnded = Thread { [reader] in
+                reader.read(until: "\"state\":\"finished\"}")
+                readerDone.signal()
+            }
+            readerEnded.start()
+            // 1000 changes (rec paused and resumed 500 times): far more than the stuck client's queue
+            // (256 events) and its socket buffers hold.
+            #expect(Self.pauseAndResumeRec(socket, times: 500) == 0)
+            // The stuck client was told to go: its stream ends.
+            #expect(stuck.readToEnd(), "the client that never read is still connected")
+            #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/stop") == 200)
+            // The reader got every event, without a gap, up to the end of the broadcast.
+            readerDone.wait()
+            #expect(reader.text.contains("\"state\":\"finished\"}"), "reader: \(reader.text.suffix(300))")
+            let ids = reader.events.map(\.id)
+            #expect(ids.count > 1000, "\(ids.count) events")
+            #expect(ids.first.map { Array($0..<($0 + UInt64(ids.count))) } == ids, "the reader's ids have gaps")
+            #expect(!reader.text.contains("event: dropped"))
+            // The archive, which nothing paused, has every frame: no gap in its timeline.
+            try Self.expectEveryFrame(dir.path("archive.mkv"), daemon: daemon)
         }
-        readerEnded.start()
-        // 1000 changes (rec paused and resumed 500 times): far more than the stuck client's queue
-        // (256 events) and its socket buffers hold.
-        #expect(Self.pauseAndResumeRec(socket, times: 500) == 0)
-        // The stuck client was told to go: its stream ends.
-        #expect(stuck.readToEnd(), "the client that never read is still connected")
-        #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/stop") == 200)
-        // The reader got every event, without a gap, up to the end of the broadcast.
-        readerDone.wait()
-        #expect(reader.text.contains("\"state\":\"finished\"}"), "reader: \(reader.text.suffix(300))")
-        let ids = reader.events.map(\.id)
-        #expect(ids.count > 1000, "\(ids.count) events")
-        #expect(ids.first.map { Array($0..<($0 + UInt64(ids.count))) } == ids, "the reader's ids have gaps")
-        #expect(!reader.text.contains("event: dropped"))
-        // The archive, which nothing paused, has every frame: no gap in its timeline.
-        try Self.expectEveryFrame(dir.path("archive.mkv"), daemon: daemon)
     }
 
     /// The recording `path` has a frame every period (Matroska keeps milliseconds: 33.3 can read 34),
@@ -243,39 +245,35 @@ final class SocketConnection: @unchecked Sendable {
     /// every event in order, the stuck one is dropped, the broadcast keeps every frame, and the
     /// daemon's memory stays bounded (it grows by less than one client queue's worth per client).
     @Test func fiftyEventClientsAndOneThatNeverReads() throws {
-        let dir = try TemporaryDirectory()
-        defer { dir.cleanup() }
-        let socket = dir.path("c.sock")
-        let daemon = try startDaemon(dir)
-        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
-        _ = try waitUntilRecording(socket)
-        let stuck = try Self.eventsClientThatNeverReads(socket)
-        var readers: [SocketConnection] = []
-        for _ in 0..<50 {
-            let reader = try #require(SocketConnection(socket))
-            reader.send("GET /v1/events HTTP/1.1\r\n\r\n")
-            #expect(reader.read(until: "event: state"))
-            readers.append(reader)
+        try withRecordingDaemon { dir, socket, daemon in
+            let stuck = try Self.eventsClientThatNeverReads(socket)
+            var readers: [SocketConnection] = []
+            for _ in 0..<50 {
+                let reader = try #require(SocketConnection(socket))
+                reader.send("GET /v1/events HTTP/1.1\r\n\r\n")
+                #expect(reader.read(until: "event: state"))
+                readers.append(reader)
+            }
+            let done = DispatchGroup()
+            for reader in readers {
+                done.enter()
+                Thread { reader.read(until: "\"state\":\"finished\"}"); done.leave() }.start()
+            }
+            let residentBefore = Self.residentKilobytes(daemon.pid)
+            #expect(Self.pauseAndResumeRec(socket, times: 200) == 0)
+            #expect(stuck.readToEnd(), "the client that never read is still connected")
+            let residentAfter = Self.residentKilobytes(daemon.pid)
+            #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/stop") == 200)
+            #expect(done.wait(timeout: .now() + 120) == .success, "a reader did not see the end")
+            for (i, reader) in readers.enumerated() {
+                let ids = reader.events.map(\.id)
+                #expect(ids.count > 400, "reader \(i): \(ids.count) events")
+                #expect(ids.first.map { Array($0..<($0 + UInt64(ids.count))) } == ids, "reader \(i)'s ids have gaps")
+            }
+            // 51 clients at most 256 queued events of ~150 bytes each: about 2 MB if every queue filled.
+            #expect(residentAfter - residentBefore < 16 * 1024, "resident memory \(residentBefore) → \(residentAfter) kB")
+            try Self.expectEveryFrame(dir.path("archive.mkv"), daemon: daemon)
         }
-        let done = DispatchGroup()
-        for reader in readers {
-            done.enter()
-            Thread { reader.read(until: "\"state\":\"finished\"}"); done.leave() }.start()
-        }
-        let residentBefore = Self.residentKilobytes(daemon.pid)
-        #expect(Self.pauseAndResumeRec(socket, times: 200) == 0)
-        #expect(stuck.readToEnd(), "the client that never read is still connected")
-        let residentAfter = Self.residentKilobytes(daemon.pid)
-        #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/stop") == 200)
-        #expect(done.wait(timeout: .now() + 120) == .success, "a reader did not see the end")
-        for (i, reader) in readers.enumerated() {
-            let ids = reader.events.map(\.id)
-            #expect(ids.count > 400, "reader \(i): \(ids.count) events")
-            #expect(ids.first.map { Array($0..<($0 + UInt64(ids.count))) } == ids, "reader \(i)'s ids have gaps")
-        }
-        // 51 clients at most 256 queued events of ~150 bytes each: about 2 MB if every queue filled.
-        #expect(residentAfter - residentBefore < 16 * 1024, "resident memory \(residentBefore) → \(residentAfter) kB")
-        try Self.expectEveryFrame(dir.path("archive.mkv"), daemon: daemon)
     }
 
     /// An events client with a 2 KiB receive buffer that never reads: it falls behind at once.
@@ -313,83 +311,75 @@ final class SocketConnection: @unchecked Sendable {
     /// /metrics: totals are counters that only grow (also across a stop and a new start), outputs
     /// and sample types are labels, the backlog is a gauge; a paused output shows as paused.
     @Test func metricsAreCountersAndGaugesWithLabels() throws {
-        let dir = try TemporaryDirectory()
-        defer { dir.cleanup() }
-        let socket = dir.path("c.sock")
-        let daemon = try startDaemon(dir)
-        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
-        _ = try waitUntilRecording(socket)
-        func scrape() throws -> String {
-            let connection = try #require(SocketConnection(socket))
-            connection.send("GET /metrics HTTP/1.1\r\n\r\n")
-            _ = connection.readToEnd()
-            return connection.text
+        try withRecordingDaemon { dir, socket, daemon in
+            func scrape() throws -> String {
+                let connection = try #require(SocketConnection(socket))
+                connection.send("GET /metrics HTTP/1.1\r\n\r\n")
+                _ = connection.readToEnd()
+                return connection.text
+            }
+            let first = try scrape()
+            for (name, type) in [
+                ("broadcast_video_frames_encoded_total", "counter"), ("broadcast_bytes_written_total", "counter"),
+                ("broadcast_output_bytes_total", "counter"), ("broadcast_buffers_delivered_total", "counter"),
+                ("broadcast_output_backlog_seconds", "gauge"), ("broadcast_running", "gauge"),
+            ] {
+                #expect(first.contains("# TYPE \(name) \(type)"), "\(name) as a \(type): \(first)")
+            }
+            #expect(Self.sample(first, "broadcast_output_bytes_total{output=\"rec\"}") != nil, "\(first)")
+            #expect(Self.sample(first, "broadcast_output_bytes_total{output=\"archive\"}") != nil)
+            #expect(Self.sample(first, "broadcast_buffers_delivered_total{type=\"video\"}") != nil)
+            #expect(SocketConnection.request(socket, "POST", "/v1/outputs/rec/pause") == 200)
+            usleep(500_000)
+            let second = try scrape()
+            #expect(Self.sample(second, "broadcast_output_paused{output=\"rec\"}") == 1)
+            #expect(Self.sample(second, "broadcast_output_paused{output=\"archive\"}") == 0)
+            let framesBefore = try #require(Self.sample(first, "broadcast_video_frames_encoded_total"))
+            let framesAfter = try #require(Self.sample(second, "broadcast_video_frames_encoded_total"))
+            #expect(framesAfter > framesBefore)
+            // A new broadcast starts its own figures at zero; the exported counters go on growing.
+            #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/stop") == 200)
+            let stopped = try scrape()
+            #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/start") == 200)
+            let restarted = try scrape()
+            let before = try #require(Self.sample(stopped, "broadcast_video_frames_encoded_total"))
+            let after = try #require(Self.sample(restarted, "broadcast_video_frames_encoded_total"))
+            #expect(after >= before, "a counter went down: \(before) then \(after)")
+            #expect(Self.sample(restarted, "broadcast_running") == 1)
         }
-        let first = try scrape()
-        for (name, type) in [
-            ("broadcast_video_frames_encoded_total", "counter"), ("broadcast_bytes_written_total", "counter"),
-            ("broadcast_output_bytes_total", "counter"), ("broadcast_buffers_delivered_total", "counter"),
-            ("broadcast_output_backlog_seconds", "gauge"), ("broadcast_running", "gauge"),
-        ] {
-            #expect(first.contains("# TYPE \(name) \(type)"), "\(name) as a \(type): \(first)")
-        }
-        #expect(Self.sample(first, "broadcast_output_bytes_total{output=\"rec\"}") != nil, "\(first)")
-        #expect(Self.sample(first, "broadcast_output_bytes_total{output=\"archive\"}") != nil)
-        #expect(Self.sample(first, "broadcast_buffers_delivered_total{type=\"video\"}") != nil)
-        #expect(SocketConnection.request(socket, "POST", "/v1/outputs/rec/pause") == 200)
-        usleep(500_000)
-        let second = try scrape()
-        #expect(Self.sample(second, "broadcast_output_paused{output=\"rec\"}") == 1)
-        #expect(Self.sample(second, "broadcast_output_paused{output=\"archive\"}") == 0)
-        let framesBefore = try #require(Self.sample(first, "broadcast_video_frames_encoded_total"))
-        let framesAfter = try #require(Self.sample(second, "broadcast_video_frames_encoded_total"))
-        #expect(framesAfter > framesBefore)
-        // A new broadcast starts its own figures at zero; the exported counters go on growing.
-        #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/stop") == 200)
-        let stopped = try scrape()
-        #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/start") == 200)
-        let restarted = try scrape()
-        let before = try #require(Self.sample(stopped, "broadcast_video_frames_encoded_total"))
-        let after = try #require(Self.sample(restarted, "broadcast_video_frames_encoded_total"))
-        #expect(after >= before, "a counter went down: \(before) then \(after)")
-        #expect(Self.sample(restarted, "broadcast_running") == 1)
     }
 
     /// `status --watch --json`: one JSON line per event, the state first, then the changes in
     /// order; it ends (exit 0) when the daemon stops.
     @Test func statusWatchPrintsOneJSONLinePerEvent() throws {
-        let dir = try TemporaryDirectory()
-        defer { dir.cleanup() }
-        let socket = dir.path("c.sock")
-        let daemon = try startDaemon(dir)
-        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
-        _ = try waitUntilRecording(socket)
-        let watch = try Child(broadcastBinary, ["status", "--watch", "--json", "--socket", socket])
-        defer { watch.signal(SIGKILL) }
-        // Until the watcher follows the events (the daemon counts its event clients).
-        var following = false
-        for _ in 0..<300 where !following {
-            let connection = try #require(SocketConnection(socket))
-            connection.send("GET /metrics HTTP/1.1\r\n\r\n")
-            _ = connection.readToEnd()
-            following = Self.sample(connection.text, "broadcast_event_clients") == 1
-            if !following { usleep(100_000) }
+        try withRecordingDaemon { dir, socket, daemon in
+            let watch = try Child(broadcastBinary, ["status", "--watch", "--json", "--socket", socket])
+            defer { watch.signal(SIGKILL) }
+            // Until the watcher follows the events (the daemon counts its event clients).
+            var following = false
+            for _ in 0..<300 where !following {
+                let connection = try #require(SocketConnection(socket))
+                connection.send("GET /metrics HTTP/1.1\r\n\r\n")
+                _ = connection.readToEnd()
+                following = Self.sample(connection.text, "broadcast_event_clients") == 1
+                if !following { usleep(100_000) }
+            }
+            #expect(following)
+            #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/pause") == 200)
+            #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/resume") == 200)
+            daemon.signal(SIGTERM)
+            #expect(daemon.wait(timeout: 30).status == 0)
+            let result = watch.wait(timeout: 30)
+            #expect(result.status == 0, "watch: exit \(result.status): \(result.stderr)")
+            let lines = result.stdout.split(separator: "\n")
+            #expect(lines.allSatisfy { $0.hasPrefix("{\"id\":") && $0.hasSuffix("}") }, "\(result.stdout)")
+            #expect(lines.first?.contains("\"event\":\"state\"") == true, "\(result.stdout)")
+            let broadcast = lines.filter { $0.contains("\"event\":\"broadcast\"") }.map {
+                $0.contains("\"state\":\"paused\"") ? "paused" : $0.contains("\"state\":\"resumed\"") ? "resumed" : $0.contains("\"state\":\"finished\"") ? "finished" : "?"
+            }
+            #expect(broadcast == ["paused", "resumed", "finished"], "\(result.stdout)")
+            #expect(lines.contains { $0.contains("\"event\":\"file\"") && $0.contains("rec.mkv") }, "\(result.stdout)")
         }
-        #expect(following)
-        #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/pause") == 200)
-        #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/resume") == 200)
-        daemon.signal(SIGTERM)
-        #expect(daemon.wait(timeout: 30).status == 0)
-        let result = watch.wait(timeout: 30)
-        #expect(result.status == 0, "watch: exit \(result.status): \(result.stderr)")
-        let lines = result.stdout.split(separator: "\n")
-        #expect(lines.allSatisfy { $0.hasPrefix("{\"id\":") && $0.hasSuffix("}") }, "\(result.stdout)")
-        #expect(lines.first?.contains("\"event\":\"state\"") == true, "\(result.stdout)")
-        let broadcast = lines.filter { $0.contains("\"event\":\"broadcast\"") }.map {
-            $0.contains("\"state\":\"paused\"") ? "paused" : $0.contains("\"state\":\"resumed\"") ? "resumed" : $0.contains("\"state\":\"finished\"") ? "finished" : "?"
-        }
-        #expect(broadcast == ["paused", "resumed", "finished"], "\(result.stdout)")
-        #expect(lines.contains { $0.contains("\"event\":\"file\"") && $0.contains("rec.mkv") }, "\(result.stdout)")
     }
 
     /// The controller's lock is not held while a start opens the sources and waits for the first

@@ -34,6 +34,10 @@ import Testing
         ("[encoder]\nencoder = \"h265_magic\"", "2: encoder.encoder: unknown encoder.encoder 'h265_magic'"),
         ("[encoder]\nrate_control = \"abr\"", "2: encoder.rate_control: invalid value 'abr': accepted are cbr, vbr and crf"),
         ("[encoder]\nframe_rate_mode = \"sometimes\"", "2: encoder.frame_rate_mode: invalid value 'sometimes': accepted are cfr and vfr"),
+        ("[encoder]\naudio_tracks = \"many\"", "2: encoder.audio_tracks: invalid value 'many': accepted are mixed, separate and both"),
+        ("[audio]\nmic_volume = \"loud\"", "2: audio.mic_volume: invalid value 'loud': expected decibels from -60dB to +20dB"),
+        ("[audio]\napp_volume = 21", "2: audio.app_volume: invalid value '21': expected decibels from -60dB to +20dB"),
+        ("[audio]\nmic_mute = \"yes\"", "2: audio.mic_mute: invalid value 'yes': expected true or false"),
         ("[vidoe]\nsize = \"1280x720\"", "1: unknown table [vidoe]: known are [video]"),
         ("size = \"1280x720\"", "1: size: keys must be inside a table"),
         ("[video]\nsize = \"1280x720", "2: unterminated string"),
@@ -51,6 +55,7 @@ import Testing
         ("[control]\nsocket = \"relative.sock\"", "2: control.socket: expected an absolute path"),
         ("[control]\ntcp = \"localhost\"", "2: control.tcp: expected HOST:PORT"),
         ("[control]\ntoken = \"short\"", "2: control.token: a token needs at least 16 characters"),
+        ("[control]\nsocket_group = \"no-such-group-x\"", "2: control.socket_group: no group named \"no-such-group-x\" on this system"),
         ("[daemon]\nautostart = \"yes\"", "2: daemon.autostart: expected true or false, got a string"),
         ("[[video]]\nsize = \"1280x720\"", "1: [[video]] must be a single table"),
         ("[control]\ntcp = \"127.0.0.1:9999\"", "2: control.tcp: a TCP control listener needs a token"),
@@ -291,7 +296,7 @@ final class NotifyListener: @unchecked Sendable {
         let unit = try String(contentsOf: Self.repository.appendingPathComponent("systemd/broadcast.service"), encoding: .utf8)
         for needle in ["Type=notify", "WatchdogSec=", "Restart=on-failure", "ProtectSystem=strict", "ProtectHome=yes",
                        "PrivateTmp=yes", "NoNewPrivileges=yes", "RestrictAddressFamilies=", "DeviceAllow=char-video4linux",
-                       "DeviceAllow=char-alsa", "SupplementaryGroups=video audio", "StateDirectory=", "RuntimeDirectory="] {
+                       "DeviceAllow=char-alsa", "SupplementaryGroups=video audio broadcast", "StateDirectory=", "RuntimeDirectory="] {
             #expect(unit.contains(needle), "the unit should have \(needle)")
         }
         let local = dir.path("broadcast.service")
@@ -299,6 +304,82 @@ final class NotifyListener: @unchecked Sendable {
         let r = try run("/usr/bin/systemd-analyze", ["verify", local])
         #expect(r.status == 0, "systemd-analyze verify: \(r.stdout) \(r.stderr)")
         #expect(r.stderr.trimmingCharacters(in: .whitespacesAndNewlines).isEmpty, "warnings: \(r.stderr)")
+    }
+
+    /// The socket's access as the unit and the example config set it up, with real users: the
+    /// daemon runs as a user of its own with the config's `socket_group` as a supplementary group
+    /// (the unit's `SupplementaryGroups=` must list it), in a runtime directory made the way systemd
+    /// makes it (the unit's `RuntimeDirectoryMode=`, owned by the daemon's user). A user in that
+    /// group gets its status; a user outside it is refused. (With the earlier unit's 0750 the member
+    /// could not pass the directory: the daemon's user is dynamic, so its group has no members.)
+    @Test func aMemberOfTheSocketGroupReachesTheDaemonAndOthersDoNot() throws {
+        try #require(getuid() == 0, "this test makes users and groups: run the tests as root (CI does)")
+        let unit = try String(contentsOf: Self.repository.appendingPathComponent("systemd/broadcast.service"), encoding: .utf8)
+        let example = try String(contentsOf: Self.repository.appendingPathComponent("systemd/broadcast.toml"), encoding: .utf8)
+        func setting(_ text: String, _ key: String, separator: String) -> String? {
+            text.split(separator: "\n").lazy.map { $0.trimmingCharacters(in: .whitespaces) }
+                .first { $0.hasPrefix(key + separator) }
+                .map { String($0.dropFirst(key.count + separator.count)).split(separator: "#").first.map(String.init) ?? "" }
+                .map { $0.trimmingCharacters(in: .whitespaces).trimmingCharacters(in: CharacterSet(charactersIn: "\"")) }
+        }
+        let directoryMode = try #require(setting(unit, "RuntimeDirectoryMode", separator: "=").flatMap { mode_t($0, radix: 8) })
+        let supplementary = setting(unit, "SupplementaryGroups", separator: "=")?.split(separator: " ").map(String.init) ?? []
+        let group = try #require(setting(example, "socket_group", separator: " = "), "the example config names no socket_group")
+        #expect(supplementary.contains(group), "the unit's SupplementaryGroups= (\(supplementary)) lacks the socket's group \(group)")
+        let socketMode = setting(example, "socket_mode", separator: " = ") ?? "0660"
+
+        // Stand-ins with names of their own, removed after: the group, the daemon's user, a member, a stranger.
+        let tag = String(UInt32.random(in: 0..<UInt32.max), radix: 36)
+        let (standIn, service, member, stranger) = ("bcg\(tag)", "bcd\(tag)", "bcm\(tag)", "bcs\(tag)")
+        #expect(try run("/usr/sbin/groupadd", ["--system", standIn]).status == 0)
+        defer { _ = try? run("/usr/sbin/groupdel", [standIn]) }
+        for (user, groups) in [(service, []), (member, [standIn]), (stranger, [])] {
+            let added = try run("/usr/sbin/useradd", ["--system", "--no-create-home", "--shell", "/usr/sbin/nologin"] + (groups.isEmpty ? [] : ["-G", groups.joined(separator: ",")]) + [user])
+            #expect(added.status == 0, "useradd \(user): \(added.stderr)")
+        }
+        defer { for user in [service, member, stranger] { _ = try? run("/usr/sbin/userdel", [user]) } }
+        let serviceID = try #require(getpwnam(service)).pointee.pw_uid
+
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        chmod(dir.url.path, 0o755)
+        let runtime = dir.path("run")
+        try FileManager.default.createDirectory(atPath: runtime, withIntermediateDirectories: false)
+        chown(runtime, serviceID, gid_t.max)
+        chmod(runtime, directoryMode)
+        let recordings = dir.path("lib")
+        try FileManager.default.createDirectory(atPath: recordings, withIntermediateDirectories: false)
+        chown(recordings, serviceID, gid_t.max)
+        let socket = runtime + "/control.sock"
+        let config = dir.path("d.toml")
+        try """
+            [video]
+            size = "320x180"
+            [control]
+            socket = "\(socket)"
+            socket_group = "\(standIn)"
+            socket_mode = "\(socketMode)"
+            [[output]]
+            name = "rec"
+            path = "\(recordings)/rec.mkv"
+            """.write(toFile: config, atomically: true, encoding: .utf8)
+        chmod(config, 0o644)
+        let daemon = try Child("/usr/bin/setpriv", ["--reuid", service, "--regid", service, "--groups", standIn, "--", broadcastBinary, "daemon", "--config", config])
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        #expect(daemon.waitForStderr(timeout: 60) { $0.contains(socket) }, "\(daemon.stderrSoFar)")
+        var info = stat()
+        #expect(stat(socket, &info) == 0 && info.st_gid == (getgrnam(standIn)?.pointee.gr_gid ?? 0), "the socket's group")
+        #expect(String(info.st_mode & 0o777, radix: 8) == String(socketMode.dropFirst(socketMode.hasPrefix("0") ? 1 : 0)), "the socket's mode")
+
+        func status(as user: String) throws -> ProcessResult {
+            try run("/usr/bin/setpriv", ["--reuid", user, "--regid", user, "--init-groups", "--", broadcastBinary, "status", "--json", "--socket", socket])
+        }
+        let allowed = try status(as: member)
+        #expect(allowed.status == 0 && allowed.stdout.contains("\"state\""), "the member: exit \(allowed.status): \(allowed.stderr)")
+        let refused = try status(as: stranger)
+        #expect(refused.status != 0 && refused.stderr.contains("Permission denied"), "the stranger: exit \(refused.status): \(refused.stdout) \(refused.stderr)")
+        daemon.signal(SIGTERM)
+        #expect(daemon.wait(timeout: 60).status == 0)
     }
 
     /// The example configs are valid: the daemon gets past loading them (then fails only to bind
@@ -313,6 +394,8 @@ final class NotifyListener: @unchecked Sendable {
             .replacingOccurrences(of: "/tmp/broadcast-sample.sock", with: dir.path("c.sock"))
             .replacingOccurrences(of: "/var/lib/broadcast/", with: dir.path(""))
             .replacingOccurrences(of: "/tmp/broadcast-sample-", with: dir.path("sample-"))
+            // The service's group exists where `make install` ran; here the test's own group stands in.
+            .replacingOccurrences(of: "socket_group = \"broadcast\"", with: "socket_group = \"root\"")
         let file = dir.path("config.toml")
         try text.write(toFile: file, atomically: true, encoding: .utf8)
         let daemon = try Child(broadcastBinary, ["daemon", "--config", file])

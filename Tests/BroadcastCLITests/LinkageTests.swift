@@ -22,6 +22,20 @@ import Testing
         #expect(linked.contains { $0.hasPrefix("libasound") })
     }
 
+    /// The control plane a client links (BroadcastService, here through samples/EventTail) needs
+    /// neither FFmpeg nor the capture libraries.
+    @Test func controlClientSampleLinksNoFFmpegNorDevices() throws {
+        let sample = URL(fileURLWithPath: broadcastBinary).deletingLastPathComponent().appendingPathComponent("event-tail").path
+        try #require(FileManager.default.fileExists(atPath: sample), "build the sample first (swift build)")
+        let linked = try linkedLibraries(sample)
+        let media = linked.filter { library in
+            (Self.ffmpegLibraries + ["libasound", "libv4l2", "libpipewire", "libxcb"]).contains { library.hasPrefix($0) }
+        }
+        #expect(media.isEmpty, "event-tail links \(media)")
+        // The Swift runtime is there: the check looks at a linked binary.
+        #expect(linked.contains { $0.hasPrefix("libswiftCore") || $0.hasPrefix("libFoundation") || $0.hasPrefix("libdispatch") })
+    }
+
     @Test func broadcastLinksFFmpeg() throws {
         let linked = try linkedLibraries(broadcastBinary)
         #expect(linked.contains { $0.hasPrefix("libavcodec") })

@@ -191,11 +191,12 @@ func whiteFrameTimes(_ path: String) throws -> [Double] {
 
 /// Times (s) where a beep starts: sound after at least 0.1 s of silence that stops again within
 /// 0.2 s (which leaves out the end of the file, where silencedetect also closes a silence), plus 0
-/// when the file opens with a beep.
-func beepStartTimes(_ path: String) throws -> [Double] {
+/// when the file opens with a beep. `audioTrack`: that audio stream (default: ffmpeg's choice).
+func beepStartTimes(_ path: String, audioTrack: Int? = nil) throws -> [Double] {
+    let select = audioTrack.map { ["-map", "0:a:\($0)"] } ?? ["-vn"]
     let r = try run(
         "/usr/bin/ffmpeg",
-        ["-nostdin", "-hide_banner", "-nostats", "-i", path, "-vn", "-af", "silencedetect=n=-30dB:d=0.1", "-f", "null", "-"]
+        ["-nostdin", "-hide_banner", "-nostats", "-i", path] + select + ["-af", "silencedetect=n=-30dB:d=0.1", "-f", "null", "-"]
     )
     var silenceStarts: [Double] = []
     var silenceEnds: [Double] = []

@@ -15,7 +15,7 @@ final class ProducerGuard: Sendable {
 /// A source on its own thread that pushes (waiting for room) until stopped; counts what it handed over.
 final class ThreadedSource: CaptureSource, @unchecked Sendable {
     let name: String
-    let isRealtime = false
+    var isRealtime = false
     let format: MediaFormat
     let step: Int64
     let producers: ProducerGuard
@@ -218,5 +218,38 @@ final class SlowHandler: BroadcastSampleHandler, @unchecked Sendable {
         // After the finish nothing is replaced any more.
         let late = #expect(throws: BroadcastError.self) { try session.replaceSource(of: .audioMic, with: { again }) }
         #expect(late?.code == .illegalTransition)
+    }
+
+    /// A replacement of the other pacing (realtime for a source that is not) is refused at its first
+    /// build, not tried again for the whole patience: waiting cannot change what a source is.
+    @Test func aReplacementOfTheOtherPacingIsRefusedAtOnce() throws {
+        let handler = RecordingHandler()
+        handler.keepEvents = false
+        let producers = ProducerGuard()
+        let video = ThreadedSource(name: "video", format: videoFormat, step: 33_333, producers: ProducerGuard())
+        let first = ThreadedSource(name: "mic-1", format: audioFormat, step: 10_000, producers: producers)
+        let again = ThreadedSource(name: "mic-1 again", format: audioFormat, step: 10_000, producers: producers)
+        let session = BroadcastSession(handler: handler, sources: [(.video, video), (.audioMic, first)])
+        let runner = SessionRunner(session)
+        #expect(waitUntil { first.pushed.load(ordering: .relaxed) > 100 })
+        let builds = ManagedAtomic<Int>(0)
+        let error = #expect(throws: BroadcastError.self) {
+            try session.replaceSource(
+                of: .audioMic,
+                with: {
+                    builds.wrappingIncrement(ordering: .relaxed)
+                    let paced = ThreadedSource(name: "paced", format: audioFormat, step: 10_000, producers: producers)
+                    paced.isRealtime = true
+                    return paced
+                },
+                fallback: { again }, patience: .seconds(3))
+        }
+        #expect(error?.code == .invalidArgument)
+        #expect(error?.message.contains("one is realtime, the other not") == true)
+        #expect(builds.load(ordering: .relaxed) == 1)
+        #expect(waitUntil { again.pushed.load(ordering: .relaxed) > 100 })
+        try session.finish()
+        _ = try runner.result().get()
+        #expect(producers.log.withLock { $0 } == ["start mic-1", "stopped mic-1", "start mic-1 again", "stopped mic-1 again"])
     }
 }

@@ -76,9 +76,13 @@ import Testing
         let app: Resampler
         let mixer: AudioMixer
         let encoder: AudioEncoder?
+        /// `--audio-tracks separate/both`: each source's own track (a one-input mixer), at a gain.
+        let tracks: [SampleBufferType: AudioMixer]
         private(set) var packets = 0
 
-        init(encoding: Bool) throws {
+        init(encoding: Bool, tracks: Bool = false) throws {
+            self.tracks = tracks ? [.audioMic: AudioMixer(channelCount: 2, sampleRate: 48_000, expectedInputs: 1),
+                                    .audioApp: AudioMixer(channelCount: 2, sampleRate: 48_000, expectedInputs: 1)] : [:]
             mic = try Resampler(input: AudioPathAllocationTests.micFormat, outputRate: 48_000, outputChannels: 2)
             app = try Resampler(input: AudioPathAllocationTests.appFormat, outputRate: 48_000, outputChannels: 2)
             mixer = AudioMixer(channelCount: 2, sampleRate: 48_000)
@@ -89,20 +93,25 @@ import Testing
             let resampler = type == .audioMic ? mic : app
             let position = buffer.presentationTime.rescaled(to: 48_000).value
             let converted = try resampler.resample(buffer, at: position)
-            mixer.append(converted, from: type)
+            let gain: Float = tracks.isEmpty ? 1 : 0.5
+            mixer.append(converted, from: type, gain: gain)
             while let mixed = mixer.mixed() {
                 if let encoder { packets += try encoder.encode(mixed).count }
+            }
+            if let track = tracks[type] {
+                track.append(converted, from: type, gain: gain)
+                while track.mixed() != nil {}
             }
         }
     }
 
     /// Runs `warmUp` then `window` periods of both inputs through the path, counting the window.
     /// Prints "own ffmpeg packets" for the parent to read.
-    static func count(encoding: Bool, warmUp: Int = 300, window: Int = 1000) throws {
+    static func count(encoding: Bool, tracks: Bool = false, warmUp: Int = 300, window: Int = 1000) throws {
         AllocationCounter.prepare(countingCaptureThreads: false)
         defer { AllocationCounter.finish() }
         let inputs = Inputs()
-        let path = try Path(encoding: encoding)
+        let path = try Path(encoding: encoding, tracks: tracks)
         var packetsBefore = 0
         for step in 0..<(warmUp + window) {
             if step == warmUp {
@@ -131,6 +140,17 @@ import Testing
             })
         let counts = try #require(Self.parse(result.standardOutputContent))
         // Before: 60 000, 30 a buffer (the stages' `[[Float]]`, the mixer's lanes copied on write).
+        #expect(counts.own == 0, "allocations in 2000 buffers after the warm-up")
+        #expect(counts.ffmpeg == 0, "allocations inside libswresample in 2000 buffers after the warm-up")
+    }
+
+    @Test("a volume and a track per source (--audio-tracks both) allocate nothing per buffer")
+    func gainAndSourceTracksAllocateNothing() async throws {
+        let result = try #require(
+            await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
+                try AudioPathAllocationTests.count(encoding: false, tracks: true)
+            })
+        let counts = try #require(Self.parse(result.standardOutputContent))
         #expect(counts.own == 0, "allocations in 2000 buffers after the warm-up")
         #expect(counts.ffmpeg == 0, "allocations inside libswresample in 2000 buffers after the warm-up")
     }

@@ -231,11 +231,11 @@ func topLevelBoxes(_ path: String) throws -> [String] {
 /// Times (seconds) at which white frames begin (luma average above 200 after a darker frame) and
 /// at which sound begins after silence (silencedetect's silence_end), measured in one ffmpeg run so
 /// both use the same timestamp offset.
-func markers(_ path: String) throws -> (whiteFrames: [Double], soundStarts: [Double]) {
+func markers(_ path: String, audioTrack: Int = 0) throws -> (whiteFrames: [Double], soundStarts: [Double]) {
     let result = try run([
         "ffmpeg", "-nostdin", "-nostats", "-copyts", "-i", path,
         "-filter_complex",
-        "[0:v:0]signalstats,metadata=mode=print:key=lavfi.signalstats.YAVG[v];[0:a:0]silencedetect=noise=-30dB:d=0.1[a]",
+        "[0:v:0]signalstats,metadata=mode=print:key=lavfi.signalstats.YAVG[v];[0:a:\(audioTrack)]silencedetect=noise=-30dB:d=0.1[a]",
         "-map", "[v]", "-f", "null", "-", "-map", "[a]", "-f", "null", "-",
     ])
     var starts: [Double] = []

@@ -1,4 +1,3 @@
-public import BroadcastOutputs
 public import Logging
 
 #if canImport(Glibc)

@@ -1,0 +1,172 @@
+import Atomics
+public import BroadcastKit
+public import BroadcastMedia
+import Logging
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// How the microphone and the application audio become audio tracks.
+public enum AudioTrackMode: String, Sendable, Hashable, CaseIterable {
+    /// One track: the two sources mixed (what the built-in handler always did).
+    case mixed
+    /// One track per source present ("Microphone", "Desktop audio"), no mix (an output that
+    /// carries a single audio track, FLV, still gets a mix).
+    case separate
+    /// The mix first, then a track per source.
+    case both
+}
+
+/// One audio source's level: a volume in decibels (0: as captured) and a mute.
+public struct AudioLevel: Sendable, Hashable {
+    public var volumeDecibels: Double
+    public var muted: Bool
+
+    public init(volumeDecibels: Double = 0, muted: Bool = false) {
+        self.volumeDecibels = volumeDecibels
+        self.muted = muted
+    }
+
+    /// The factor the samples are multiplied by.
+    public var gain: Float { muted ? 0 : Float(pow(10, volumeDecibels / 20)) }
+}
+
+/// The audio sources' volumes and mutes, set from any thread (the control API) and read by the
+/// encoding handler on the session's thread at every audio buffer: one atomic word per source (the
+/// gain's bits, 0 when muted), so a change applies from the next buffer of that source, i.e.
+/// within one audio period, with no lock and no allocation on the media path.
+public final class AudioSourceControl: Sendable {
+    /// `.audioMic`, `.audioApp`: the current level as set (for the status).
+    private let volumes: [ManagedAtomic<UInt64>]
+    private let mutes: [ManagedAtomic<Bool>]
+    /// What the handler multiplies by: Float bits of the gain, 0 when muted.
+    private let gains: [ManagedAtomic<UInt32>]
+
+    public init(_ levels: [SampleBufferType: AudioLevel] = [:]) {
+        let mic = levels[.audioMic] ?? AudioLevel()
+        let app = levels[.audioApp] ?? AudioLevel()
+        volumes = [mic, app].map { ManagedAtomic($0.volumeDecibels.bitPattern) }
+        mutes = [mic, app].map { ManagedAtomic($0.muted) }
+        gains = [mic, app].map { ManagedAtomic($0.gain.bitPattern) }
+    }
+
+    private static func slot(_ type: SampleBufferType) -> Int { type == .audioApp ? 1 : 0 }
+
+    /// The level of `type` as last set.
+    public func level(of type: SampleBufferType) -> AudioLevel {
+        let i = Self.slot(type)
+        return AudioLevel(
+            volumeDecibels: Double(bitPattern: volumes[i].load(ordering: .relaxed)), muted: mutes[i].load(ordering: .relaxed))
+    }
+
+    /// Sets the level of `type`; the handler applies it from that source's next buffer.
+    /// Returns whether the level changed.
+    @discardableResult
+    public func set(_ level: AudioLevel, of type: SampleBufferType) -> Bool {
+        let i = Self.slot(type)
+        let changed = level != self.level(of: type)
+        volumes[i].store(level.volumeDecibels.bitPattern, ordering: .relaxed)
+        mutes[i].store(level.muted, ordering: .relaxed)
+        gains[i].store(level.gain.bitPattern, ordering: .releasing)
+        return changed
+    }
+
+    /// Mutes or unmutes `type`, keeping its volume. Returns whether that changed anything.
+    @discardableResult
+    public func setMuted(_ muted: Bool, of type: SampleBufferType) -> Bool {
+        var level = level(of: type)
+        level.muted = muted
+        return set(level, of: type)
+    }
+
+    /// The factor for `type`'s samples now (session thread, per buffer: one atomic load).
+    func gain(of type: SampleBufferType) -> Float {
+        Float(bitPattern: gains[Self.slot(type)].load(ordering: .acquiring))
+    }
+}
+
+/// Which audio tracks the handler encodes, their stream indices, and which of them each output
+/// carries: worked out once at the start from the mode, the sources present and the outputs.
+struct AudioTrackLayout: Sendable {
+    enum Track: Sendable, Hashable {
+        case mix
+        case source(SampleBufferType)
+
+        /// The track's title in the containers that carry one.
+        func title(alone: Bool) -> String? {
+            switch self {
+            case .mix: alone ? nil : "Mix"
+            case .source(.audioApp): "Desktop audio"
+            case .source: "Microphone"
+            }
+        }
+    }
+
+    /// The tracks in stream order (after video): the mix first when there is one, then each source.
+    let tracks: [Track]
+
+    init(mode: AudioTrackMode, sources: [SampleBufferType], singleTrackOutputs: Bool) {
+        let sources = [SampleBufferType.audioMic, .audioApp].filter { sources.contains($0) }
+        var tracks: [Track] = []
+        // `separate` still encodes the mix when an output carries one audio track only (FLV).
+        if mode != .separate || singleTrackOutputs || sources.isEmpty { tracks.append(.mix) }
+        if mode != .mixed { tracks += sources.map(Track.source) }
+        self.tracks = tracks
+    }
+
+    /// The tracks `configuration` asks for.
+    init(_ configuration: EncodingConfiguration) {
+        self.init(
+            mode: configuration.audioTracks, sources: configuration.audioSources,
+            singleTrackOutputs: configuration.allOutputs.contains {
+                Self.formatName(of: $0.destination).map(Self.carriesOneAudioTrack) ?? false
+            })
+    }
+
+    var hasMix: Bool { tracks.first == .mix }
+
+    /// Whether an output in `formatName` (libavformat's muxer name) holds one audio track only.
+    static func carriesOneAudioTrack(formatName: String) -> Bool { formatName == "flv" }
+
+    /// The libavformat muxer an output writes, when it can be told.
+    static func formatName(of destination: OutputDestination) -> String? {
+        switch destination {
+        case .file(let path): try? Recording.container(for: path).formatName
+        case .live(let url): url.scheme.formatName
+        }
+    }
+
+    /// Of `tracks` (in stream order from `firstIndex`), those an output in `formatName` carries:
+    /// a one-track container the mix (the first track when there is no mix); any other every
+    /// track, but not a mix that `separate` encodes only for one-track outputs.
+    func carried(by formatName: String?, mode: AudioTrackMode) -> [Int] {
+        guard !tracks.isEmpty else { return [] }
+        if let formatName, Self.carriesOneAudioTrack(formatName: formatName) { return [0] }
+        if mode == .separate, hasMix, tracks.count > 1 { return Array(1..<tracks.count) }
+        return Array(tracks.indices)
+    }
+}
+
+/// One source's own track: its samples kept on their timestamps (an `AudioMixer` of one input,
+/// which absorbs timestamp jitter and fills gaps) and encoded by an encoder of its own.
+final class SourceTrack {
+    let type: SampleBufferType
+    let aligner: AudioMixer
+    let encoder: AudioEncoder
+
+    init(type: SampleBufferType, encoder: AudioEncoder) {
+        self.type = type
+        self.encoder = encoder
+        aligner = AudioMixer(
+            channelCount: encoder.settings.channels, sampleRate: encoder.settings.sampleRate, expectedInputs: 1)
+    }
+}
+
+extension EncodingConfiguration {
+    /// How many audio tracks the handler encodes (0 without audio): what the queues are sized for.
+    public var audioTrackCount: Int {
+        guard audio != nil else { return 0 }
+        return AudioTrackLayout(self).tracks.count
+    }
+}

@@ -1,0 +1,256 @@
+import Foundation
+import Testing
+
+/// `--audio-tracks`, per-source volume and mute, end to end: the real binary on the built-in test
+/// sources (a beep on each audio source with every white frame), files read back by ffprobe and
+/// ffmpeg, RTMP through the local nginx, mute through the daemon's control API.
+@Suite(.serialized) struct AudioTracksCLITests {
+    static let frame = 1.0 / 30
+
+    /// Titles of the audio streams of a file, in order (MP4/MOV: the handler name; MKV: the title).
+    static func audioTitles(_ path: String) throws -> [String?] {
+        let r = try run("/usr/bin/ffprobe", ["-v", "error", "-select_streams", "a", "-show_entries", "stream=index:stream_tags=title,handler_name", "-of", "json", path])
+        let json = try JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any]
+        return (json?["streams"] as? [[String: Any]] ?? []).map { stream in
+            let tags = stream["tags"] as? [String: Any] ?? [:]
+            return (tags["title"] ?? tags["handler_name"]) as? String
+        }
+    }
+
+    /// Each audio track's beeps against the white frames, within a frame, all through the file.
+    static func expectEveryTrackInSync(_ path: String, tracks: Int, atLeast: Int, sourceLocation: SourceLocation = #_sourceLocation) throws {
+        let flashes = try whiteFrameTimes(path)
+        #expect(flashes.count >= atLeast, "\(path): white frames at \(flashes)", sourceLocation: sourceLocation)
+        for track in 0..<tracks {
+            let beeps = try beepStartTimes(path, audioTrack: track)
+            #expect(beeps.count >= atLeast, "\(path) track \(track): beeps at \(beeps)", sourceLocation: sourceLocation)
+            for (flash, beep) in zip(flashes, beeps) {
+                #expect(abs(flash - beep) <= Self.frame, "\(path) track \(track): white frame at \(flash) s, beep at \(beep) s", sourceLocation: sourceLocation)
+            }
+        }
+    }
+
+    @Test(arguments: [("mp4", "separate"), ("mkv", "both"), ("ts", "both"), ("mov", "separate")])
+    func recordsATrackPerSourceTitledAndInSync(container: String, mode: String) throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let file = dir.path("tracks.\(container)")
+        let r = try broadcast([
+            "record", file, "--size", "320x180", "--audio-app", "test", "--audio-tracks", mode, "--duration", "5s", "--no-realtime", "--quiet",
+        ])
+        #expect(r.status == 0, "record failed: \(r.stderr)")
+        let titles = try Self.audioTitles(file)
+        let expected: [String?] = mode == "both" ? ["Mix", "Microphone", "Desktop audio"] : ["Microphone", "Desktop audio"]
+        if container == "ts" {
+            // MPEG-TS: FFmpeg's muxer writes no per-stream title; the tracks come in the same order.
+            #expect(titles.count == expected.count, "\(titles)")
+        } else {
+            #expect(titles == expected)
+        }
+        try expectDecodesCleanly(file)
+        try Self.expectEveryTrackInSync(file, tracks: expected.count, atLeast: 5)
+    }
+
+    /// `--mute-mic`: the microphone's track is silence from the start, the application's beeps.
+    @Test func startsMutedFromTheCommandLine() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let file = dir.path("muted.mkv")
+        let r = try broadcast([
+            "record", file, "--size", "320x180", "--audio-app", "test", "--audio-tracks", "separate", "--mute-mic", "--duration", "4s", "--no-realtime", "--quiet",
+        ])
+        #expect(r.status == 0, "record failed: \(r.stderr)")
+        #expect(try Self.maxVolume(file, audioTrack: 0) < -60, "the microphone's track is silence")
+        #expect(try Self.maxVolume(file, audioTrack: 1) > -10, "the application's beeps")
+        #expect(try beepStartTimes(file, audioTrack: 1).count >= 3)
+    }
+
+    /// The loudest sample of one audio track, in dBFS (ffmpeg's volumedetect; -91 for digital
+    /// silence); `from`/`to`: only that stretch (seconds of the file).
+    static func maxVolume(_ path: String, audioTrack: Int, from: Double? = nil, to: Double? = nil) throws -> Double {
+        let range = (from.map { ["-ss", "\($0)"] } ?? []) + (to.map { ["-to", "\($0)"] } ?? [])
+        let r = try run("/usr/bin/ffmpeg", ["-nostdin", "-hide_banner", "-nostats"] + range + ["-i", path, "-map", "0:a:\(audioTrack)", "-af", "volumedetect", "-f", "null", "-"])
+        let line = r.stderr.split(separator: "\n").first { $0.contains("max_volume: ") } ?? ""
+        let value = line.split(separator: "max_volume: ").last?.split(separator: " ").first
+        return try #require(value.flatMap { Double($0) }, "\(r.stderr)")
+    }
+
+    /// RTMP (FLV) carries one audio track: the server gets the mix, in sync, while the local
+    /// recording of the same encode has a track per source.
+    @Test func rtmpGetsTheMixWhileTheRecordingHasATrackPerSource() throws {
+        let server = try RTMPServer()
+        defer { server.cleanup() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let local = dir.path("local.mkv")
+        let r = try broadcast(
+            ["stream", "rtmp://127.0.0.1:\(server.port)/live/tracks", "--record", local, "--audio-app", "test", "--audio-tracks", "separate",
+             "--size", "320x180", "--preset", "ultrafast", "--video-bitrate", "1M", "--duration", "8s"],
+            timeout: 60)
+        #expect(r.status == 0, "stream failed: \(r.stderr.suffix(3000))")
+        server.stop()
+        let copy = try #require(server.recordings.first, "nginx recorded nothing")
+        #expect(try Self.audioTitles(copy).count == 1)
+        try Self.expectEveryTrackInSync(copy, tracks: 1, atLeast: 6)
+        #expect(try Self.audioTitles(local) == ["Microphone", "Desktop audio"])
+        try Self.expectEveryTrackInSync(local, tracks: 2, atLeast: 7)
+    }
+
+    /// SRT carries MPEG-TS, which holds every track: the receiver gets what was asked.
+    @Test func srtGetsEveryTrackAsked() throws {
+        let protocols = try run("/usr/bin/ffmpeg", ["-hide_banner", "-protocols"])
+        try #require(protocols.stdout.contains("srt"), "this ffmpeg has no SRT")
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let port = try freePort()
+        let received = dir.path("received.ts")
+        let receiver = try Child(
+            "/usr/bin/ffmpeg", ["-nostdin", "-v", "error", "-f", "mpegts", "-i", "srt://127.0.0.1:\(port)?mode=listener", "-map", "0", "-c", "copy", "-y", received])
+        usleep(1_000_000)
+        let r = try broadcast(
+            ["stream", "srt://127.0.0.1:\(port)?mode=caller", "--audio-app", "test", "--audio-tracks", "both",
+             "--size", "320x180", "--preset", "ultrafast", "--video-bitrate", "1M", "--duration", "6s"],
+            timeout: 60)
+        let rr = receiver.wait(timeout: 20)
+        #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(3000))")
+        #expect(try Self.audioTitles(received).count == 3, "receiver: \(rr.stderr)")
+        try Self.expectEveryTrackInSync(received, tracks: 3, atLeast: 4)
+    }
+
+    @Test(arguments: [
+        (["--audio-tracks", "stereo"], "invalid --audio-tracks 'stereo': accepted are mixed, separate and both"),
+        (["--mic-volume", "30dB"], "invalid --mic-volume '30dB': expected decibels from -60dB to +20dB"),
+        (["--app-volume", "loud"], "invalid --app-volume 'loud': expected decibels from -60dB to +20dB"),
+    ] as [([String], String)])
+    func badValuesExit2WithOneLine(arguments: [String], message: String) throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let r = try broadcast(["record", dir.path("x.mkv"), "--duration", "1s", "--no-realtime"] + arguments)
+        #expect(r.status == 2, "exit \(r.status): \(r.stderr)")
+        #expect(r.stderr.split(separator: "\n").count == 1, "one line: \(r.stderr)")
+        #expect(r.stderr.contains(message), "\(r.stderr)")
+        #expect(dir.contents.isEmpty)
+    }
+
+    /// `broadcast mute mic` while recording both tracks: answered with the state, an `audio` event,
+    /// the microphone's beeps end in its own track from then on, the application's track and the
+    /// mix go on beeping; unknown sources and actions are refused (exit 2, HTTP 400).
+    @Test func muteThroughTheControlAPISilencesThatSource() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        let file = dir.path("rec.mkv")
+        let config = """
+            [video]
+            size = "320x180"
+            [audio]
+            mic = "test"
+            app = "test"
+            app_volume = "-6dB"
+            [encoder]
+            audio_tracks = "both"
+            [control]
+            socket = "\(socket)"
+            [[output]]
+            name = "rec"
+            path = "\(file)"
+            """
+        let daemon = try spawnDaemon(config: config, in: dir)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        let up = try waitUntilRecording(socket)
+        #expect(up.contains("\"audio\":{\"mic\":{\"muted\":false,\"volume_db\":0},\"app\":{\"muted\":false,\"volume_db\":-6}}"), "\(up)")
+        let watcher = try #require(SocketConnection(socket))
+        watcher.send("GET /v1/events HTTP/1.1\r\n\r\n")
+        #expect(watcher.read(until: "event: state"), "\(watcher.text)")
+        // Media time before the request and after its answer: the mute lands between them.
+        func mediaSeconds() throws -> Double {
+            let r = try broadcast(["status", "--json", "--socket", socket])
+            let json = try JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any]
+            return try #require(json?["media_seconds"] as? Double, "\(r.stdout)")
+        }
+        var before = try mediaSeconds()
+        while before < 2.5 {
+            usleep(200_000)
+            before = try mediaSeconds()
+        }
+        let muted = try broadcast(["mute", "mic", "--socket", socket])
+        let after = try mediaSeconds()
+        #expect(muted.status == 0, "\(muted.stderr)")
+        #expect(muted.stdout.contains("\"mic\":{\"muted\":true"), "\(muted.stdout)")
+        #expect(watcher.read(until: "event: audio"), "\(watcher.text)")
+        #expect(watcher.text.contains("\"source\":\"mic\",\"state\":\"muted\""), "\(watcher.text)")
+
+        let wrongSource = try broadcast(["mute", "speaker", "--socket", socket])
+        #expect(wrongSource.status == 2, "\(wrongSource.stderr)")
+        #expect(wrongSource.stderr.contains("invalid source 'speaker': accepted are mic and app"), "\(wrongSource.stderr)")
+        #expect(SocketConnection.request(socket, "POST", "/v1/audio/speaker/mute") == 400)
+        #expect(SocketConnection.request(socket, "POST", "/v1/audio/mic/louder") == 400)
+        #expect(SocketConnection.request(socket, "GET", "/v1/audio/mic/mute") == 405)
+
+        // Three more beeps, then the end.
+        while try mediaSeconds() < after + 3.2 { usleep(200_000) }
+        let stopped = try broadcast(["stop", "--socket", socket])
+        #expect(stopped.status == 0, "\(stopped.stderr)")
+        let idle = try broadcast(["unmute", "mic", "--socket", socket])
+        #expect(idle.status == 1 && idle.stderr.contains("cannot unmute mic: no broadcast is running"), "\(idle.stderr)")
+        #expect(SocketConnection.request(socket, "POST", "/v1/audio/mic/unmute") == 409)
+
+        #expect(try Self.audioTitles(file) == ["Mix", "Microphone", "Desktop audio"])
+        let mix = try beepStartTimes(file, audioTrack: 0)
+        let mic = try beepStartTimes(file, audioTrack: 1)
+        let app = try beepStartTimes(file, audioTrack: 2)
+        // A beep is 50 ms: one that began before the answer may still sound after it.
+        #expect(mic.contains { $0 < before - 0.1 }, "the microphone beeped before the mute: \(mic)")
+        #expect(!mic.contains { $0 > after + 0.1 }, "the microphone beeped after the mute (answered at \(after) s): \(mic)")
+        #expect(app.filter { $0 > after + 0.1 }.count >= 2, "the application goes on: \(app)")
+        #expect(mix.filter { $0 > after + 0.1 }.count >= 2, "the mix goes on with the application: \(mix)")
+        // The mix: both sources before (0.5 + 0.25 at the beeps, about -2.5 dBFS), the application
+        // alone after (0.25, -12 dBFS).
+        let mixBefore = try Self.maxVolume(file, audioTrack: 0, to: before - 0.1)
+        let mixAfter = try Self.maxVolume(file, audioTrack: 0, from: after + 0.1)
+        #expect(mixBefore > -5 && mixAfter < -9 && mixAfter > -15, "the mix peaks at \(mixBefore) dBFS before the mute, \(mixAfter) after")
+    }
+
+    /// A source the broadcast does not have cannot be muted (400, one line); the status lists only
+    /// the sources there are.
+    @Test func anAbsentSourceIsRefused() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        let (daemon, _) = try launchDaemon(dir, outputs: "[[output]]\nname = \"rec\"\npath = \"\(dir.path("rec.mkv"))\"\n")
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        let up = try waitUntilRecording(socket)
+        #expect(up.contains("\"audio\":{\"mic\":{\"muted\":false,\"volume_db\":0}}"), "\(up)")
+        let r = try broadcast(["mute", "app", "--socket", socket])
+        #expect(r.status == 1 && r.stderr.contains("cannot mute app: the broadcast has no app audio"), "\(r.stderr)")
+        #expect(SocketConnection.request(socket, "POST", "/v1/audio/app/mute") == 400)
+    }
+
+    /// A reload applies a changed `mic_mute`/`app_volume` at once; a level it does not change stays
+    /// as the control API left it.
+    @Test func reloadAppliesChangedLevelsOnly() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        func config(_ audio: String) -> String {
+            ["[video]", "size = \"320x180\"", "[audio]", "mic = \"test\"", "app = \"test\"", audio,
+             "[control]", "socket = \"\(socket)\"", "[[output]]", "name = \"rec\"", "path = \"\(dir.path("rec.mkv"))\""].joined(separator: "\n")
+        }
+        let daemon = try spawnDaemon(config: config(""), in: dir)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        let up = try waitUntilRecording(socket)
+        #expect(up.contains("\"mic\":{\"muted\":false"), "\(up)")
+        func reload(_ audio: String) throws -> String {
+            try config(audio).write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
+            let r = try broadcast(["reload", "--socket", socket])
+            #expect(r.status == 0, "\(r.stderr)")
+            return try broadcast(["status", "--json", "--socket", socket]).stdout
+        }
+        let muted = try reload("mic_mute = true")
+        #expect(muted.contains("\"mic\":{\"muted\":true,\"volume_db\":0}"), "\(muted)")
+        let unmuted = try broadcast(["unmute", "mic", "--socket", socket])
+        #expect(unmuted.status == 0 && unmuted.stdout.contains("\"mic\":{\"muted\":false"), "\(unmuted.stdout)")
+        let other = try reload("mic_mute = true\napp_volume = -3")
+        #expect(other.contains("\"mic\":{\"muted\":false,\"volume_db\":0},\"app\":{\"muted\":false,\"volume_db\":-3}"), "\(other)")
+    }
+}
