@@ -1,5 +1,6 @@
 import BroadcastKit
 @testable import BroadcastMedia
+import Logging
 import Testing
 
 /// The compositor redraws what changed and nothing else (issue 26 item 3), and what it draws is
@@ -195,5 +196,79 @@ struct CompositorTests {
         try compositor.updateLayer(1, with: layer.captured(changed: nil), show: .picture)
         _ = try compositor.compose()
         #expect(Self.luma(compositor) == shown, "back")
+    }
+}
+
+/// A composite in a real session: a layer whose source fails while the base goes on.
+@Suite("Layered source in a session")
+struct LayeredSessionTests {
+    /// Pushes `frames` BGR0 frames of one colour as fast as they are taken, then ends or fails
+    /// (a device gone for good).
+    final class SolidSource: CaptureSource, @unchecked Sendable {
+        let name: String
+        let isRealtime = false
+        let frames: Int
+        let width: Int
+        let height: Int
+        let fails: Bool
+        private var thread: OSThread?
+        private let pixels: UnsafeMutableRawPointer
+        init(name: String, width: Int, height: Int, colour: UInt32, frames: Int, fails: Bool) {
+            (self.name, self.width, self.height, self.frames, self.fails) = (name, width, height, frames, fails)
+            pixels = .allocate(byteCount: width * height * 4, alignment: 64)
+            pixels.bindMemory(to: UInt32.self, capacity: width * height).update(repeating: colour, count: width * height)
+        }
+        deinit { pixels.deallocate() }
+        func start(into sink: SourceSink) throws {
+            let (frames, width, height, fails) = (self.frames, self.width, self.height, self.fails)
+            let plane = Plane(base: pixels, count: width * height * 4, bytesPerRow: width * 4)
+            thread = OSThread(name: "bc-test-solid") {
+                for index in 0..<frames {
+                    let buffer = CapturedBuffer(
+                        format: .video(VideoFormat(pixelFormat: .bgr0, width: width, height: height)),
+                        captureTime: sink.startTime + Int64(index) * 33_333_333, duration: MediaTime(value: 1, timescale: 30),
+                        planes: [plane])
+                    if !sink.push(buffer) { return }
+                }
+                if fails { sink.fail(BroadcastError(.sourceFailed, "the test layer is gone")) } else { sink.endOfStream() }
+            }
+        }
+        func stop() {
+            thread?.join()
+            thread = nil
+        }
+    }
+
+    /// Records the luma at one point of every video frame.
+    final class LumaProbe: BroadcastSampleHandler {
+        var lumas: [UInt8] = []
+        let x: Int, y: Int
+        init(x: Int, y: Int) { (self.x, self.y) = (x, y) }
+        func broadcastStarted(setupInfo: SetupInfo) throws {}
+        func processSampleBuffer(_ buffer: borrowing SampleBuffer, of type: SampleBufferType) throws {
+            guard type == .video else { return }
+            let (x, y) = (self.x, self.y)
+            lumas.append(buffer.withPlane(0) { bytes, bytesPerRow in bytes.unsafeLoad(fromByteOffset: y * bytesPerRow + x, as: UInt8.self) })
+        }
+        func broadcastFinished() {}
+    }
+
+    @Test func aLayerThatFailsIsHiddenAndTheBaseGoesOn() throws {
+        // A red screen of 60 frames; a green layer that gives 5 frames and fails.
+        let base = SolidSource(name: "screen", width: 160, height: 96, colour: 0x00ff_0000, frames: 60, fails: false)
+        let layer = SolidSource(name: "camera", width: 32, height: 32, colour: 0x0000_ff00, frames: 5, fails: true)
+        var placement = LayerPlacement()
+        (placement.x, placement.y, placement.width, placement.height) = (.pixels(100), .pixels(40), .pixels(32), .pixels(32))
+        let composite = LayeredVideoSource(
+            base: base, inputs: [layer], scenes: [.init(name: "default", layers: [.init(input: 0, placement: placement)])],
+            width: 160, height: 96, colour: nil, logger: Logger(label: "test"))
+        let probe = LumaProbe(x: 116, y: 56)
+        let session = BroadcastSession(handler: probe, sources: [(.video, composite)])
+        let summary = try session.run(setupInfo: [:])
+        #expect(summary.reason == .sourcesEnded, "\(summary.reason)")
+        #expect(probe.lumas.count == 60, "every base frame: \(probe.lumas.count)")
+        // Green (BT.601 limited: Y 145) while the layer shows; the red screen (Y 81) once it failed.
+        #expect(probe.lumas.contains { abs(Int($0) - 145) <= 3 }, "the layer was shown: \(probe.lumas)")
+        #expect(probe.lumas.suffix(20).allSatisfy { abs(Int($0) - 81) <= 3 }, "hidden after it failed: \(probe.lumas.suffix(20))")
     }
 }
