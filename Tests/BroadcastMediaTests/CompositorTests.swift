@@ -1,5 +1,7 @@
+import Atomics
 import BroadcastKit
 @testable import BroadcastMedia
+import Foundation
 import Logging
 import Testing
 
@@ -202,8 +204,20 @@ struct CompositorTests {
 /// A composite in a real session: a layer whose source fails while the base goes on.
 @Suite("Layered source in a session")
 struct LayeredSessionTests {
-    /// Pushes `frames` BGR0 frames of one colour as fast as they are taken, then ends or fails
-    /// (a device gone for good).
+    /// What the test's sources and handler tell each other (atomics: they run on three threads).
+    final class Steps: Sendable {
+        /// The layer handed over its first frame.
+        let layerStarted = ManagedAtomic(false)
+        /// The layer failed (after `sink.fail` returned).
+        let layerFailed = ManagedAtomic(false)
+        /// Frames the handler saw with the layer in them.
+        let layerSeen = ManagedAtomic(0)
+    }
+
+    /// A BGR0 source of one colour, as fast as it is taken. The base (`fails` false) waits for the
+    /// layer's first frame before its own, and for the layer's failure before its frame 40; the layer
+    /// fails once the handler saw it 3 times. So the layer is shown, then fails, then the base goes
+    /// on, in that order, whatever the threads' timing.
     final class SolidSource: CaptureSource, @unchecked Sendable {
         let name: String
         let isRealtime = false
@@ -211,26 +225,34 @@ struct LayeredSessionTests {
         let width: Int
         let height: Int
         let fails: Bool
+        let steps: Steps
         private var thread: OSThread?
         private let pixels: UnsafeMutableRawPointer
-        init(name: String, width: Int, height: Int, colour: UInt32, frames: Int, fails: Bool) {
-            (self.name, self.width, self.height, self.frames, self.fails) = (name, width, height, frames, fails)
+        init(name: String, width: Int, height: Int, colour: UInt32, frames: Int, fails: Bool, steps: Steps) {
+            (self.name, self.width, self.height, self.frames, self.fails, self.steps) = (name, width, height, frames, fails, steps)
             pixels = .allocate(byteCount: width * height * 4, alignment: 64)
             pixels.bindMemory(to: UInt32.self, capacity: width * height).update(repeating: colour, count: width * height)
         }
         deinit { pixels.deallocate() }
         func start(into sink: SourceSink) throws {
-            let (frames, width, height, fails) = (self.frames, self.width, self.height, self.fails)
+            let (frames, width, height, fails, steps) = (self.frames, self.width, self.height, self.fails, self.steps)
             let plane = Plane(base: pixels, count: width * height * 4, bytesPerRow: width * 4)
+            @Sendable func wait(_ condition: () -> Bool) { while !condition() && !sink.isStopping { usleep(500) } }
             thread = OSThread(name: "bc-test-solid") {
+                if !fails { wait { steps.layerStarted.load(ordering: .acquiring) } }
                 for index in 0..<frames {
+                    if !fails && index == 40 { wait { steps.layerFailed.load(ordering: .acquiring) } }
                     let buffer = CapturedBuffer(
                         format: .video(VideoFormat(pixelFormat: .bgr0, width: width, height: height)),
                         captureTime: sink.startTime + Int64(index) * 33_333_333, duration: MediaTime(value: 1, timescale: 30),
                         planes: [plane])
                     if !sink.push(buffer) { return }
+                    if fails { steps.layerStarted.store(true, ordering: .releasing) }
                 }
-                if fails { sink.fail(BroadcastError(.sourceFailed, "the test layer is gone")) } else { sink.endOfStream() }
+                guard fails else { return sink.endOfStream() }
+                wait { steps.layerSeen.load(ordering: .acquiring) >= 3 }
+                sink.fail(BroadcastError(.sourceFailed, "the test layer is gone"))
+                steps.layerFailed.store(true, ordering: .releasing)
             }
         }
         func stop() {
@@ -243,32 +265,36 @@ struct LayeredSessionTests {
     final class LumaProbe: BroadcastSampleHandler {
         var lumas: [UInt8] = []
         let x: Int, y: Int
-        init(x: Int, y: Int) { (self.x, self.y) = (x, y) }
+        let steps: Steps
+        init(x: Int, y: Int, steps: Steps) { (self.x, self.y, self.steps) = (x, y, steps) }
         func broadcastStarted(setupInfo: SetupInfo) throws {}
         func processSampleBuffer(_ buffer: borrowing SampleBuffer, of type: SampleBufferType) throws {
             guard type == .video else { return }
             let (x, y) = (self.x, self.y)
-            lumas.append(buffer.withPlane(0) { bytes, bytesPerRow in bytes.unsafeLoad(fromByteOffset: y * bytesPerRow + x, as: UInt8.self) })
+            let luma = buffer.withPlane(0) { bytes, bytesPerRow in bytes.unsafeLoad(fromByteOffset: y * bytesPerRow + x, as: UInt8.self) }
+            lumas.append(luma)
+            if abs(Int(luma) - 145) <= 3 { steps.layerSeen.wrappingIncrement(ordering: .releasing) }
         }
         func broadcastFinished() {}
     }
 
     @Test func aLayerThatFailsIsHiddenAndTheBaseGoesOn() throws {
         // A red screen of 60 frames; a green layer that gives 5 frames and fails.
-        let base = SolidSource(name: "screen", width: 160, height: 96, colour: 0x00ff_0000, frames: 60, fails: false)
-        let layer = SolidSource(name: "camera", width: 32, height: 32, colour: 0x0000_ff00, frames: 5, fails: true)
+        let steps = Steps()
+        let base = SolidSource(name: "screen", width: 160, height: 96, colour: 0x00ff_0000, frames: 60, fails: false, steps: steps)
+        let layer = SolidSource(name: "camera", width: 32, height: 32, colour: 0x0000_ff00, frames: 5, fails: true, steps: steps)
         var placement = LayerPlacement()
         (placement.x, placement.y, placement.width, placement.height) = (.pixels(100), .pixels(40), .pixels(32), .pixels(32))
         let composite = LayeredVideoSource(
             base: base, inputs: [layer], scenes: [.init(name: "default", layers: [.init(input: 0, placement: placement)])],
             width: 160, height: 96, colour: nil, logger: Logger(label: "test"))
-        let probe = LumaProbe(x: 116, y: 56)
+        let probe = LumaProbe(x: 116, y: 56, steps: steps)
         let session = BroadcastSession(handler: probe, sources: [(.video, composite)])
         let summary = try session.run(setupInfo: [:])
         #expect(summary.reason == .sourcesEnded, "\(summary.reason)")
         #expect(probe.lumas.count == 60, "every base frame: \(probe.lumas.count)")
         // Green (BT.601 limited: Y 145) while the layer shows; the red screen (Y 81) once it failed.
-        #expect(probe.lumas.contains { abs(Int($0) - 145) <= 3 }, "the layer was shown: \(probe.lumas)")
+        #expect(probe.lumas.prefix(3).allSatisfy { abs(Int($0) - 145) <= 3 }, "the layer was shown: \(probe.lumas)")
         #expect(probe.lumas.suffix(20).allSatisfy { abs(Int($0) - 81) <= 3 }, "hidden after it failed: \(probe.lumas.suffix(20))")
     }
 }
