@@ -377,6 +377,10 @@ final class BroadcastController: Sendable {
         var sourceSettings: SourceSettings
         /// The sizes the memory budget gave; outputs added by SIGHUP get them too.
         let memoryPlan: MemoryPlan
+        /// The composite picture, when the video has layers or scenes (a reload does not replace
+        /// it: a change of layers waits for the next start). Kept here so reads (status, events,
+        /// metrics) never go through the session's source list, which a swap holds.
+        var composite: LayeredVideoSource?
         /// The audio sources' volumes and mutes (`POST /v1/audio/...`), and which sources there are.
         var audioControl: AudioSourceControl? = nil
         var audioSources: [SampleBufferType] = []
@@ -480,6 +484,7 @@ final class BroadcastController: Sendable {
         var withAudio = running
         withAudio.audioControl = handler.audioControl
         withAudio.audioSources = assembly.configuration.audioSources
+        withAudio.composite = captureSources.lazy.compactMap { $0.source as? LayeredVideoSource }.first
         state.withLock { $0.running = withAudio }
         failure.withLock { $0 = nil }
         logger.notice("broadcast started: \(outputs.map(\.name).joined(separator: ", "))")
@@ -504,7 +509,7 @@ final class BroadcastController: Sendable {
     /// The running broadcast's composite picture, when it has layers (see `DaemonScenes`).
     func runningComposite() -> LayeredVideoSource? {
         guard let running = state.withLock({ $0.running }), running.session.state != .finished else { return nil }
-        return running.session.currentSources.lazy.compactMap { $0.source as? LayeredVideoSource }.first
+        return running.composite
     }
 
     /// Mutes or unmutes an audio source (`mic`, `app`) of the running broadcast, from its next

@@ -65,7 +65,7 @@ struct SourceReload {
             let was = Self.spec(running, type), now = Self.spec(fresh, type)
             guard was != now else { continue }
             let sameDevice = Self.device(running, type).map { $0 == Self.device(fresh, type) } ?? false
-            if type == .video && !(running.layers + running.scenes.flatMap(\.layers) + fresh.layers + fresh.scenes.flatMap(\.layers)).isEmpty {
+            if type == .video && (!(running.layers + fresh.layers).isEmpty || !(running.scenes + fresh.scenes).isEmpty) {
                 // A composite holds its layers' devices: a new one would find them busy.
                 deferred.append("\(Self.key(type)) \(was) → \(now): a picture with layers is rebuilt only at the next start")
             } else if type == .video && geometryChanged {
