@@ -75,6 +75,18 @@ let package = Package(
         // The executable's first moments (.preinit_array): the handled signals blocked before any
         // library initializer runs.
         .target(name: "CProcessShim", path: "Sources/CProcessShim"),
+        // WHIP: GStreamer's webrtcbin (WebRTC, not ours) and libcurl (HTTP), behind one shim that
+        // only BroadcastWebRTC links.
+        systemLibrary(
+            "CGStreamerWebRTC", pkgConfig: "gstreamer-webrtc-1.0",
+            apt: ["libgstreamer1.0-dev", "libgstreamer-plugins-bad1.0-dev", "libgstreamer-plugins-base1.0-dev"]
+        ),
+        systemLibrary("CCurl", pkgConfig: "libcurl", apt: ["libcurl4-gnutls-dev"]),
+        .target(
+            name: "CWebRTCShim", dependencies: ["CGStreamerWebRTC", "CCurl"], path: "Sources/CWebRTCShim",
+            linkerSettings: ["gstwebrtc-1.0", "gstapp-1.0", "gstsdp-1.0", "gstbase-1.0", "gstreamer-1.0", "gobject-2.0", "glib-2.0", "curl"]
+                .map { .linkedLibrary($0) }
+        ),
 
         .target(
             name: "BroadcastKit",
@@ -112,6 +124,12 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // The WHIP output's WebRTC engine (GStreamerWebRTC): the one Swift target linking GStreamer.
+        .target(
+            name: "BroadcastWebRTC",
+            dependencies: ["BroadcastKit", "BroadcastMedia", "BroadcastOutputs", "CWebRTCShim"],
+            swiftSettings: swiftSettings
+        ),
         .target(
             name: "BroadcastService",
             dependencies: [
@@ -133,6 +151,7 @@ let package = Package(
             name: "BroadcastDaemon",
             dependencies: [
                 "BroadcastKit", "BroadcastCapture", "BroadcastMedia", "BroadcastOutputs", "BroadcastService",
+                "BroadcastWebRTC",
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),

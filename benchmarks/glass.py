@@ -150,6 +150,63 @@ class Reader:
         time.sleep(WARMUP_S + seconds)
 
 
+class WHIPReader:
+    """The WebRTC viewer: scripts/whip-endpoint.py (aiortc, decoding with FFmpeg) as the WHIP endpoint
+    broadcast publishes to, writing each decoded frame's barcode band, stamped as decoded, to a FIFO."""
+
+    def __init__(self, args, port):
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self.fifo = os.path.join(args.work, f"band-{port}")
+        os.mkfifo(self.fifo)
+        self.samples = []
+        self.unreadable = 0
+        self.proc = subprocess.Popen(
+            [args.whip_python, os.path.join(root, "scripts", "whip-endpoint.py"), "--port", str(port),
+             "--band-out", self.fifo, "--band-rows", str(BAND_H)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+        def run():
+            seen = set()
+            record = 8 + W * BAND_H
+            with open(self.fifo, "rb", buffering=0) as f:
+                buf = bytearray()
+                while True:
+                    chunk = f.read(record - len(buf))
+                    if not chunk:
+                        return
+                    buf += chunk
+                    if len(buf) < record:
+                        continue
+                    now = int.from_bytes(buf[:8], "little")
+                    value = decode(bytes(buf[8:]))
+                    buf = bytearray()
+                    if value is None:
+                        self.unreadable += 1
+                        continue
+                    if value in seen:
+                        continue
+                    seen.add(value)
+                    latency_units = ((now // 100_000) - value) % (1 << 32)
+                    self.samples.append((now, latency_units / 10.0 + (now % 100_000) / 1e6))
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()  # opens the FIFO, which the endpoint waits for before it listens
+        self.proc.stdout.readline()  # "listening"
+
+    collect = Reader.collect
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.thread.join(timeout=5)
+        first = self.samples[0][0] if self.samples else 0
+        return [s for s in self.samples if s[0] - first > WARMUP_S * 1e9]
+
+
 def publisher(side, args, display, url, fps):
     if side.startswith("broadcast"):
         exe = args.broadcast_before if side == "broadcast-before" else args.broadcast
@@ -174,6 +231,11 @@ def run_one(side, args, display, nginx, fps, index, env):
         reader.collect(args.seconds)
         return reader.stop(), None
     url = f"{nginx.url}/{side.replace('+', '-')}{fps}x{index}"
+    whip = None
+    if side == "broadcast-whip":
+        port = nginx.port + 1000 + index
+        whip = WHIPReader(args, port)
+        url = f"whip+http://127.0.0.1:{port}/whip/glass{fps}x{index}"
     pub_env = dict(env)
     stages = None
     if side.startswith("broadcast") and args.stages:
@@ -184,7 +246,7 @@ def run_one(side, args, display, nginx, fps, index, env):
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=pub_env)
     time.sleep(1.0)
     # With audio in the stream FLV's streams appear as their packets do: probe long enough to see video.
-    reader = Reader(["-analyzeduration", "3000000" if "+a" in side else "500000", "-i", url])
+    reader = whip or Reader(["-analyzeduration", "3000000" if "+a" in side else "500000", "-i", url])
     reader.collect(args.seconds)
     samples = reader.stop()
     pub.send_signal(signal.SIGINT)
@@ -251,6 +313,10 @@ def main():
     p.add_argument("--audio-periods", default="", help="e.g. 10ms,21ms: also run broadcast with the test tone as its "
                    "microphone in periods of that length (a video frame waits for the audio period it falls in)")
     p.add_argument("--out", default="out/glass")
+    p.add_argument("--whip", action="store_true", help="also broadcast through WHIP (WebRTC) to an aiortc viewer "
+                   "(scripts/whip-endpoint.py), beside RTMP")
+    p.add_argument("--whip-python", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                   ".build", "whip-venv", "bin", "python"), help="a python with aiortc and aiohttp (the tests' virtualenv)")
     p.add_argument("--rigs", default="default,quickack", help="default: loopback as it is; quickack: a private "
                    "network namespace whose loopback ACKs at once")
     p.add_argument("--in-netns", action="store_true", help=argparse.SUPPRESS)
@@ -280,6 +346,8 @@ def main():
                 cmd += ["--broadcast-before", args.broadcast_before]
             if args.stages:
                 cmd += ["--stages"]
+            if args.whip:
+                cmd += ["--whip", "--whip-python", args.whip_python]
             subprocess.run(cmd, check=True)
             with open(os.path.join(sub, "glass.md")) as f:
                 tables.append(("quick ACKs (private network namespace, loopback route quickack 1)", f.read()))
@@ -306,6 +374,7 @@ def run_rig(args):
             time.sleep(1)
             for fps in [int(f) for f in args.fps.split(",")]:
                 sides = ((["broadcast-before"] if args.broadcast_before else []) + ["broadcast"]
+                         + (["broadcast-whip"] if args.whip else [])
                          + [f"broadcast+a{p}" for p in args.audio_periods.split(",") if p] + ["ffmpeg"]
                          + (["ffmpeg+a"] if args.audio_periods else []) + ["floor"])
                 got = {side: [] for side in sides}
@@ -344,7 +413,8 @@ def run_rig(args):
              "| fps | who | frames | p50 ms | p90 | p99 | max | arrival gaps > 1.8 periods | held, released with the next |",
              "|---|---|---|---|---|---|---|---|---|"]
     for fps, r in results.items():
-        labelled = ([("broadcast-before", "broadcast (before)"), ("broadcast", "broadcast")]
+        labelled = ([("broadcast-before", "broadcast (before)"), ("broadcast", "broadcast (RTMP, ffmpeg reader)"),
+                     ("broadcast-whip", "broadcast (WHIP, aiortc viewer)")]
                     + [(side, f"broadcast + tone in {side.split('+a', 1)[1]} periods") for side in r if side.startswith("broadcast+a")]
                     + [("ffmpeg", "ffmpeg x11grab"), ("ffmpeg+a", "ffmpeg x11grab + sine (AAC)"),
                        ("floor", "floor (reader grabs the screen)")])

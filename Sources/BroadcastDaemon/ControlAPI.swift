@@ -114,6 +114,16 @@ struct MetricsFigures {
         var reconnects: Int
         var drops: [(reason: String, count: Int)]
         var replay: ReplayStatistics?
+        /// WHIP outputs: what the viewer's RTCP says.
+        var webRTC: WebRTCFigures? = nil
+    }
+
+    /// A WHIP output's RTCP figures (nil: no receiver report yet).
+    struct WebRTCFigures {
+        var roundTripSeconds: Double?
+        var packetsLost: Int?
+        var fractionLost: Double?
+        var keyframeRequests: Int
     }
 
     var uptimeSeconds: Double
@@ -248,6 +258,12 @@ public final class DaemonMetrics: Sendable {
                 gauge("broadcast_output_up", ["live", "recording"].contains(o.state) && !o.paused ? 1 : 0, output, into: &now)
                 for (reason, count) in o.drops {
                     counter("broadcast_output_dropped_packets_total", count, output + [("reason", reason)], of: owner, last: last, into: &now)
+                }
+                if let w = o.webRTC {
+                    if let rtt = w.roundTripSeconds { gauge("broadcast_output_round_trip_seconds", rtt, output, into: &now) }
+                    if let lost = w.packetsLost { gauge("broadcast_output_packets_lost", Double(lost), output, into: &now) }
+                    if let fraction = w.fractionLost { gauge("broadcast_output_fraction_lost", fraction, output, into: &now) }
+                    counter("broadcast_output_keyframe_requests_total", w.keyframeRequests, output, of: owner, last: last, into: &now)
                 }
                 if let r = o.replay {
                     gauge("broadcast_replay_buffered_seconds", r.bufferedSeconds, output, into: &now)

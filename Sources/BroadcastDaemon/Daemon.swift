@@ -611,7 +611,7 @@ final class BroadcastController: Sendable {
                 configuration.hookTimeout = output.hookTimeout
                 return configuration
             case .live(let url):
-                let destination = try OutputDestination.parse(url)
+                let destination = try OutputDestination.parse(url).withWHIPToken(output.token)
                 // The config check refuses this; a file made of a URL without a scheme never is.
                 guard destination.isLive else { throw BroadcastError(.invalidArgument, "output \(output.name): url is not a stream URL (no scheme)") }
                 var live = LiveStreamSettings()
@@ -820,9 +820,29 @@ final class BroadcastController: Sendable {
                 serial: output.serial, name: o.name, kind: o.isLive ? "live" : output.isReplay ? "replay" : "recording", state: "\(o.state)",
                 paused: output.isPaused, bytes: Int(o.bytesSent), bitrate: o.bitrate, backlogMilliseconds: o.backlogMilliseconds,
                 reconnects: o.reconnects, drops: o.drops.sorted { $0.key.rawValue < $1.key.rawValue }.map { ("\($0.key)", $0.value) },
-                replay: output.replayStatistics())
+                replay: output.replayStatistics(),
+                webRTC: o.keyframeRequests.map {
+                    .init(roundTripSeconds: o.roundTripMilliseconds.map { $0 / 1000 }, packetsLost: o.packetsLost, fractionLost: o.fractionLost, keyframeRequests: $0)
+                })
         }
         return figures
+    }
+
+    /// A WHIP output's RTCP figures for the status: round-trip time, packets lost (cumulative) and
+    /// the fraction lost in the viewer's last report, its keyframe requests. None for other outputs.
+    static func webRTCFields(_ o: OutputStatistics) -> [(String, JSONValue)] {
+        guard let requests = o.keyframeRequests else { return [] }
+        return [
+            (
+                "webrtc",
+                .object([
+                    ("round_trip_ms", o.roundTripMilliseconds.map(JSONValue.number) ?? .null),
+                    ("packets_lost", o.packetsLost.map { .number(Double($0)) } ?? .null),
+                    ("fraction_lost", o.fractionLost.map(JSONValue.number) ?? .null),
+                    ("keyframe_requests", .number(Double(requests))),
+                ])
+            )
+        ]
     }
 
     /// The state events are made of, read from the session's and outputs' atomics.
@@ -936,7 +956,7 @@ final class BroadcastController: Sendable {
                 ("reconnects", .number(Double(o.reconnects))),
                 ("drops", .object(drops)),
                 ("error", o.lastError.map(JSONValue.string) ?? .null),
-            ] + Self.replayFields(output)
+            ] + Self.replayFields(output) + Self.webRTCFields(o)
             return .object(fields)
         }
         let fps = elapsed > 0 ? (Double(encoding.videoFramesEncoded) / elapsed * 10).rounded() / 10 : 0

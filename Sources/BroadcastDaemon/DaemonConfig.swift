@@ -62,6 +62,8 @@ public struct DaemonConfiguration: Sendable {
         public var hookTimeout: Duration = FileFinishedHook.defaultTimeout
         /// rtmps://: how the server's certificate is checked (tls_verify, tls_ca).
         public var tls = TLSVerification()
+        /// whip+https://: the bearer token (`token = "${WHIP_TOKEN}"`), a secret like a stream key.
+        public var token: String? = nil
     }
 
     public var file: String
@@ -143,14 +145,14 @@ public struct DaemonConfiguration: Sendable {
     }
     static let controlKeys = ["socket", "socket_mode", "socket_group", "tcp", "token"]
     static let daemonKeys = ["autostart"]
-    static let outputKeys = ["name", "path", "url", "segment", "retain_for", "retain_bytes", "overwrite", "replay", "max_memory", "on_file_finished", "hook_timeout", "tls_ca", "tls_verify"]
+    static let outputKeys = ["name", "path", "url", "segment", "retain_for", "retain_bytes", "overwrite", "replay", "max_memory", "on_file_finished", "hook_timeout", "tls_ca", "tls_verify", "token"]
     static let tables = ["video", "audio", "encoder", "setup", "control", "daemon", "limits", "output", "scenes"]
 
     /// The live outputs' URLs (their secrets are scrubbed from FFmpeg's log).
     public var streamURLs: [StreamURL] {
         outputs.compactMap { output -> StreamURL? in
             guard case .live(let url) = output.kind else { return nil }
-            return try? StreamURL(url)
+            return try? StreamURL(url).withToken(output.token)
         }
     }
 
@@ -285,6 +287,7 @@ public struct DaemonConfiguration: Sendable {
                 (nil, nil, nil, table.line, nil, nil, nil)
             var extra = ReplayKeys()
             var tlsKeys = TLSKeys()
+            var whipToken: (value: String, line: Int)?
             for key in table.keys {
                 let entry = table.entries[key]!
                 let dotted = "\(tableName).\(key)"
@@ -374,6 +377,8 @@ public struct DaemonConfiguration: Sendable {
                         try readReplayKey(key, entry, into: &extra, environment: environment)
                     case "tls_ca", "tls_verify":
                         try readTLSKey(key, entry, into: &tlsKeys, environment: environment)
+                    case "token":
+                        whipToken = (try string(entry, key: dotted, environment: environment), entry.line)
                     default:
                         throw unknownKey(dotted, entry.line, known: Self.outputKeys, table: "[output]")
                     }
@@ -426,6 +431,12 @@ public struct DaemonConfiguration: Sendable {
                 var made = Output(name: name, kind: kind, line: table.line, segment: output.segment, retainFor: output.retainFor, retainBytes: output.retainBytes, overwrite: overwrite)
                 try applyReplayKeys(extra, to: &made)
                 try applyTLSKeys(tlsKeys, to: &made)
+                if let whipToken {
+                    guard case .live(let url) = kind, (try? OutputDestination.parse(url))?.isWHIP == true else {
+                        throw error(whipToken.line, "output.token", "token applies to whip+https:// (whip+http://) outputs, not to \"\(name)\"")
+                    }
+                    made.token = whipToken.value
+                }
                 outputs.append(made)
             }
         }

@@ -3,6 +3,7 @@ public import BroadcastKit
 public import BroadcastMedia
 public import BroadcastOutputs
 import BroadcastService
+import BroadcastWebRTC
 
 /// How to encode, typed: what record's and stream's --video-bitrate, --preset, ... and the daemon
 /// config's [encoder] table say, each parsed by its `Options` spec.
@@ -89,6 +90,7 @@ public struct EncoderSettings: Sendable, Hashable {
         configuration.audioSources = sources.map(\.type).filter(\.isAudio)
         configuration.audioLevels = [.audioMic: micLevel, .audioApp: appLevel]
         configuration.video?.colour = SourceSettings.videoColour(sources)
+        configuration.webRTC = GStreamerWebRTC()
         try configuration.validate()
         return try MemoryBudgeting.plan(configuration, budget: budget, sources: sources, replayLimitsSet: replayLimitsSet)
     }

@@ -53,6 +53,9 @@ public final class AudioEncoder {
     private let channelPointers: UnsafeMutablePointer<UnsafeMutableRawPointer?>
     /// A frame of silence, written in pieces to fill a gap.
     private let silence: PlanarStorage
+    /// For an encoder of interleaved samples: the planar frame read from the FIFO before it is
+    /// interleaved into `frame`. nil: the encoder takes planar samples, read straight into `frame`.
+    private let planar: PlanarStorage?
     /// What an error says the encoder was doing (made once, not per call).
     private let encoding: String
     public private(set) var framesEncoded = 0
@@ -72,18 +75,22 @@ public final class AudioEncoder {
             throw FFmpegError(code: CBroadcastShimBridge.encoderNotFound, operation: what)
         }
         var takesPlanarFloat = false
+        var takesFloat = false
         if var format = codec.pointee.sample_fmts {
             while format.pointee != AV_SAMPLE_FMT_NONE {
                 if format.pointee == AV_SAMPLE_FMT_FLTP { takesPlanarFloat = true }
+                if format.pointee == AV_SAMPLE_FMT_FLT { takesFloat = true }
                 format += 1
             }
         }
-        guard takesPlanarFloat else {
-            throw FFmpegError.invalidArgument("\(settings.encoder) does not take planar float samples", what)
+        // Planar float as the mixer makes it; or interleaved float (libopus), interleaved per frame.
+        guard takesPlanarFloat || takesFloat else {
+            throw FFmpegError.invalidArgument("\(settings.encoder) does not take float samples", what)
         }
+        let sampleFormat = takesPlanarFloat ? AV_SAMPLE_FMT_FLTP : AV_SAMPLE_FMT_FLT
         let context = try CodecContext(codec: codec)
         let c = context.pointer
-        c.pointee.sample_fmt = AV_SAMPLE_FMT_FLTP
+        c.pointee.sample_fmt = sampleFormat
         c.pointee.sample_rate = Int32(settings.sampleRate)
         av_channel_layout_default(&c.pointee.ch_layout, Int32(settings.channels))
         c.pointee.bit_rate = Int64(settings.bitrate)
@@ -108,11 +115,12 @@ public final class AudioEncoder {
         let frame = try Frame()
         let f = frame.pointer
         f.pointee.nb_samples = Int32(frameSize)
-        f.pointee.format = AV_SAMPLE_FMT_FLTP.rawValue
+        f.pointee.format = sampleFormat.rawValue
         f.pointee.sample_rate = c.pointee.sample_rate
         try check(av_channel_layout_copy(&f.pointee.ch_layout, &c.pointee.ch_layout), what)
         try check(av_frame_get_buffer(f, 0), what)
         self.frame = frame
+        self.planar = takesPlanarFloat ? nil : PlanarStorage(channels: settings.channels, capacity: frameSize)
         self.channelPointers = .allocate(capacity: settings.channels)
         self.channelPointers.initialize(repeating: nil, count: settings.channels)
         self.silence = PlanarStorage(channels: settings.channels, capacity: frameSize)
@@ -236,9 +244,20 @@ public final class AudioEncoder {
             to: UnsafeMutableRawPointer?.self)
         if length > samples {
             av_samples_set_silence(
-                f.pointee.extended_data, 0, Int32(length), c.pointee.ch_layout.nb_channels, AV_SAMPLE_FMT_FLTP)
+                f.pointee.extended_data, 0, Int32(length), c.pointee.ch_layout.nb_channels, c.pointee.sample_fmt)
         }
-        try check(av_audio_fifo_read(fifo.pointer, data, Int32(samples)), what())
+        if let planar {
+            let channels = settings.channels
+            for ch in 0..<channels { channelPointers[ch] = UnsafeMutableRawPointer(planar.channel(ch).baseAddress!) }
+            try check(av_audio_fifo_read(fifo.pointer, channelPointers, Int32(samples)), what())
+            let out = UnsafeMutableRawPointer(f.pointee.data.0!).assumingMemoryBound(to: Float.self)
+            for ch in 0..<channels {
+                let lane = planar.channel(ch)
+                for i in 0..<samples { out[i * channels + ch] = lane[i] }
+            }
+        } else {
+            try check(av_audio_fifo_read(fifo.pointer, data, Int32(samples)), what())
+        }
         f.pointee.pts = fifoStart!
         fifoStart! += Int64(samples)
         framesEncoded += 1

@@ -52,6 +52,12 @@ public final class CodecParameters: @unchecked Sendable {
     public var bitRate: Int64 { pointer.pointee.bit_rate }
     /// Codec-level header (SPS/PPS, AudioSpecificConfig) when the encoder wrote a global header.
     public var hasExtradata: Bool { pointer.pointee.extradata_size > 0 }
+    /// The codec-level header's bytes (H.264: SPS/PPS as libx264 writes them, Annex B); empty
+    /// without a global header.
+    public var extradata: [UInt8] {
+        guard let data = pointer.pointee.extradata, pointer.pointee.extradata_size > 0 else { return [] }
+        return Array(UnsafeBufferPointer(start: data, count: Int(pointer.pointee.extradata_size)))
+    }
 }
 
 /// One stream as an encoder produces it: its parameters and the time base of its packets.

@@ -24,6 +24,8 @@ public struct EncodingConfiguration: Sendable {
     public var outputs: [OutputConfiguration]
     /// cfr unless set; vfr is refused with a live output.
     public var frameRateMode: FrameRateMode = .cfr
+    /// WebRTC for whip+https:// outputs (BroadcastWebRTC's `GStreamerWebRTC`); nil: refused.
+    public var webRTC: (any WebRTCEngine)? = nil
     /// One mixed audio track (the default), one per source, or both (see `AudioTrackMode`).
     public var audioTracks: AudioTrackMode = .mixed
     /// The audio sources the broadcast has (a track each in `separate` and `both`).
@@ -61,6 +63,7 @@ public struct EncodingConfiguration: Sendable {
                 "frame rate mode vfr is for files only: the live output \(live.destination) needs a constant frame rate (cfr)")
         }
         for output in allOutputs {
+            if let problem = webRTCProblem(output.destination) { throw BroadcastError(.invalidArgument, problem) }
             if case .file(let path) = output.destination {
                 guard output.replay != nil else {
                     try Recording.validate(path: path, overwrite: output.overwrite)
@@ -77,6 +80,26 @@ public struct EncodingConfiguration: Sendable {
             }
         }
         try OutputConfiguration.checkDistinctFiles(allOutputs)
+    }
+
+    /// Why a WHIP output cannot take this encode, or nil (also nil for other outputs): WebRTC
+    /// needs H.264 without B-frames (zerolatency) and 48 kHz audio for Opus.
+    func webRTCProblem(_ destination: OutputDestination) -> String? {
+        guard case .live(let url) = destination, url.scheme.isWHIP else { return nil }
+        if webRTC == nil { return "\(url.redacted): this build has no WebRTC (GStreamer's webrtcbin) for WHIP outputs" }
+        if let video {
+            if !video.encoder.contains("264") { return "\(url.redacted): WHIP sends H.264, not \(video.encoder)" }
+            if video.tune != "zerolatency" {
+                return "\(url.redacted): WebRTC takes no B-frames: the encoder needs --tune zerolatency (the default), not \(video.tune ?? "none")"
+            }
+        }
+        if audio != nil, audioTracks == .separate {
+            return "\(url.redacted): WHIP sends the mix (in Opus): --audio-tracks mixed or both, not separate"
+        }
+        if let audio, audio.sampleRate != 48_000 {
+            return "\(url.redacted): WebRTC's Opus audio needs 48 kHz, not \(audio.sampleRate) Hz"
+        }
+        return nil
     }
 }
 
@@ -137,6 +160,8 @@ public final class EncodingHandler: BroadcastSampleHandler {
 
     private var videoEncoder: VideoEncoder?
     private var audioEncoder: AudioEncoder?
+    /// Opus for WHIP outputs, beside the AAC the others get: made when the first WHIP output is.
+    private var opusEncoder: AudioEncoder?
     private var mixer: AudioMixer?
     /// `separate`/`both`: each source's own track.
     private var sourceTracks: [SourceTrack] = []
@@ -222,7 +247,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
         let globalHeader = configuration.allOutputs.contains {
             switch $0.destination {
             case .file(let path): (try? Recording.container(for: path).needsGlobalHeader) ?? false
-            case .live(let url): Muxer.formatNeedsGlobalHeader(formatName: url.scheme.formatName) ?? false
+            case .live(let url): !url.scheme.isWHIP && Muxer.formatNeedsGlobalHeader(formatName: url.scheme.formatName) ?? false
             }
         }
         var streams: [StreamDescription] = []
@@ -290,11 +315,29 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 output: output, recording: recording, hasVideo: videoEncoder != nil, streams: streams,
                 segments: output.configuration.segments, manifest: output.configuration.manifest,
                 joinsRunningBroadcast: joining, logger: logger)
+        case .live(let url) where url.scheme.isWHIP:
+            if let problem = configuration.webRTCProblem(output.destination) { throw BroadcastError(.outputFailed, problem) }
+            var whipStreams = streams.filter { $0.parameters.mediaType == .video }
+            if let opus = try opusStream() { whipStreams.append(opus) }
+            return WHIPWorker(output: output, url: url, streams: whipStreams, engine: configuration.webRTC!, logger: logger)
         case .live(let url):
             let audioTracks = streams.filter { $0.parameters.mediaType == .audio }.count
             let totalBitrate = (configuration.video?.bitrate ?? 0) + (configuration.audio?.bitrate ?? 0) * audioTracks
             return LiveStreamWorker(output: output, url: url, streams: streams, totalBitrate: totalBitrate, logger: logger)
         }
+    }
+
+    /// The Opus stream WHIP outputs get, its encoder made the first time one is asked for (nil
+    /// without audio). Session thread.
+    private func opusStream() throws(BroadcastError) -> StreamDescription? {
+        if let opusEncoder { return opusEncoder.stream }
+        guard let audio = configuration.audio else { return nil }
+        let settings = AudioEncoderSettings(encoder: "libopus", sampleRate: 48_000, channels: audio.channels, bitrate: audio.bitrate)
+        let encoder = try media { () throws(FFmpegError) in
+            try AudioEncoder(settings: settings, globalHeader: false, streamIndex: streams.count, logger: logger)
+        }
+        opusEncoder = encoder
+        return encoder.stream
     }
 
     /// The streams `output` carries: the video, and the audio tracks its container holds (an
@@ -360,6 +403,8 @@ public final class EncodingHandler: BroadcastSampleHandler {
             logger.notice("output \(output.name) \(desired.contains { $0.name == output.name } ? "ended for its replacement" : "removed") (\(output.target))")
         }
         outputControl.publish(next)
+        // Opus is encoded only while a WHIP output takes it.
+        if !next.contains(where: \.isWebRTC) { opusEncoder = nil }
         videoEncoder?.forceKeyframe()
         return changes
     }
@@ -462,6 +507,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 mixer.append(converted, from: type, gain: gain)
                 while let mixed = mixer.mixed() {
                     try route(media { () throws(FFmpegError) in try audioEncoder.encode(mixed) })
+                    if let opusEncoder { try route(media { () throws(FFmpegError) in try opusEncoder.encode(mixed) }, opus: true) }
                 }
             }
             for track in sourceTracks where track.type == type {
@@ -509,8 +555,12 @@ public final class EncodingHandler: BroadcastSampleHandler {
         }
         do {
             if let audioEncoder, mixer != nil {
-                if let mixed = mixer!.mixed(final: true) { try route(audioEncoder.encode(mixed)) }
+                if let mixed = mixer!.mixed(final: true) {
+                    try route(audioEncoder.encode(mixed))
+                    if let opusEncoder { try route(opusEncoder.encode(mixed), opus: true) }
+                }
                 try route(audioEncoder.flush())
+                if let opusEncoder { try route(opusEncoder.flush(), opus: true) }
             }
             for track in sourceTracks {
                 if let samples = track.aligner.mixed(final: true) { try route(track.encoder.encode(samples)) }
@@ -538,6 +588,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
         // in memory; the process's peak stays the recording's.
         videoEncoder = nil
         audioEncoder = nil
+        opusEncoder = nil
         sourceTracks = []
         resamplers = [:]
         // Every output sends what it has (a live one for at most its finish timeout) and closes;
@@ -557,9 +608,15 @@ public final class EncodingHandler: BroadcastSampleHandler {
     }
 
     /// Counts the packets and hands each to every output. An output that fails reports it while
-    /// the others go on; when every output has failed the broadcast cannot go on.
-    private func route(_ packets: [EncodedPacket]) throws {
+    /// the others go on; when every output has failed the broadcast cannot go on. Audio goes to
+    /// the outputs of its codec: `opus` (the second encode of the same samples) to WHIP outputs
+    /// only, counted there, AAC to the others.
+    private func route(_ packets: [EncodedPacket], opus: Bool = false) throws {
         guard !packets.isEmpty else { return }
+        if opus {
+            for packet in packets { for output in outputs where output.isWebRTC { output.offer(packet) } }
+            return
+        }
         for packet in packets {
             switch packet.mediaType {
             case .video: counters.videoFrames.wrappingIncrement(ordering: .relaxed)
@@ -571,7 +628,10 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 if time > lastKeyframeTime ?? .min { lastKeyframeTime = time }
             }
             measureBitrate(packet)
-            for output in outputs where output.carries(packet.streamIndex) { output.offer(packet) }
+            // WHIP outputs take the video and the Opus (routed apart), no AAC track.
+            for output in outputs where output.carries(packet.streamIndex) && (packet.mediaType == .video || !output.isWebRTC) {
+                output.offer(packet)
+            }
         }
         updateBytesWritten()
         // Every current output failed (the counter also counts outputs a reload has removed since:

@@ -279,6 +279,8 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
             options["flvflags"] = "no_duration_filesize"
         case .srt:
             ioOptions["connect_timeout"] = "\(Int64(settings.timeout * 1000))"
+        case .whipHTTPS, .whipHTTP:
+            break  // WHIPWorker's, never opened here
         }
         if url.scheme == .rtmps {
             // FFmpeg checks nothing unless asked: with tls_verify the chain (to the system's store, or

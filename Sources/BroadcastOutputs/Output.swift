@@ -63,6 +63,13 @@ public struct OutputStatistics: Sendable, Hashable {
     public var drops: [DropReason: Int]
     /// The latest error (redacted), if any.
     public var lastError: String?
+    /// WebRTC (WHIP) outputs, from the viewer's RTCP receiver reports: round-trip time, packets
+    /// lost and the fraction lost in the last report; and its keyframe requests (PLI/FIR). nil for
+    /// other outputs and until a report came.
+    public var roundTripMilliseconds: Double? = nil
+    public var packetsLost: Int? = nil
+    public var fractionLost: Double? = nil
+    public var keyframeRequests: Int? = nil
 
     public var totalDrops: Int { drops.values.reduce(0, +) }
 }
@@ -87,6 +94,11 @@ final class OutputStatus: Sendable {
     let lastError = ManagedAtomic<Text?>(nil)
     /// Whether the output ever delivered anything (a live output that went live at least once).
     let everDelivered = ManagedAtomic<Bool>(false)
+    /// WebRTC outputs (RTCP): -1 until known.
+    let roundTripMicroseconds = ManagedAtomic<Int>(-1)
+    let packetsLost = ManagedAtomic<Int>(-1)
+    let fractionLostPPM = ManagedAtomic<Int>(-1)
+    let keyframeRequests = ManagedAtomic<Int>(0)
 
     var current: OutputState { OutputState(rawValue: state.load(ordering: .acquiring)) ?? .idle }
     func set(_ s: OutputState) { state.store(s.rawValue, ordering: .releasing) }
@@ -196,6 +208,8 @@ public final class Output: @unchecked Sendable {
     /// Set by the output's thread as it ends: `join()` no longer waits.
     private let exited = ManagedAtomic<Bool>(false)
     private var lossless: Bool { !destination.isLive }
+    /// A WHIP output: WebRTC, with Opus audio (read per audio packet by the session's thread).
+    public let isWebRTC: Bool
 
     init(
         configuration: OutputConfiguration,
@@ -216,6 +230,7 @@ public final class Output: @unchecked Sendable {
         self.configuration = configuration
         self.name = configuration.name
         self.destination = configuration.destination
+        if case .live(let url) = configuration.destination { isWebRTC = url.scheme.isWHIP } else { isWebRTC = false }
         self.keyframeRequest = keyframeRequest
         self.failedOutputs = failedOutputs
         self.logger = logger
@@ -249,9 +264,19 @@ public final class Output: @unchecked Sendable {
             backlogMilliseconds: Int(status.backlog.load(ordering: .relaxed) / 1_000_000),
             maxBacklogMilliseconds: Int(status.maxBacklog.load(ordering: .relaxed) / 1_000_000),
             drops: drops,
-            lastError: status.lastError.load(ordering: .acquiring)?.value
+            lastError: status.lastError.load(ordering: .acquiring)?.value,
+            roundTripMilliseconds: Self.known(status.roundTripMicroseconds).map { Double($0) / 1000 },
+            packetsLost: Self.known(status.packetsLost),
+            fractionLost: Self.known(status.fractionLostPPM).map { Double($0) / 1e6 },
+            keyframeRequests: isWebRTC ? status.keyframeRequests.load(ordering: .relaxed) : nil
         )
     }
+
+    private static func known(_ figure: ManagedAtomic<Int>) -> Int? {
+        let value = figure.load(ordering: .relaxed)
+        return value < 0 ? nil : value
+    }
+
 
     /// Discards packets until `resume()`.
     public func pause() {

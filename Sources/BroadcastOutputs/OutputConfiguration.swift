@@ -30,6 +30,17 @@ public enum OutputDestination: Sendable, Hashable, CustomStringConvertible {
         if case .live = self { return true }
         return false
     }
+
+    /// A WHIP URL's bearer token set (nil: none); other destinations as they are.
+    public func withWHIPToken(_ token: String?) -> OutputDestination {
+        if case .live(let url) = self, url.scheme.isWHIP { return .live(url.withToken(token)) }
+        return self
+    }
+
+    public var isWHIP: Bool {
+        if case .live(let url) = self { return url.scheme.isWHIP }
+        return false
+    }
 }
 
 /// When and how often a live output reconnects: jittered exponential backoff.

@@ -1,8 +1,8 @@
 import Atomics
 public import BroadcastKit
 
-/// A live destination: rtmp://, rtmps:// (FLV) or srt:// (MPEG-TS), parsed once, with the form
-/// that may be printed.
+/// A live destination: rtmp://, rtmps:// (FLV), srt:// (MPEG-TS) or whip+https:// / whip+http://
+/// (WebRTC through a WHIP endpoint, RFC 9725), parsed once, with the form that may be printed.
 ///
 /// The secret parts never leave this value except through `url` (which only the muxer opens):
 /// the stream key (an RTMP URL's last path element), a user's password, and query values other
@@ -10,16 +10,27 @@ public import BroadcastKit
 public struct StreamURL: Sendable, Hashable, CustomStringConvertible {
     public enum Scheme: String, Sendable, Hashable, CaseIterable {
         case rtmp, rtmps, srt
+        case whipHTTPS = "whip+https"
+        case whipHTTP = "whip+http"
 
-        /// libavformat's muxer for the scheme.
-        public var formatName: String { self == .srt ? "mpegts" : "flv" }
+        /// libavformat's muxer for the scheme (WHIP has none: WebRTC sends RTP).
+        public var formatName: String {
+            switch self {
+            case .srt: "mpegts"
+            case .rtmp, .rtmps: "flv"
+            case .whipHTTPS, .whipHTTP: "rtp"
+            }
+        }
         public var defaultPort: Int {
             switch self {
             case .rtmp: 1935
-            case .rtmps: 443
+            case .rtmps, .whipHTTPS: 443
+            case .whipHTTP: 80
             case .srt: 0
             }
         }
+        /// WebRTC through a WHIP endpoint.
+        public var isWHIP: Bool { self == .whipHTTPS || self == .whipHTTP }
     }
 
     /// The URL as given: open it, never print it.
@@ -29,9 +40,28 @@ public struct StreamURL: Sendable, Hashable, CustomStringConvertible {
     public let port: Int?
     /// What may be printed: the key, password and query secrets replaced by `****`.
     public let redacted: String
-    /// Every secret substring of `url` (key, password, query values), for scrubbing text that
-    /// others (FFmpeg's log) wrote.
-    public let secrets: [String]
+    /// Every secret substring of `url` (key, password, query values) and the bearer token, for
+    /// scrubbing text that others (FFmpeg's log) wrote.
+    public private(set) var secrets: [String]
+    /// WHIP: the bearer token sent with every request (`--whip-token`, `token = "${WHIP_TOKEN}"`);
+    /// a secret like a stream key.
+    public private(set) var token: String?
+
+    /// WHIP: the endpoint's own URL (https:// or http://).
+    public var endpoint: String {
+        guard scheme.isWHIP, let rest = url.firstRange(of: "://") else { return url }
+        return (scheme == .whipHTTPS ? "https" : "http") + url[rest.lowerBound...]
+    }
+
+    /// This URL with `token` as its bearer token (nil: none), the token among its secrets.
+    public func withToken(_ token: String?) -> StreamURL {
+        var copy = self
+        copy.token = token
+        if let token, !token.isEmpty {
+            copy.secrets = Array(Set(secrets + [token])).sorted { $0.count > $1.count }
+        }
+        return copy
+    }
 
     /// Query keys whose values are settings, not secrets.
     static let harmlessQueryKeys: Set<String> = [
@@ -45,7 +75,7 @@ public struct StreamURL: Sendable, Hashable, CustomStringConvertible {
     /// `invalidArgument` error that names the URL (redacted) and what is accepted.
     public init(_ text: String) throws(BroadcastError) {
         guard let schemeEnd = text.firstRange(of: "://") else {
-            throw BroadcastError(.invalidArgument, "not a stream URL: expected rtmp://, rtmps:// or srt://")
+            throw BroadcastError(.invalidArgument, "not a stream URL: expected rtmp://, rtmps://, srt:// or whip+https://")
         }
         let schemeText = text[..<schemeEnd.lowerBound].lowercased()
         var rest = Substring(text[schemeEnd.upperBound...])
@@ -121,7 +151,7 @@ public struct StreamURL: Sendable, Hashable, CustomStringConvertible {
         guard let scheme = Scheme(rawValue: schemeText) else {
             throw BroadcastError(
                 .invalidArgument,
-                "unsupported stream URL scheme '\(schemeText)://' in \(redacted): accepted are rtmp://, rtmps:// and srt://"
+                "unsupported stream URL scheme '\(schemeText)://' in \(redacted): accepted are rtmp://, rtmps://, srt://, whip+https:// and whip+http://"
             )
         }
         guard !host.isEmpty else {
@@ -130,7 +160,7 @@ public struct StreamURL: Sendable, Hashable, CustomStringConvertible {
         if scheme == .srt, port == nil {
             throw BroadcastError(.invalidArgument, "stream URL \(redacted) has no port: expected srt://HOST:PORT")
         }
-        if scheme != .srt, elements.isEmpty {
+        if scheme != .srt, !scheme.isWHIP, elements.isEmpty {
             throw BroadcastError(
                 .invalidArgument, "stream URL \(redacted) has no application: expected \(schemeText)://HOST/APP/KEY")
         }

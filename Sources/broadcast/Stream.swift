@@ -47,7 +47,7 @@ struct Stream: ParsableCommand {
             """
     )
 
-    @Argument(help: ArgumentHelp("Where to stream: rtmp://, rtmps:// or srt://.", valueName: "url"))
+    @Argument(help: ArgumentHelp("Where to stream: rtmp://, rtmps://, srt://, or whip+https:// (WebRTC through a WHIP endpoint).", valueName: "url"))
     var url: String
 
     @Option(help: ArgumentHelp("Also record to this file (.mp4, .mov, .mkv, .ts, .flv).", valueName: "file"))
@@ -55,6 +55,9 @@ struct Stream: ParsableCommand {
 
     @Option(name: .customLong("output"), help: ArgumentHelp("Another output, a URL or a file; repeatable.", valueName: "url-or-file"))
     var outputs: [String] = []
+
+    @Option(name: .customLong("whip-token"), help: ArgumentHelp("whip+https://: the bearer token the WHIP endpoint asks for (never printed).", valueName: "token"))
+    var whipToken: String?
 
     @Option(name: .customLong("reconnect-attempts"), help: ArgumentHelp("Failed connection attempts in a row before a stream gives up (default: unlimited).", valueName: "n"))
     var reconnectAttempts: Int?
@@ -123,6 +126,12 @@ struct Stream: ParsableCommand {
             configured.append(OutputConfiguration(destination: try OutputDestination.parse(text), live: live, overwrite: overwrite))
         }
         if let replay = try replayOptions.output(beside: record) { configured.append(replay) }
+        if let whipToken {
+            guard configured.contains(where: \.destination.isWHIP) else {
+                throw ValueError("--whip-token applies to whip+https:// (whip+http://) outputs, and none is given")
+            }
+            for i in configured.indices { configured[i].destination = configured[i].destination.withWHIPToken(whipToken) }
+        }
         if tlsCA != nil || tlsInsecure, !configured.contains(where: {
             if case .live(let u) = $0.destination { return u.scheme == .rtmps }
             return false
