@@ -455,6 +455,45 @@ order=$(grep -A1 '^event: device' events.txt | sed -n 's/^data: .*"state":"\([a-
 check "events: daemon exits 0" [ "$rc" = 0 ]
 check "events: /v1/events shows the video device lost, then back ($order)" sh -c "echo '$order' | grep -q '^lost back'"
 
+# ---------------------------------------------------------------------------------------------
+ts "10. vivid (YUYV) as a camera layer over the test pattern, unbound and bound again mid-recording"
+# The layer's box is the bottom-right quarter of a 640x360 frame; on_loss=slate paints it Y 40,
+# U V 128 while the device is gone. The base (the test pattern) goes on throughout.
+"$B" record layer.mp4 --video test --size 640x360 --fps $FPS \
+    --video '/dev/video0?x=50%,y=50%,width=50%,height=50%,on_loss=slate' --video-input 0 --video-format YUYV \
+    --audio-mic none --preset ultrafast --quiet --log-level info > layer.log 2>&1 &
+rec=$!
+wait_log layer.log 'capturing' && sleep 4
+echo vivid.0 > /sys/bus/platform/drivers/vivid/unbind; echo "unbound vivid.0 (rc=$?)"
+wait_log layer.log 'device lost'; sleep 3
+echo vivid.0 > /sys/bus/platform/drivers/vivid/bind; echo "bound vivid.0 (rc=$?)"
+wait_log layer.log 'back, capturing'; sleep 4
+kill -TERM $rec; wait $rec; rc=$?
+grep -E 'capturing|lost|back|error' layer.log | head
+d=$(ffprobe -v error -show_entries format=duration -of csv=p=0 layer.mp4 2>/dev/null)
+# The box's mean Y U V every half second: S for the slate, C for a picture of the camera.
+box_yuv() { ffmpeg -nostdin -v error -ss "$2" -i "$1" -frames:v 1 -vf crop=320:180:320:180,scale=1:1:flags=area,format=yuv444p -f rawvideo - 2>/dev/null | od -An -tu1 | tr -s ' ' | sed 's/^ //'; }
+seq_labels=""
+for t in $(seq 0.5 0.5 "$(echo "${d:-1} - 0.5" | bc)"); do
+    set -- $(box_yuv layer.mp4 "$t")
+    if [ "${1:-0}" -ge 30 ] && [ "${1:-0}" -le 50 ] && [ "${2:-0}" -ge 120 ] && [ "${2:-0}" -le 136 ] && [ "${3:-0}" -ge 120 ] && [ "${3:-0}" -le 136 ]; then
+        seq_labels="${seq_labels}S"
+    else
+        seq_labels="${seq_labels}C"
+    fi
+done
+n=$(frames layer.mp4)
+expected=$(echo "${d:-0} * $FPS / 1" | bc)
+counted=$(counted_drops layer.log)
+echo "rc=$rc frames=$n (+${counted:-0} counted dropped) in ${d:-?} s (expected $expected); box every 0.5 s: $seq_labels"
+figures layer.log
+check "layer: record exits 0" [ "$rc" = 0 ]
+check "layer: the camera's loss was noticed" contains layer.log 'device lost'
+check "layer: the camera came back" contains layer.log 'back, capturing'
+check "layer: the box shows the camera, then the slate, then the camera again ($seq_labels)" sh -c "echo '$seq_labels' | grep -qE '^C+S+C+$'"
+check "layer: the base went on: every frame there or counted dropped ($n + ${counted:-0} of $expected)" sh -c "[ \$(( ${n:-0} + ${counted:-0} )) -ge \$(( $expected - 2 )) ]"
+check "layer: ffprobe-clean" clean layer.mp4
+
 echo
 ts "done"
 echo "$passed passed, $failed failed"

@@ -24,6 +24,14 @@ public final class TestPatternSource: CaptureSource, @unchecked Sendable {
 
     /// Media time after which the source hangs without producing (a wedged device), for tests.
     public let stallAfterNanoseconds: Int64?
+    /// Media time (nanoseconds) during which the pattern acts as a lost device: no frames, `health`
+    /// `.deviceLost`, then back (tests of a layer that goes away and returns). Set before `start`.
+    public var lostDuring: Range<Int64>?
+    private let lost = ManagedAtomic<Bool>(false)
+    private let losses = ManagedAtomic<Int>(0)
+    public var health: CaptureHealth {
+        CaptureHealth(state: lost.load(ordering: .relaxed) ? .deviceLost : .capturing, deviceLosses: losses.load(ordering: .relaxed))
+    }
     /// What the frame pool may take (the memory budget's share); set before `start`. The pool
     /// holds up to a second of frames within this, and never fewer than 4.
     public var poolBytes = 16 << 20
@@ -108,6 +116,12 @@ public final class TestPatternSource: CaptureSource, @unchecked Sendable {
                 continue
             }
             if isRealtime { MonotonicClock.sleep(until: captureTime) }
+            if let lostDuring, lostDuring.contains(frameTime(index)) {
+                if !lost.exchange(true, ordering: .relaxed) { losses.wrappingIncrement(ordering: .relaxed) }
+                index += 1
+                continue
+            }
+            lost.store(false, ordering: .relaxed)
             guard
                 let buffer = pool.acquire(
                     wait: !isRealtime,

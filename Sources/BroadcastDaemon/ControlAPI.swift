@@ -65,6 +65,8 @@ enum ControlAPI {
                 return .error(400, "\(error)")
             }
             return .json(200, controller.status())
+        case ("POST", let path) where path.hasPrefix("/v1/scene/"):
+            return DaemonScenes.select(String(path.dropFirst("/v1/scene/".count)), controller: controller)
         case ("POST", let path) where path.hasPrefix("/v1/audio/"):
             // /v1/audio/{mic|app}/{mute|unmute}
             let parts = path.dropFirst("/v1/audio/".count).split(separator: "/", omittingEmptySubsequences: false)
@@ -81,10 +83,10 @@ enum ControlAPI {
             return .json(200, controller.status())
         case (_, "/v1/status"), (_, "/metrics"):
             return .error(405, "\(request.method) is not allowed on \(request.path): use GET")
-        case (_, let path) where path.hasPrefix("/v1/broadcast/") || path.hasPrefix("/v1/outputs/") || path.hasPrefix("/v1/audio/") || path == "/v1/replay/save" || path == "/v1/reload":
+        case (_, let path) where path.hasPrefix("/v1/broadcast/") || path.hasPrefix("/v1/outputs/") || path.hasPrefix("/v1/audio/") || path.hasPrefix("/v1/scene/") || path == "/v1/replay/save" || path == "/v1/reload":
             return .error(405, "\(request.method) is not allowed on \(path): use POST")
         default:
-            return .error(404, "no such endpoint: \(request.path) (see /v1/status, /v1/broadcast/{start,pause,resume,stop}, /v1/outputs/{name}/{pause,resume,save}, /v1/replay/save, /v1/audio/{mic,app}/{mute,unmute}, /v1/reload, /metrics)")
+            return .error(404, "no such endpoint: \(request.path) (see /v1/status, /v1/broadcast/{start,pause,resume,stop}, /v1/outputs/{name}/{pause,resume,save}, /v1/replay/save, /v1/audio/{mic,app}/{mute,unmute}, /v1/scene/{name}, /v1/reload, /metrics)")
         }
     }
 }
@@ -145,6 +147,8 @@ struct MetricsFigures {
     var eventClients = 0
     /// The memory budget (`--memory-budget`, `[limits] memory`) the footprint is held to.
     var memoryBudgetBytes: Int64 = 0
+    /// The composite's scenes and which is shown (empty: no scenes).
+    var scenes: [(name: String, current: Bool)] = []
 }
 
 /// Prometheus metrics through swift-metrics: the process's MetricsSystem is bootstrapped with a
@@ -228,6 +232,7 @@ public final class DaemonMetrics: Sendable {
             gauge("broadcast_bitrate_bits_per_second", Double(figures.bitrate), into: &now)
             gauge("broadcast_failed_outputs", Double(figures.failedOutputs), into: &now)
             gauge("broadcast_event_clients", Double(figures.eventClients), into: &now)
+            for scene in figures.scenes { gauge("broadcast_scene", scene.current ? 1 : 0, [("scene", scene.name)], into: &now) }
             counter("broadcast_video_frames_encoded_total", figures.videoFramesEncoded, of: broadcast, last: last, into: &now)
             counter("broadcast_audio_frames_encoded_total", figures.audioFramesEncoded, of: broadcast, last: last, into: &now)
             counter("broadcast_bytes_written_total", figures.bytesWritten, of: broadcast, last: last, into: &now)

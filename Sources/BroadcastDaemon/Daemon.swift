@@ -378,6 +378,10 @@ final class BroadcastController: Sendable {
         var sourceSettings: SourceSettings
         /// The sizes the memory budget gave; outputs added by SIGHUP get them too.
         let memoryPlan: MemoryPlan
+        /// The composite picture, when the video has layers or scenes (a reload does not replace
+        /// it: a change of layers waits for the next start). Kept here so reads (status, events,
+        /// metrics) never go through the session's source list, which a swap holds.
+        var composite: LayeredVideoSource?
         /// The audio sources' volumes and mutes (`POST /v1/audio/...`), and which sources there are.
         var audioControl: AudioSourceControl? = nil
         var audioSources: [SampleBufferType] = []
@@ -438,20 +442,20 @@ final class BroadcastController: Sendable {
         }
         defer { state.withLock { $0.starting = false } }
         let sources = config.sources
-        let encoder = config.encoder
-        let captureSources = try sources.makeSources()
         let outputs = try Self.outputConfigurations(config.outputs)
+        let assembly = try PipelineAssembly(
+            sources: sources, encoder: config.encoder, outputs: outputs, liveTuning: true,
+            budget: config.memoryBudgetBytes, replayLimitsSet: config.replayLimitsSet, logger: logger)
+        let captureSources = assembly.sources
+        let plan = assembly.plan
         let hasVideo = captureSources.contains { $0.type == .video }
-        let (configuration, plan) = try encoder.configuration(
-            for: captureSources, size: sources.videoSize, frameRate: sources.frameRate, outputs: outputs,
-            liveTuning: true, budget: config.memoryBudgetBytes, replayLimitsSet: config.replayLimitsSet)
-        logger.info("memory plan: \(plan)")
-        let handler = EncodingHandler(configuration: configuration, logger: logger)
+        assembly.logPlan(logger, quietly: .info)
+        let handler = assembly.makeHandler(logger: logger)
         let counters = handler.counters
         let levels = page.levels
         handler.audioTrackTap = { track, audio in levels.offer(track: track, audio) }
         let monitored = MonitoredHandler(handler, preview: page.preview, levels: levels)
-        let session = BroadcastSession(handler: monitored, sources: captureSources, logger: logger)
+        let session = assembly.makeSession(handler: monitored, logger: logger)
         let setup = config.setup
         let logger = self.logger
         let thread = OSThread(name: "bc-session") { [weak self] in
@@ -490,7 +494,8 @@ final class BroadcastController: Sendable {
         )
         var withAudio = running
         withAudio.audioControl = handler.audioControl
-        withAudio.audioSources = configuration.audioSources
+        withAudio.audioSources = assembly.configuration.audioSources
+        withAudio.composite = captureSources.lazy.compactMap { $0.source as? LayeredVideoSource }.first
         state.withLock { $0.running = withAudio }
         failure.withLock { $0 = nil }
         logger.notice("broadcast started: \(outputs.map(\.name).joined(separator: ", "))")
@@ -510,6 +515,12 @@ final class BroadcastController: Sendable {
             throw BroadcastError(.illegalTransition, "output \(name) is \(paused ? "already paused" : "not paused")")
         }
         if paused { output.pause() } else { output.resume() }
+    }
+
+    /// The running broadcast's composite picture, when it has layers (see `DaemonScenes`).
+    func runningComposite() -> LayeredVideoSource? {
+        guard let running = state.withLock({ $0.running }), running.session.state != .finished else { return nil }
+        return running.composite
     }
 
     /// Mutes or unmutes an audio source (`mic`, `app`) of the running broadcast, from its next
@@ -810,6 +821,9 @@ final class BroadcastController: Sendable {
                 deviceLosses: s.sourceHealth.deviceLosses,
                 dropped: [("queue_full", s.droppedQueueFull), ("source", s.droppedBySource), ("paused", s.droppedPaused), ("out_of_order", s.droppedOutOfOrder)])
         }
+        if let composite = runningComposite() {
+            figures.scenes = composite.scenes.map { ($0.name, $0.name == composite.scene) }
+        }
         figures.audioDrift = running.audioDevices.compactMap { device in device.statistics.driftPPM.map { (device.name, $0) } }
         figures.outputs = running.outputs.map { output in
             let o = output.statistics()
@@ -856,6 +870,7 @@ final class BroadcastController: Sendable {
                 return .init(name: output.name, state: state, files: files.count, lastFile: files.last)
             },
             devices: stats.sorted { $0.key.rawValue < $1.key.rawValue }.map { ($0.key.rawValue, $0.value.sourceHealth.state == .deviceLost) },
+            scene: runningComposite()?.shownSceneName,
             audio: Self.audioSourceNames(running.audioSources).map { ($0.name, running.audioControl?.level(of: $0.type).muted ?? false) },
             // What a pause leaves out is asked for, not lost: no drops event for it.
             drops: running.outputs.map { output in
@@ -968,6 +983,7 @@ final class BroadcastController: Sendable {
             ("undecodable_frames", .number(Double(encoding.undecodableFrames))),
             ("audio_drift_ppm", running.audioDevices.lazy.compactMap { $0.statistics.driftPPM }.first.map(JSONValue.number) ?? .null),
             ("types", .object(types)),
+            ("scene", runningComposite().map { .string($0.scene) } ?? .null),
             ("outputs", .array(outputs)),
             ("audio", .object(Self.audioSourceNames(running.audioSources).map { source in
                 let level = running.audioControl?.level(of: source.type) ?? AudioLevel()

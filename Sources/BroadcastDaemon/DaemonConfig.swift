@@ -146,7 +146,7 @@ public struct DaemonConfiguration: Sendable {
     static let controlKeys = ["socket", "socket_mode", "socket_group", "tcp", "token"]
     static let daemonKeys = ["autostart"]
     static let outputKeys = ["name", "path", "url", "segment", "retain_for", "retain_bytes", "overwrite", "replay", "max_memory", "on_file_finished", "hook_timeout", "tls_ca", "tls_verify", "token"]
-    static let tables = ["video", "audio", "encoder", "setup", "control", "daemon", "limits", "output"]
+    static let tables = ["video", "audio", "encoder", "setup", "control", "daemon", "limits", "output", "scenes"]
 
     /// The live outputs' URLs (their secrets are scrubbed from FFmpeg's log).
     public var streamURLs: [StreamURL] {
@@ -198,6 +198,7 @@ public struct DaemonConfiguration: Sendable {
                 file: path, line: config.lines["control.tcp"] ?? 0, key: "control.tcp",
                 message: "a TCP control listener needs a token: set control.token (at least 16 characters, e.g. \"${credential:control-token}\")")
         }
+        try config.checkScenes()
         try config.check(openingDevices: openingDevices)
         // Nothing to do is a mistake, not a service: refuse before any socket or file exists.
         if config.outputs.isEmpty {
@@ -292,6 +293,10 @@ public struct DaemonConfiguration: Sendable {
                 let dotted = "\(tableName).\(key)"
                 lines[dotted] = entry.line
                 switch tableName {
+                case "video" where key == "layers":
+                    try readLayers(entry, key: dotted, environment: environment)
+                case "scenes":
+                    try readScene(key, entry, key: dotted, environment: environment)
                 case "video", "audio", "encoder", "limits":
                     let settings = Self.optionKeys[tableName]!
                     guard let setting = settings[key] else {

@@ -22,6 +22,8 @@ struct EventSnapshot {
     var outputs: [Output] = []
     /// Per sample-buffer type, whether its device is lost.
     var devices: [(String, Bool)] = []
+    /// The scene the composite shows (nil: a picture without scenes).
+    var scene: String?
     /// Per audio source (mic, app), whether it is muted.
     var audio: [(String, Bool)] = []
     /// What was dropped so far, per output and per sample-buffer type of the session.
@@ -72,6 +74,9 @@ struct EventSnapshot {
         let previousDevices = sameSession ? Dictionary(before.devices, uniquingKeysWith: { a, _ in a }) : [:]
         for (type, lost) in devices where lost != (previousDevices[type] ?? false) {
             events.append(("device", [("type", .string(type)), ("state", .string(lost ? "lost" : "back"))]))
+        }
+        if let scene, sameSession, before.scene != nil, scene != before.scene {
+            events.append(("scene", [("name", .string(scene)), ("was", .string(before.scene!))]))
         }
         let previousAudio = sameSession ? Dictionary(before.audio, uniquingKeysWith: { a, _ in a }) : [:]
         for (source, muted) in audio where muted != (previousAudio[source] ?? false) {

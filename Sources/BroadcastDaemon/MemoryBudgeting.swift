@@ -1,5 +1,6 @@
 public import BroadcastCapture
 public import BroadcastKit
+import BroadcastMedia
 public import BroadcastOutputs
 import BroadcastService
 
@@ -14,7 +15,35 @@ public enum MemoryBudgeting {
         _ sources: [(type: SampleBufferType, source: any CaptureSource)], width: Int, height: Int
     ) -> CaptureMemory? {
         guard let video = sources.first(where: { $0.type == .video })?.source else { return nil }
+        return captureMemory(of: video, width: width, height: height)
+    }
+
+    /// What one video source keeps; a composite counts its base, every layer's source, each layer's
+    /// converted picture (and its RGB step), the composite picture with the base's conversion, and
+    /// its own frames (a pool the plan sizes, like the test pattern's).
+    static func captureMemory(of video: any CaptureSource, width: Int, height: Int) -> CaptureMemory {
         switch video {
+        case let composite as LayeredVideoSource:
+            var total = captureMemory(of: composite.base, width: width, height: height)
+            // The base converted into a yuv420p picture, and the composite beside it.
+            total.fixedBytes += 2 * composite.frameBytes
+            total.converts = false
+            total.poolFrameBytes += composite.frameBytes
+            for input in composite.inputs {
+                let own = captureMemory(of: input, width: width, height: height)
+                total.poolFrameBytes += own.poolFrameBytes
+                total.fixedBytes += own.fixedBytes
+            }
+            for layer in composite.scenes.flatMap(\.layers) {
+                // The layer's picture (yuv420p) and an RGB step at its box's size, and a frame for
+                // its source's conversion.
+                let box = layer.placement.box(frameWidth: width, frameHeight: height) ?? PixelRegion(x: 0, y: 0, width: 0, height: 0)
+                total.fixedBytes += box.width * box.height * 11 / 2
+                if captureMemory(of: composite.inputs[layer.input], width: box.width, height: box.height).converts {
+                    total.fixedBytes += box.width * box.height * 3
+                }
+            }
+            return total
         case let test as TestPatternSource:
             return CaptureMemory(
                 poolFrameBytes: test.width * test.height * 3 / 2, converts: test.width != width || test.height != height)
@@ -46,9 +75,28 @@ public enum MemoryBudgeting {
             throw ValueError(error.message)
         }
         for (_, source) in sources {
-            (source as? TestPatternSource)?.poolBytes = plan.capturePoolBytes
-            (source as? V4L2Source)?.copyPoolBytes = plan.capturePoolBytes
+            givePool(plan.capturePoolBytes, to: source, of: capture?.poolFrameBytes ?? 0)
         }
         return (plan.applied(to: configuration, replayLimitsSet: replayLimitsSet), plan)
+    }
+
+    /// Gives `source` its pool: `bytes` for `frameBytes` a frame in all; a composite shares it out
+    /// among its sources and its own frames by their frames' sizes, so each holds as many frames.
+    static func givePool(_ bytes: Int, to source: any CaptureSource, of frameBytes: Int) {
+        switch source {
+        case let test as TestPatternSource:
+            test.poolBytes = bytes
+        case let device as V4L2Source:
+            device.copyPoolBytes = bytes
+        case let composite as LayeredVideoSource:
+            let frames = frameBytes > 0 ? bytes / frameBytes : 4
+            composite.poolBytes = frames * composite.frameBytes
+            for part in [composite.base] + composite.inputs {
+                let own = captureMemory(of: part, width: composite.width, height: composite.height).poolFrameBytes
+                givePool(frames * own, to: part, of: own)
+            }
+        default:
+            break
+        }
     }
 }

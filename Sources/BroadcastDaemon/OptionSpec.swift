@@ -103,6 +103,8 @@ public struct OptionSpec<Value: Sendable>: Sendable {
 public enum VideoSourceSpec: Sendable, Hashable {
     /// The built-in pattern; `bt601` paints it in that matrix; `stallAfter` hangs it (watchdog tests).
     case test(bt601: Bool?, stallAfter: MediaTime?)
+    /// The built-in pattern acting as a device lost from `from` to `until` (media time; layer tests).
+    case testLost(from: MediaTime, until: MediaTime)
     case x11(X11CaptureSpec)
     /// The ScreenCast portal or a PipeWire node (`portal`, `portal:window`, `pipewire:NODE`).
     case pipeWire(PipeWireVideoSpec)
@@ -131,7 +133,7 @@ public enum Options {
     // MARK: Sources ([video], [audio])
 
     public static let video = OptionSpec<VideoSourceSpec>("--video", "video.source", default: "test") { text in
-        try videoSource(text)
+        try baseVideoSource(text)
     }
     public static let audioMic = OptionSpec<AudioSourceSpec>("--audio-mic", "audio.mic", default: "test") { text in
         try audioSource(text, option: "--audio-mic")
@@ -286,6 +288,14 @@ public enum Options {
             // 0s it never delivers a frame (a device that opens and stays silent).
             let after = String(spec.dropFirst("test:stall-after=".count))
             return .test(bt601: nil, stallAfter: after == "0" || after == "0s" ? .zero : try Values.duration(after, option: "--video test:stall-after"))
+        case let spec where spec.hasPrefix("test:lost="):
+            // A device that goes away and comes back: test:lost=1s-3s (media time).
+            let range = spec.dropFirst("test:lost=".count).split(separator: "-")
+            guard range.count == 2 else { throw ValueError("invalid --video '\(spec)': expected test:lost=FROM-UNTIL, e.g. test:lost=1s-3s") }
+            let from = try Values.duration(String(range[0]), option: "--video test:lost")
+            let until = try Values.duration(String(range[1]), option: "--video test:lost")
+            guard (from.nanoseconds ?? 0) < (until.nanoseconds ?? 0) else { throw ValueError("invalid --video '\(spec)': FROM must come before UNTIL") }
+            return .testLost(from: from, until: until)
         case let spec where spec.hasPrefix("test:colour="):
             // The pattern in a given matrix, whatever its size (BT.601 at 720p: an SD camera's YUV
             // upscaled, which must keep its matrix and say so).

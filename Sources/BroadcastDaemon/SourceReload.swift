@@ -65,7 +65,10 @@ struct SourceReload {
             let was = Self.spec(running, type), now = Self.spec(fresh, type)
             guard was != now else { continue }
             let sameDevice = Self.device(running, type).map { $0 == Self.device(fresh, type) } ?? false
-            if type == .video && geometryChanged {
+            if type == .video && (!(running.layers + fresh.layers).isEmpty || !(running.scenes + fresh.scenes).isEmpty) {
+                // A composite holds its layers' devices: a new one would find them busy.
+                deferred.append("\(Self.key(type)) \(was) → \(now): a picture with layers is rebuilt only at the next start")
+            } else if type == .video && geometryChanged {
                 deferred.append("\(Self.key(type)) \(was) → \(now): waits for the size/fps change, at the next start")
             } else if !types.contains(type) || Self.isNone(fresh, type) || Self.isNone(running, type) {
                 deferred.append("\(Self.key(type)) \(was) → \(now): a running broadcast's kinds of media are fixed; this applies at the next start")
@@ -159,6 +162,8 @@ struct SourceReload {
         switch type {
         case .video:
             return label(settings.video) + (settings.videoInput.map { " input \($0)" } ?? "") + (settings.videoFormat.map { " format \($0)" } ?? "")
+                + settings.layers.map { " + \($0.text)" }.joined()
+                + settings.scenes.map { " scene \($0.name): \($0.layers.map(\.text).joined(separator: " + "))" }.joined()
         case .audioMic, .audioApp:
             let source = type == .audioMic ? settings.audioMic : settings.audioApp
             switch source {
@@ -171,6 +176,7 @@ struct SourceReload {
     static func label(_ video: VideoSourceSpec) -> String {
         switch video {
         case .test(let bt601, _): bt601.map { "test:colour=\($0 ? "bt601" : "bt709")" } ?? "test"
+        case .testLost(let from, let until): "test:lost=\(milliseconds(from.nanoseconds ?? 0))-\(milliseconds(until.nanoseconds ?? 0))"
         case .x11(let spec): "\(spec)"
         case .pipeWire(let spec): "\(spec)"
         case .v4l2(let path): path

@@ -20,6 +20,10 @@ public struct SourceSettings: Sendable, Hashable {
     public var videoFormat: FourCC?
     /// Test sources at clock speed (false: as fast as the pipeline takes them).
     public var realtime = true
+    /// Pictures drawn over the video source, in order (further `--video`s, `[video] layers`).
+    public var layers: [VideoLayerSpec] = []
+    /// Named layouts of layers (the daemon's `[scenes]`); the first is shown at the start.
+    public var scenes: [SceneSpec] = []
 
     public init() {}
 
@@ -29,6 +33,9 @@ public struct SourceSettings: Sendable, Hashable {
     /// The encoder's size: the size asked for when given, else an X11 source's current size
     /// (rounded down to even numbers), else a PipeWire stream's, else 1280x720.
     public func outputSize(for sources: [(type: SampleBufferType, source: any CaptureSource)]) -> VideoSize {
+        if let composite = sources.lazy.compactMap({ $0.source as? LayeredVideoSource }).first {
+            return VideoSize(width: composite.width, height: composite.height)
+        }
         if size == nil, let x11 = sources.first(where: { $0.source is X11ScreenSource })?.source as? X11ScreenSource,
             let native = try? x11.currentSize()
         {
@@ -42,6 +49,31 @@ public struct SourceSettings: Sendable, Hashable {
         return videoSize
     }
 
+    /// The capture source one video spec names (nil for `none`), asked for `size` where it takes one.
+    func videoSource(
+        _ spec: VideoSourceSpec, size: VideoSize, rate: (numerator: Int, denominator: Int), logger: Logger?
+    ) throws -> (any CaptureSource)? {
+        switch spec {
+        case .test(let bt601, let stallAfter):
+            return TestPatternSource(
+                width: size.width, height: size.height, frameRate: rate, realtime: realtime, stallAfter: stallAfter, bt601: bt601)
+        case .testLost(let from, let until):
+            let pattern = TestPatternSource(width: size.width, height: size.height, frameRate: rate, realtime: realtime)
+            pattern.lostDuring = (from.nanoseconds ?? 0)..<(until.nanoseconds ?? 0)
+            return pattern
+        case .none:
+            return nil
+        case .x11(let spec):
+            return X11ScreenSource(spec: spec, frameRate: rate, logger: logger ?? Logger(label: "broadcast.x11"))
+        case .pipeWire:
+            var single = self
+            single.video = spec
+            return try single.pipeWireVideoSource(rate: rate)
+        case .v4l2(let path):
+            return try v4l2Source(path: path, width: size.width, height: size.height, rate: rate)
+        }
+    }
+
     /// Whether these settings capture video at all.
     public var hasVideo: Bool { video != .none }
 
@@ -51,6 +83,7 @@ public struct SourceSettings: Sendable, Hashable {
         switch sources.first(where: { $0.type == .video })?.source {
         case let test as TestPatternSource: test.colour
         case let device as V4L2Source: device.colour
+        case let composite as LayeredVideoSource: composite.colour
         default: nil
         }
     }
@@ -67,31 +100,27 @@ public struct SourceSettings: Sendable, Hashable {
     func makeSources(
         logger: Logger?, openingPortal: Bool, blame: (OptionName, any Error) -> any Error
     ) throws -> [(type: SampleBufferType, source: any CaptureSource)] {
-        let (width, height) = (videoSize.width, videoSize.height)
         let rate = (numerator: frameRate.numerator, denominator: frameRate.denominator)
         var sources: [(type: SampleBufferType, source: any CaptureSource)] = []
         /// A portal/PipeWire video spec checked but not opened (`openingPortal` false).
         var videoLeftOut = false
         do {
-            switch video {
-            case .test(let bt601, let stallAfter):
-                sources.append((.video, TestPatternSource(
-                    width: width, height: height, frameRate: rate, realtime: realtime, stallAfter: stallAfter, bt601: bt601)))
-            case .none:
-                break
-            case .x11(let spec):
-                sources.append((.video, X11ScreenSource(spec: spec, frameRate: rate, logger: logger ?? Logger(label: "broadcast.x11"))))
-            case .pipeWire:
-                if openingPortal {
-                    sources.append((.video, try pipeWireVideoSource(rate: rate)))
-                } else {
-                    videoLeftOut = true
-                }
-            case .v4l2(let path):
-                sources.append((.video, try v4l2Source(path: path, width: width, height: height, rate: rate)))
+            if case .pipeWire = video, !openingPortal {
+                videoLeftOut = true
+            } else if let source = try videoSource(video, size: videoSize, rate: rate, logger: logger) {
+                sources.append((.video, source))
             }
         } catch {
             throw blame(Options.video.name, error)
+        }
+        if !layers.isEmpty || !scenes.isEmpty {
+            guard let base = sources.first?.source else {
+                if videoLeftOut { return sources }
+                throw OptionError(Options.video.name, "--video none cannot have layers over it: the first --video is the base picture")
+            }
+            let layered = try composite(
+                base: base, frame: outputSize(for: sources), rate: rate, logger: logger, openingPortal: openingPortal, blame: blame)
+            sources[0] = (.video, layered)
         }
         for (type, spec, option) in [(SampleBufferType.audioMic, audioMic, Options.audioMic.name), (.audioApp, audioApp, Options.audioApp.name)] {
             do {

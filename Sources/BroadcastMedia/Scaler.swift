@@ -346,7 +346,9 @@ final class Scaler {
         return try scale(planes: &sourcePlanes, strides: &sourceStrides)
     }
 
-    private func scale(
+    /// Converts planes of `source`'s format and size (a cropped view of a bigger picture: the
+    /// compositor's layers).
+    func scale(
         planes sourcePlanes: inout [UnsafePointer<UInt8>?],
         strides sourceStrides: inout [Int32]
     ) throws(FFmpegError) -> UnsafeMutablePointer<AVFrame> {

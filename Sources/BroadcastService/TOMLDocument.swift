@@ -27,6 +27,11 @@ public struct TOMLDocument: Sendable {
     public struct Entry: Sendable {
         public var value: Value
         public var line: Int
+
+        public init(value: Value, line: Int) {
+            self.value = value
+            self.line = line
+        }
     }
 
     /// One `[table]` or one element of an `[[array]]`.

@@ -10,8 +10,8 @@ import Logging
 
 /// Where media comes from: shared by every command that captures.
 struct SourceOptions: ParsableArguments {
-    @Option(name: .long, help: ArgumentHelp("Video source: 'test' (built-in pattern; 'test:colour=bt601' or 'bt709' paints it in that matrix whatever its size), 'x11:DISPLAY[+X,Y/WxH][?window=ID|title=TEXT,cursor=off,window-gone=keep]' (an X11 screen, region or window), 'portal[:window][?cursor=embedded|metadata|hidden]' (a Wayland desktop through the ScreenCast portal), 'pipewire:NODE' (a PipeWire video node by name or serial) or 'none'.", valueName: "source"))
-    var video: String = Options.video.defaultText!
+    @Option(name: .long, help: ArgumentHelp("Video source: 'test' (built-in pattern; 'test:colour=bt601' or 'bt709' paints it in that matrix whatever its size), 'x11:DISPLAY[+X,Y/WxH][?window=ID|title=TEXT,cursor=off,window-gone=keep]' (an X11 screen, region or window), 'portal[:window][?cursor=embedded|metadata|hidden]' (a Wayland desktop through the ScreenCast portal), 'pipewire:NODE' (a PipeWire video node by name or serial) or 'none'. Repeatable: the first is the base (it sets the frame, unless --size), each further one a layer drawn over it in order, placed by keys in its query: x, y, width, height (pixels, or percent of the output frame: x=75%,width=25%; default: from 0,0 to the frame's right and bottom edges), fit=fill (stretch; default: keep the aspect ratio inside the box), crop=WxH+X+Y (part of the source), on_loss=hide|slate (what shows while its device is lost; default hide), e.g. '/dev/video0?x=75%,y=75%,width=25%,height=25%'.", valueName: "source"))
+    var video: [String] = []
 
     @Option(name: .customLong("audio-mic"), help: ArgumentHelp("Microphone audio (.audioMic): 'test' (built-in tone, in 10 ms periods; 'test:period=21ms' for another period), 'default' (PipeWire's default source when PipeWire runs, else ALSA's default), 'pipewire:NODE' (a PipeWire node by name or serial), an ALSA capture device (hw:1,0, plughw:CARD=Loopback,DEV=1) or 'none'.", valueName: "source"))
     var audioMic: String = Options.audioMic.defaultText!
@@ -22,7 +22,7 @@ struct SourceOptions: ParsableArguments {
     @Option(name: .customLong("audio-period"), help: ArgumentHelp("With an ALSA --audio-mic/--audio-app: how much audio the device hands over at a time (its period), 2ms to 200ms. Shorter: lower latency (a video frame waits for the audio period it falls in), more wake-ups and a greater risk of overruns on a busy machine. The device may round it.", valueName: "duration"))
     var audioPeriod: String = Options.audioPeriod.defaultText!
 
-    @Option(help: ArgumentHelp("Video size, WIDTHxHEIGHT (even numbers; default 1280x720, or the captured X11 area's size).", valueName: "WxH"))
+    @Option(help: ArgumentHelp("Video size, WIDTHxHEIGHT (even numbers). Default: a screen's own size (an X11 screen, region or window, a portal or PipeWire cast: record, stream and the daemon alike), else 1280x720.", valueName: "WxH"))
     var size: String?
 
     @Option(help: ArgumentHelp("Frames per second: 30, 29.97 or 30000/1001.", valueName: "rate"))
@@ -43,7 +43,8 @@ struct SourceOptions: ParsableArguments {
     /// The typed settings, each flag through its spec (the config's keys go through the same ones).
     func settings() throws(OptionError) -> SourceSettings {
         var settings = SourceSettings()
-        settings.video = try Options.video.parse(video)
+        settings.video = try Options.video.parse(video.first ?? Options.video.defaultText!)
+        settings.layers = try video.dropFirst().map { text throws(OptionError) in try Options.videoLayer.parse(text) }
         settings.audioMic = try Options.audioMic.parse(audioMic)
         settings.audioApp = try Options.audioApp.parse(audioApp)
         settings.audioPeriodNanoseconds = try Options.audioPeriod.parse(audioPeriod)

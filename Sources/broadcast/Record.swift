@@ -29,6 +29,10 @@ struct Record: ParsableCommand {
               broadcast record talk.mkv --size 1920x1080 --fps 30 --video-bitrate 6M
               broadcast record fast.mp4 --no-realtime --duration 1m
                   (as fast as the CPU allows)
+              broadcast record talk.mp4 --video x11::0 \\
+                  --video '/dev/video0?x=75%,y=75%,width=25%,height=25%'
+                  (the screen with the camera in its bottom-right corner: a further --video
+                  is a layer over the first; see --video)
 
             While recording: Ctrl-C (SIGINT) or SIGTERM stops cleanly; a second Ctrl-C quits \
             at once (the file still plays). SIGUSR1 pauses and resumes: the file has no gap.
@@ -56,30 +60,17 @@ struct Record: ParsableCommand {
         }
         let replay = try replayOptions.output(beside: file)
         let logger = Logging.bootstrap(level: level)
-        let sourceSettings = try sources.settings()
-        let encoderSettings = try encoding.settings()
-        let budget = try memory.budget()
-        let captureSources = try sourceSettings.makeSources(logger: logger)
-        let (configuration, plan) = try encoderSettings.configuration(
-            for: captureSources, size: sourceSettings.outputSize(for: captureSources), frameRate: sourceSettings.frameRate,
+        let assembly = try PipelineAssembly(
+            sources: try sources.settings(), encoder: try encoding.settings(),
             outputs: [OutputConfiguration(destination: .file(file), overwrite: runOptions.overwrite)] + (replay.map { [$0] } ?? []),
-            liveTuning: false, budget: budget,
-            replayLimitsSet: replayOptions.replayMaxMemory != nil ? ["replay"] : [])
+            budget: try memory.budget(), replayLimitsSet: replayOptions.replayMaxMemory != nil ? ["replay"] : [], logger: logger)
+        let budget = assembly.plan.budget
         let setupInfo = try sources.setupInfo()
 
         FFmpegLog.install(logger)
-        if plan.reducesEncoder {
-            logger.notice("x264 reduced to fit the memory budget: \(plan)")
-        } else {
-            logger.debug("memory plan: \(plan)")
-        }
-        let handler = EncodingHandler(configuration: configuration, logger: logger, realtime: !sources.noRealtime)
-        let session = BroadcastSession(
-            handler: handler,
-            sources: captureSources,
-            options: SessionOptions(duration: duration),
-            logger: logger
-        )
+        assembly.logPlan(logger)
+        let handler = assembly.makeHandler(logger: logger, realtime: !sources.noRealtime)
+        let session = assembly.makeSession(handler: handler, options: SessionOptions(duration: duration), logger: logger)
         let counters = handler.counters
         let outputs = handler.outputs
         let outcome = runWithSignals(

@@ -143,30 +143,17 @@ struct Stream: ParsableCommand {
             return []
         }
 
-        let sourceSettings = try sources.settings()
-        let encoderSettings = try encoding.settings()
-        let budget = try memory.budget()
-        let captureSources = try sourceSettings.makeSources()
-        let (configuration, plan) = try encoderSettings.configuration(
-            for: captureSources, size: sourceSettings.videoSize, frameRate: sourceSettings.frameRate, outputs: configured,
-            liveTuning: true, budget: budget,
-            replayLimitsSet: replayOptions.replayMaxMemory != nil ? ["replay"] : [])
+        let logger = Logging.bootstrap(level: level)
+        let assembly = try PipelineAssembly(
+            sources: try sources.settings(), encoder: try encoding.settings(), outputs: configured,
+            budget: try memory.budget(), replayLimitsSet: replayOptions.replayMaxMemory != nil ? ["replay"] : [], logger: logger)
+        let budget = assembly.plan.budget
         let setupInfo = try sources.setupInfo()
 
-        let logger = Logging.bootstrap(level: level)
         FFmpegLog.install(logger, redact: { StreamURL.scrub($0, secrets: secrets) })
-        if plan.reducesEncoder {
-            logger.notice("x264 reduced to fit the memory budget: \(plan)")
-        } else {
-            logger.debug("memory plan: \(plan)")
-        }
-        let handler = EncodingHandler(configuration: configuration, logger: logger, realtime: !sources.noRealtime)
-        let session = BroadcastSession(
-            handler: handler,
-            sources: captureSources,
-            options: SessionOptions(duration: duration),
-            logger: logger
-        )
+        assembly.logPlan(logger)
+        let handler = assembly.makeHandler(logger: logger, realtime: !sources.noRealtime)
+        let session = assembly.makeSession(handler: handler, options: SessionOptions(duration: duration), logger: logger)
         let counters = handler.counters
         let outputs = handler.outputs
         let outcome = runWithSignals(

@@ -1,0 +1,58 @@
+public import BroadcastCapture
+public import BroadcastKit
+public import BroadcastOutputs
+public import Logging
+
+/// Sources → encode → outputs, built the one way `record`, `stream` and the daemon all use: the
+/// capture sources (with a logger), the encoder's size (`SourceSettings.outputSize`: --size when
+/// given, else a screen's own size, else 1280x720), its colour and settings, and the memory plan.
+///
+/// *Why one type*: the three used to assemble this each on their own and drifted (the daemon and
+/// `stream` encoded a screen at 1280x720 where `record` took the screen's size; `stream` made its
+/// sources without a logger). The CLI's `SamePipelineTests` holds them
+/// together.
+public struct PipelineAssembly {
+    /// The capture sources, one per buffer type (video may be a composite of layers).
+    public let sources: [(type: SampleBufferType, source: any CaptureSource)]
+    /// What the built-in handler is made with: encoder settings sized within the budget.
+    public let configuration: EncodingConfiguration
+    public let plan: MemoryPlan
+
+    /// Opens the sources `settings` name and plans the encode into `outputs`.
+    /// - Parameters:
+    ///   - liveTuning: rate control for a stream (cbr unless asked otherwise); nil: when one of
+    ///     `outputs` is live. The daemon passes true: a reload may add a stream to a running encode.
+    ///   - replayLimitsSet: the replay outputs whose memory limit was given (kept as is by the plan).
+    public init(
+        sources settings: SourceSettings, encoder: EncoderSettings, outputs: [OutputConfiguration],
+        liveTuning: Bool? = nil, budget: Int64, replayLimitsSet: Set<String>, logger: Logger
+    ) throws {
+        let sources = try settings.makeSources(logger: logger)
+        (configuration, plan) = try encoder.configuration(
+            for: sources, size: settings.outputSize(for: sources), frameRate: settings.frameRate, outputs: outputs,
+            liveTuning: liveTuning ?? outputs.contains { $0.destination.isLive }, budget: budget,
+            replayLimitsSet: replayLimitsSet)
+        self.sources = sources
+    }
+
+    /// The built-in handler for this encode.
+    public func makeHandler(logger: Logger, realtime: Bool = true) -> EncodingHandler {
+        EncodingHandler(configuration: configuration, logger: logger, realtime: realtime)
+    }
+
+    /// A session of these sources into `handler`.
+    public func makeSession(
+        handler: any BroadcastSampleHandler, options: SessionOptions = SessionOptions(), logger: Logger
+    ) -> BroadcastSession {
+        BroadcastSession(handler: handler, sources: sources, options: options, logger: logger)
+    }
+
+    /// Says what the plan did: a notice when x264 was cut down to fit, else `quietly`'s level.
+    public func logPlan(_ logger: Logger, quietly level: Logger.Level = .debug) {
+        if plan.reducesEncoder {
+            logger.notice("x264 reduced to fit the memory budget: \(plan)")
+        } else {
+            logger.log(level: level, "memory plan: \(plan)")
+        }
+    }
+}

@@ -1,0 +1,331 @@
+internal import BroadcastKit
+internal import CAVCodec
+internal import CAVFormat
+internal import CAVUtil
+internal import CSwResample
+internal import CSwScale
+
+/// Makes one yuv420p picture out of a base and layers drawn over it, redrawing only what changed.
+///
+/// Each picture is converted once, when it comes: the base into a full-size yuv420p picture (only
+/// its changed regions, for a screen: `Scaler.scale(_:changed:)`), each layer from its own format
+/// and colour into the output's and scaled to its box. The composite (`canvas`) is then redrawn
+/// only where something changed: the base's changed regions and the boxes of layers with a new
+/// picture (or that appeared or went), each such region copied from the base picture and the layers
+/// over it drawn into it. Nothing changed: nothing is drawn (`compose` answers `[]`).
+///
+/// One thread only: made by `LayeredVideoSource.start` (so its errors are the start's) and handed
+/// to the composite's thread, which alone uses it from then on.
+final class Compositor: @unchecked Sendable {
+    enum Shown: Equatable {
+        case hidden
+        case picture
+        case slate
+    }
+
+    /// Used by the composite's thread only (handed to it at the start, as the compositor is).
+    final class Layer: @unchecked Sendable {
+        let placement: LayerPlacement
+        /// Where the layer goes in the frame; nil when its box is outside the frame.
+        let box: PixelRegion?
+        var decoder: MJPEGDecoder?
+        /// Into RGB with the source's own matrix, when it differs from the output's (libswscale
+        /// converts YUV to YUV without a matrix change).
+        var toRGB: Scaler?
+        var toOutput: Scaler?
+        /// The converted picture, `drawn`'s size (the `toOutput` scaler's frame).
+        var picture: UnsafeMutablePointer<AVFrame>?
+        var drawn: PixelRegion?
+        var shown = Shown.hidden
+
+        init(placement: LayerPlacement, box: PixelRegion?) {
+            self.placement = placement
+            self.box = box
+        }
+
+        var area: PixelRegion? {
+            switch shown {
+            case .hidden: nil
+            case .picture: drawn
+            case .slate: box
+            }
+        }
+    }
+
+    let width: Int
+    let height: Int
+    let colour: ColourDescription
+    private let canvas: Frame
+    private var baseScaler: Scaler?
+    private var baseDecoder: MJPEGDecoder?
+    private(set) var layers: [Layer]
+    /// The next `compose` redraws everything.
+    private var everything = true
+    private var dirty: [PixelRegion] = []
+    /// Pixels drawn into the composite since the start (tests and benchmarks).
+    private(set) var composedPixels = 0
+    /// Layer pictures converted since the start.
+    private(set) var layerConversions = 0
+
+    convenience init(width: Int, height: Int, colour: ColourDescription, placements: [LayerPlacement]) throws(FFmpegError) {
+        try self.init(
+            width: width, height: height, colour: colour,
+            layers: placements.map { Layer(placement: $0, box: $0.box(frameWidth: width, frameHeight: height)) })
+    }
+
+    init(width: Int, height: Int, colour: ColourDescription, layers: [Layer]) throws(FFmpegError) {
+        self.width = width
+        self.height = height
+        self.colour = colour
+        canvas = try Frame()
+        canvas.pointer.pointee.format = AV_PIX_FMT_YUV420P.rawValue
+        canvas.pointer.pointee.width = Int32(width)
+        canvas.pointer.pointee.height = Int32(height)
+        try check(av_frame_get_buffer(canvas.pointer, 0), "allocating a \(width)x\(height) composite")
+        self.layers = layers
+    }
+
+    /// Draws `layers` from the next `compose` on (another scene): everything is redrawn.
+    func show(_ layers: [Layer]) {
+        self.layers = layers
+        everything = true
+    }
+
+    // MARK: Pictures in
+
+    /// Converts a new base picture (only its changed regions when it says and can).
+    func updateBase(_ buffer: CapturedBuffer) throws(FFmpegError) {
+        guard case .video(let format) = buffer.format else { return }
+        if format.pixelFormat == .mjpeg {
+            if baseDecoder == nil { baseDecoder = try MJPEGDecoder() }
+            let decoded = try baseDecoder!.decode(buffer.planes[0])
+            let source = Scaler.Source(decoded: decoded)
+            if baseScaler?.source != source {
+                baseScaler = try Scaler(
+                    source: source, outputFormat: AV_PIX_FMT_YUV420P, width: Int32(width), height: Int32(height), colour: colour)
+            }
+            _ = try baseScaler!.scale(decoded)
+            everything = true
+            return
+        }
+        if baseScaler == nil || baseScaler!.source != Scaler.Source(format) {
+            baseScaler = try Scaler(
+                input: format, outputFormat: AV_PIX_FMT_YUV420P, width: Int32(width), height: Int32(height), colour: colour)
+        }
+        let scaler = baseScaler!
+        let sample = SampleBuffer(
+            format: buffer.format, presentationTime: .zero, duration: buffer.duration, planes: buffer.planes,
+            changedRegions: buffer.changedRegions)
+        if let changed = buffer.changedRegions, scaler.holdsPicture {
+            if changed.isEmpty { return }
+            if scaler.convertsRegions {
+                _ = try scaler.scale(sample, changed: changed)
+                // What the scaler may have rewritten: each region grown by its filters' reach.
+                for region in changed {
+                    let grown = PixelRegion(x: region.x - 8, y: region.y - 8, width: region.width + 16, height: region.height + 16)
+                    if let region = grown.onChromaGrid(width: width, height: height) { dirty.append(region) }
+                }
+                return
+            }
+        }
+        _ = try scaler.scale(sample)
+        everything = true
+    }
+
+    /// The layer `index` at this frame: `buffer` its new picture (nil: none came, the last one
+    /// repeats), `show` what it is to show.
+    func updateLayer(_ index: Int, with buffer: CapturedBuffer?, show: Shown) throws(FFmpegError) {
+        let layer = layers[index]
+        let before = layer.area
+        var changed = false
+        // A repeat (the source says nothing changed) is not a new picture: nothing to convert.
+        let repeats = buffer?.changedRegions?.isEmpty == true && layer.picture != nil
+        if let buffer, !repeats, show == .picture, let box = layer.box {
+            try convert(buffer, for: layer, box: box)
+            changed = true
+        }
+        let shown: Shown = show == .picture && layer.picture == nil ? .hidden : show
+        if shown != layer.shown {
+            layer.shown = shown
+            changed = true
+        }
+        guard changed else { return }
+        if let before { dirty.append(before) }
+        if let after = layer.area, after != before { dirty.append(after) }
+    }
+
+    /// Converts a layer's picture into the output's format and colour at its drawn size.
+    private func convert(_ buffer: CapturedBuffer, for layer: Layer, box: PixelRegion) throws(FFmpegError) {
+        guard case .video(let format) = buffer.format else { return }
+        var planes: [UnsafePointer<UInt8>?] = [nil, nil, nil, nil]
+        var strides: [Int32] = [0, 0, 0, 0]
+        var source: Scaler.Source
+        var sourceColour = format.colour
+        if format.pixelFormat == .mjpeg {
+            if layer.decoder == nil { layer.decoder = try MJPEGDecoder() }
+            let decoded = try layer.decoder!.decode(buffer.planes[0])
+            source = Scaler.Source(decoded: decoded)
+            withUnsafeBytes(of: decoded.pointee.data) { data in
+                let pointers = data.bindMemory(to: UnsafeMutablePointer<UInt8>?.self)
+                for index in 0..<4 { planes[index] = UnsafePointer(pointers[index]) }
+            }
+            withUnsafeBytes(of: decoded.pointee.linesize) { sizes in
+                for index in 0..<4 { strides[index] = sizes.load(fromByteOffset: index * 4, as: Int32.self) }
+            }
+            sourceColour = sourceColour ?? .jpeg
+        } else {
+            guard let known = Scaler.Source(format) else { return }
+            source = known
+            for (index, plane) in buffer.planes.prefix(4).enumerated() {
+                planes[index] = plane.base.assumingMemoryBound(to: UInt8.self)
+                strides[index] = Int32(plane.bytesPerRow)
+            }
+        }
+        if let crop = layer.placement.crop {
+            Self.crop(&planes, strides: strides, source: &source, to: crop)
+        }
+        let drawn = layer.placement.drawn(in: box, sourceWidth: Int(source.width), sourceHeight: Int(source.height))
+        let (w, h) = (Int32(drawn.width), Int32(drawn.height))
+        let isRGB = [AV_PIX_FMT_BGR0, AV_PIX_FMT_BGRA, AV_PIX_FMT_RGB24, AV_PIX_FMT_BGR24].contains(source.format)
+        if !isRGB, let sourceColour, ColourDescription(sourceColour).matrix != colour.matrix {
+            // Through RGB: out of the source's matrix, into the output's.
+            if layer.toRGB?.source != source || layer.toRGB?.outputWidth != w || layer.toRGB?.outputHeight != h {
+                layer.toRGB = try Scaler(
+                    source: source, outputFormat: AV_PIX_FMT_BGR0, width: w, height: h, colour: ColourDescription(sourceColour))
+            }
+            let rgb = try layer.toRGB!.scale(planes: &planes, strides: &strides)
+            let rgbSource = Scaler.Source(format: AV_PIX_FMT_BGR0, width: w, height: h, fullRange: false)
+            if layer.toOutput?.source != rgbSource {
+                layer.toOutput = try Scaler(source: rgbSource, outputFormat: AV_PIX_FMT_YUV420P, width: w, height: h, colour: colour)
+            }
+            layer.picture = try layer.toOutput!.scale(UnsafePointer(rgb))
+        } else {
+            layer.toRGB = nil
+            if layer.toOutput?.source != source || layer.toOutput?.outputWidth != w || layer.toOutput?.outputHeight != h {
+                layer.toOutput = try Scaler(source: source, outputFormat: AV_PIX_FMT_YUV420P, width: w, height: h, colour: colour)
+            }
+            layer.picture = try layer.toOutput!.scale(planes: &planes, strides: &strides)
+        }
+        layer.drawn = drawn
+        layerConversions += 1
+    }
+
+    /// Points `planes` at `crop` (cut to the picture, on even pixels) and makes `source` its size.
+    static func crop(_ planes: inout [UnsafePointer<UInt8>?], strides: [Int32], source: inout Scaler.Source, to crop: PixelRegion) {
+        guard let region = crop.clipped(width: Int(source.width), height: Int(source.height)),
+            let descriptor = av_pix_fmt_desc_get(source.format)
+        else { return }
+        let x = region.x & ~1
+        let y = region.y & ~1
+        let w = max(2, (region.x + region.width - x) & ~1)
+        let h = max(2, (region.y + region.height - y) & ~1)
+        let isRGB = descriptor.pointee.flags & UInt64(AV_PIX_FMT_FLAG_RGB) != 0
+        let components = withUnsafeBytes(of: descriptor.pointee.comp) { Array($0.bindMemory(to: AVComponentDescriptor.self)) }
+        for index in 0..<4 where planes[index] != nil {
+            let step = components.prefix(Int(descriptor.pointee.nb_components)).filter { $0.plane == index }.map { Int($0.step) }.max() ?? 1
+            let chroma = !isRGB && (index == 1 || index == 2)
+            let px = chroma ? x >> Int(descriptor.pointee.log2_chroma_w) : x
+            let py = chroma ? y >> Int(descriptor.pointee.log2_chroma_h) : y
+            planes[index] = planes[index]! + py * Int(strides[index]) + px * step
+        }
+        source.width = Int32(w)
+        source.height = Int32(h)
+    }
+
+    // MARK: The composite
+
+    /// Redraws what changed since the last call. Returns the regions redrawn: nil when everything
+    /// was, empty when nothing changed (the last composite stands).
+    func compose() throws(FFmpegError) -> [PixelRegion]? {
+        guard let base = try baseScaler?.keptPicture() else { return [] }
+        if everything {
+            draw(PixelRegion(x: 0, y: 0, width: width, height: height), base: base)
+            everything = false
+            dirty.removeAll(keepingCapacity: true)
+            return nil
+        }
+        if dirty.isEmpty { return [] }
+        let regions = dirty
+        dirty.removeAll(keepingCapacity: true)
+        for region in regions { draw(region, base: base) }
+        return regions
+    }
+
+    /// The base, then every layer over it, inside `region`.
+    private func draw(_ region: PixelRegion, base: UnsafeMutablePointer<AVFrame>) {
+        Self.copy(region, from: base, origin: (0, 0), into: canvas.pointer)
+        composedPixels += region.width * region.height
+        for layer in layers {
+            guard let area = layer.area, let inside = area.intersection(region) else { continue }
+            switch layer.shown {
+            case .picture:
+                if let picture = layer.picture { Self.copy(inside, from: picture, origin: (area.x, area.y), into: canvas.pointer) }
+            case .slate:
+                Self.fill(inside, in: canvas.pointer, luma: 40, chroma: 128)
+            case .hidden:
+                break
+            }
+            composedPixels += inside.width * inside.height
+        }
+    }
+
+    /// Copies `region` (frame coordinates, even) of a yuv420p picture placed at `origin` into `to`.
+    static func copy(
+        _ region: PixelRegion, from: UnsafeMutablePointer<AVFrame>, origin: (x: Int, y: Int), into to: UnsafeMutablePointer<AVFrame>
+    ) {
+        withUnsafeBytes(of: from.pointee.data) { fromData in
+            withUnsafeBytes(of: to.pointee.data) { toData in
+                let fromPlanes = fromData.bindMemory(to: UnsafeMutablePointer<UInt8>?.self)
+                let toPlanes = toData.bindMemory(to: UnsafeMutablePointer<UInt8>?.self)
+                for index in 0..<3 {
+                    let shift = index == 0 ? 0 : 1
+                    let fromStride = Int(planeStride(from, index))
+                    let toStride = Int(planeStride(to, index))
+                    guard let source = fromPlanes[index], let destination = toPlanes[index] else { continue }
+                    let columns = region.width >> shift
+                    let x = region.x >> shift
+                    let ox = origin.x >> shift
+                    let oy = origin.y >> shift
+                    for y in (region.y >> shift)..<((region.y + region.height) >> shift) {
+                        (destination + y * toStride + x).update(from: source + (y - oy) * fromStride + (x - ox), count: columns)
+                    }
+                }
+            }
+        }
+    }
+
+    static func fill(_ region: PixelRegion, in frame: UnsafeMutablePointer<AVFrame>, luma: UInt8, chroma: UInt8) {
+        withUnsafeBytes(of: frame.pointee.data) { data in
+            let planes = data.bindMemory(to: UnsafeMutablePointer<UInt8>?.self)
+            for index in 0..<3 {
+                let shift = index == 0 ? 0 : 1
+                let stride = Int(planeStride(frame, index))
+                guard let plane = planes[index] else { continue }
+                for y in (region.y >> shift)..<((region.y + region.height) >> shift) {
+                    (plane + y * stride + (region.x >> shift)).update(repeating: index == 0 ? luma : chroma, count: region.width >> shift)
+                }
+            }
+        }
+    }
+
+    private static func planeStride(_ frame: UnsafeMutablePointer<AVFrame>, _ index: Int) -> Int32 {
+        withUnsafeBytes(of: frame.pointee.linesize) { $0.load(fromByteOffset: index * 4, as: Int32.self) }
+    }
+
+    /// Copies the composite into a yuv420p picture laid out as `planes` (the output's frames).
+    func copyComposite(into planes: [Plane]) {
+        withUnsafeBytes(of: canvas.pointer.pointee.data) { data in
+            let source = data.bindMemory(to: UnsafeMutablePointer<UInt8>?.self)
+            for index in 0..<3 {
+                let shift = index == 0 ? 0 : 1
+                let stride = Int(Self.planeStride(canvas.pointer, index))
+                guard let from = source[index], index < planes.count else { continue }
+                let to = UnsafeMutableRawPointer(mutating: planes[index].base).assumingMemoryBound(to: UInt8.self)
+                let columns = width >> shift
+                for y in 0..<(height >> shift) {
+                    (to + y * planes[index].bytesPerRow).update(from: from + y * stride, count: columns)
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,97 @@
+import Foundation
+import Testing
+
+/// issue 26 item 4: named layouts in the daemon's config, switched while recording.
+@Suite(.serialized) struct SceneTests {
+    static let grey75 = [191, 191, 191]
+    static let magenta = [191, 0, 191]
+
+    /// The base is the 320x180 pattern (bars 40 px: x 160..200 is magenta); scene `corner` draws a
+    /// 160x90 pattern in the bottom-right quarter (bars 20 px: its x 0..20 is white), `plain` nothing.
+    static func config(_ dir: TemporaryDirectory) -> String {
+        """
+        [video]
+        source = "test"
+        size = "320x180"
+        [audio]
+        mic = "none"
+        [control]
+        socket = "\(dir.path("c.sock"))"
+        [scenes]
+        corner = ["test?x=160,y=90,width=160,height=90"]
+        plain = []
+        [[output]]
+        name = "rec"
+        path = "\(dir.path("scenes.mkv"))"
+        """
+    }
+
+    static func framesEncoded(_ socket: String) throws -> Int {
+        let r = try broadcast(["status", "--socket", socket, "--json"], timeout: 30)
+        return SamePipelineTests.videoFramesEncoded(r.stdout) ?? 0
+    }
+
+    static func waitForFrames(_ socket: String, atLeast count: Int) throws {
+        for _ in 0..<600 {
+            if try framesEncoded(socket) >= count { return }
+            usleep(100_000)
+        }
+    }
+
+    @Test func switchingScenesWhileRecordingChangesThePictureWithoutAGap() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        let daemon = try spawnDaemon(config: Self.config(dir), in: dir)
+        _ = try waitUntilRecording(socket)
+        let watcher = try #require(SocketConnection(socket))
+        watcher.send("GET /v1/events HTTP/1.1\r\n\r\n")
+        let before = try broadcast(["status", "--socket", socket, "--json"], timeout: 30)
+        #expect(before.stdout.contains("\"scene\":\"corner\""), "the first scene at the start: \(before.stdout)")
+        try Self.waitForFrames(socket, atLeast: 45)
+
+        let switched = try broadcast(["scene", "plain", "--socket", socket], timeout: 30)
+        #expect(switched.status == 0, "scene plain: \(switched.stderr)")
+        #expect(watcher.read(until: "event: scene"), "a scene event: \(watcher.text)")
+        let event = watcher.events.first { $0.type == "scene" }
+        #expect(event?.data.contains("\"name\":\"plain\"") == true && event?.data.contains("\"was\":\"corner\"") == true, "\(String(describing: event))")
+        let after = try broadcast(["status", "--socket", socket, "--json"], timeout: 30)
+        #expect(after.stdout.contains("\"scene\":\"plain\""), "\(after.stdout)")
+        let metrics = try #require(SocketConnection(socket))
+        metrics.send("GET /metrics HTTP/1.1\r\n\r\n")
+        _ = metrics.readToEnd()
+        #expect(metrics.text.contains("broadcast_scene{scene=\"plain\"} 1"), "\(metrics.text)")
+        #expect(metrics.text.contains("broadcast_scene{scene=\"corner\"} 0"), "\(metrics.text)")
+
+        let unknown = try broadcast(["scene", "nope", "--socket", socket], timeout: 30)
+        #expect(unknown.status != 0, "an unknown scene is refused")
+        #expect(unknown.stderr.contains("no scene named nope: scenes are corner, plain"), "\(unknown.stderr)")
+
+        let now = try Self.framesEncoded(socket)
+        try Self.waitForFrames(socket, atLeast: now + 45)
+        let file = dir.path("scenes.mkv")
+        try DaemonEventsTests.expectEveryFrame(file, daemon: daemon)
+        let duration = try #require(try probe(file).formatDuration)
+        let first = try rgbPixels(file, at: 0.5, width: 320, height: 180, points: [(170, 112), (180, 60)])
+        #expect(near(first[0], Self.grey75), "the corner scene's layer at 0.5 s: \(first)")
+        let last = try rgbPixels(file, at: duration - 0.4, width: 320, height: 180, points: [(170, 112), (180, 60)])
+        #expect(near(last[0], Self.magenta) && near(last[1], Self.magenta), "the plain scene: the base alone: \(last)")
+    }
+
+    @Test func badScenesAreRefusedWithFileLineAndKey() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        for (text, expected) in [
+            ("[video]\nlayers = [\"test?x=1\"]\n[scenes]\na = []\n[[output]]\nname = \"o\"\npath = \"/tmp/o.mkv\"", ":2: video.layers: [video] layers and [scenes] are both set"),
+            ("[scenes]\nb = [\"test?fit=maybe\"]\n[[output]]\nname = \"o\"\npath = \"/tmp/o.mkv\"", ":2: scenes.b: invalid value 'test?fit=maybe': fit=maybe"),
+            ("[scenes]\nc = \"test\"\n[[output]]\nname = \"o\"\npath = \"/tmp/o.mkv\"", ":2: scenes.c: expected an array"),
+        ] {
+            let file = dir.path("bad.toml")
+            try text.write(toFile: file, atomically: true, encoding: .utf8)
+            let r = try broadcast(["daemon", "--config", file], timeout: 30)
+            #expect(r.status == 2, "exit \(r.status): \(r.stderr)")
+            #expect(r.stderr.split(separator: "\n").count == 1, "one line: \(r.stderr)")
+            #expect(r.stderr.contains(file + expected), "expected '\(expected)' in: \(r.stderr)")
+        }
+    }
+}

@@ -1,0 +1,300 @@
+import Atomics
+import BroadcastKit
+@testable import BroadcastMedia
+import Foundation
+import Logging
+import Testing
+
+/// The compositor redraws what changed and nothing else (issue 26 item 3), and what it draws is
+/// the same as a whole redraw.
+@Suite("Composition costs what changed")
+struct CompositorTests {
+    static let width = 320
+    static let height = 192
+
+    /// A BGR0 picture of one colour, as a captured buffer (the memory lives as long as `pixels`).
+    final class Picture {
+        var pixels: [UInt32]
+        let width: Int
+        let height: Int
+        init(width: Int, height: Int, colour: UInt32) {
+            self.width = width
+            self.height = height
+            pixels = Array(repeating: colour, count: width * height)
+        }
+        func fill(_ region: PixelRegion, _ colour: UInt32) {
+            for y in region.y..<(region.y + region.height) {
+                for x in region.x..<(region.x + region.width) { pixels[y * width + x] = colour }
+            }
+        }
+        func captured(changed: [PixelRegion]?) -> CapturedBuffer {
+            pixels.withUnsafeBytes { bytes in
+                CapturedBuffer(
+                    format: .video(VideoFormat(pixelFormat: .bgr0, width: width, height: height)), captureTime: 0,
+                    duration: MediaTime(value: 1, timescale: 30),
+                    planes: [Plane(base: bytes.baseAddress!, count: bytes.count, bytesPerRow: width * 4)],
+                    changedRegions: changed)
+            }
+        }
+    }
+
+    static func placement(x: Int, y: Int, width: Int, height: Int) -> LayerPlacement {
+        var placement = LayerPlacement()
+        placement.x = .pixels(x)
+        placement.y = .pixels(y)
+        placement.width = .pixels(width)
+        placement.height = .pixels(height)
+        return placement
+    }
+
+    /// The composite's luma plane, rows without padding.
+    static func luma(_ compositor: Compositor) -> [UInt8] {
+        let luma = UnsafeMutableRawPointer.allocate(byteCount: width * height * 3 / 2, alignment: 64)
+        defer { luma.deallocate() }
+        let planes = [
+            Plane(base: luma, count: width * height, bytesPerRow: width),
+            Plane(base: luma + width * height, count: width * height / 4, bytesPerRow: width / 2),
+            Plane(base: luma + width * height * 5 / 4, count: width * height / 4, bytesPerRow: width / 2),
+        ]
+        compositor.copyComposite(into: planes)
+        return Array(UnsafeBufferPointer(start: luma.assumingMemoryBound(to: UInt8.self), count: width * height))
+    }
+
+    @Test func aStaticScreenUnderAMovingLayerRedrawsOnlyTheLayersBox() throws {
+        let screen = Picture(width: Self.width, height: Self.height, colour: 0x0000_00ff)  // blue
+        let layer = Picture(width: 64, height: 48, colour: 0x00ff_0000)  // red
+        let box = Self.placement(x: 200, y: 100, width: 64, height: 48)
+        let compositor = try Compositor(width: Self.width, height: Self.height, colour: .bt601, placements: [box])
+        try screen.pixels.withUnsafeBytes { _ in
+            try compositor.updateBase(screen.captured(changed: nil))
+        }
+        try compositor.updateLayer(0, with: layer.captured(changed: nil), show: .picture)
+        #expect(try compositor.compose() == nil, "the first composite is drawn whole")
+        let whole = compositor.composedPixels
+        #expect(whole >= Self.width * Self.height)
+
+        // The screen repeats, the layer has a new picture: only its box is drawn again.
+        for frame in 1...10 {
+            try compositor.updateBase(screen.captured(changed: []))
+            layer.fill(PixelRegion(x: 0, y: 0, width: 64, height: 48), frame % 2 == 0 ? 0x00ff_0000 : 0x0000_ff00)
+            try compositor.updateLayer(0, with: layer.captured(changed: nil), show: .picture)
+            let before = compositor.composedPixels
+            let redrawn = try compositor.compose()
+            #expect(redrawn == [PixelRegion(x: 200, y: 100, width: 64, height: 48)], "frame \(frame): \(String(describing: redrawn))")
+            // The base under the box, and the layer over it: twice the box, never the frame.
+            #expect(compositor.composedPixels - before == 2 * 64 * 48, "frame \(frame)")
+        }
+        // Nothing new at all (no layer picture, or one that says it repeats): nothing converted or drawn.
+        let conversions = compositor.layerConversions
+        try compositor.updateBase(screen.captured(changed: []))
+        try compositor.updateLayer(0, with: nil, show: .picture)
+        let before = compositor.composedPixels
+        #expect(try compositor.compose() == [], "a static frame is the last composite again")
+        try compositor.updateBase(screen.captured(changed: []))
+        try compositor.updateLayer(0, with: layer.captured(changed: []), show: .picture)
+        #expect(try compositor.compose() == [], "a repeated layer picture changes nothing")
+        #expect(compositor.composedPixels == before)
+        #expect(compositor.layerConversions == conversions)
+
+        // What the partial redraws made is what a whole redraw makes.
+        let partial = Self.luma(compositor)
+        let fresh = try Compositor(width: Self.width, height: Self.height, colour: .bt601, placements: [box])
+        try fresh.updateBase(screen.captured(changed: nil))
+        try fresh.updateLayer(0, with: layer.captured(changed: nil), show: .picture)
+        _ = try fresh.compose()
+        #expect(partial == Self.luma(fresh))
+        // Inside the box the layer, outside it the screen.
+        #expect(partial[120 * Self.width + 230] == Self.luma(fresh)[120 * Self.width + 230])
+        #expect(partial[120 * Self.width + 230] != partial[10 * Self.width + 10])
+    }
+
+    @Test func aChangedScreenRegionRedrawsThatRegionWithTheLayerOverIt() throws {
+        let screen = Picture(width: Self.width, height: Self.height, colour: 0x0000_00ff)
+        let layer = Picture(width: 64, height: 48, colour: 0x00ff_0000)
+        let box = Self.placement(x: 200, y: 100, width: 64, height: 48)
+        let compositor = try Compositor(width: Self.width, height: Self.height, colour: .bt601, placements: [box])
+        try compositor.updateBase(screen.captured(changed: nil))
+        try compositor.updateLayer(0, with: layer.captured(changed: nil), show: .picture)
+        _ = try compositor.compose()
+        // The screen changes under the layer's corner; the layer does not.
+        let changed = PixelRegion(x: 180, y: 80, width: 40, height: 40)
+        screen.fill(changed, 0x0000_ff00)
+        try compositor.updateBase(screen.captured(changed: [changed]))
+        try compositor.updateLayer(0, with: nil, show: .picture)
+        let before = compositor.composedPixels
+        let redrawn = try #require(try compositor.compose())
+        #expect(redrawn.count == 1)
+        #expect(compositor.composedPixels - before < Self.width * Self.height / 4, "only around the change")
+        let fresh = try Compositor(width: Self.width, height: Self.height, colour: .bt601, placements: [box])
+        try fresh.updateBase(screen.captured(changed: nil))
+        try fresh.updateLayer(0, with: layer.captured(changed: nil), show: .picture)
+        _ = try fresh.compose()
+        #expect(Self.luma(compositor) == Self.luma(fresh), "the layer stays over the changed screen")
+    }
+
+    /// Y, U, V of the composite at a pixel.
+    static func yuv(_ compositor: Compositor, x: Int, y: Int) -> [Int] {
+        let bytes = UnsafeMutableRawPointer.allocate(byteCount: width * height * 3 / 2, alignment: 64)
+        defer { bytes.deallocate() }
+        let planes = [
+            Plane(base: bytes, count: width * height, bytesPerRow: width),
+            Plane(base: bytes + width * height, count: width * height / 4, bytesPerRow: width / 2),
+            Plane(base: bytes + width * height * 5 / 4, count: width * height / 4, bytesPerRow: width / 2),
+        ]
+        compositor.copyComposite(into: planes)
+        let b = bytes.assumingMemoryBound(to: UInt8.self)
+        return [Int(b[y * width + x]), Int(b[width * height + (y / 2) * (width / 2) + x / 2]),
+                Int(b[width * height * 5 / 4 + (y / 2) * (width / 2) + x / 2])]
+    }
+
+    /// A webcam's MJPEG (full-range BT.601 JPEG, decoded by libavcodec) drawn into a BT.709
+    /// composite: converted through RGB into the output's matrix and range, so its red is BT.709's
+    /// red (Y 63, U 102, V 240), not BT.601's values relabelled (Y 81, U 90).
+    @Test func anMJPEGLayerIsConvertedIntoTheOutputsColour() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let jpeg = try MJPEGTests.jpeg(MJPEGTests.redBlue(width: 128, height: 72), pixelFormat: "yuvj422p", in: directory)
+        let screen = Picture(width: Self.width, height: Self.height, colour: 0x0080_8080)
+        let compositor = try Compositor(
+            width: Self.width, height: Self.height, colour: .bt709, placements: [Self.placement(x: 0, y: 0, width: 128, height: 72)])
+        try compositor.updateBase(screen.captured(changed: nil))
+        try jpeg.withUnsafeBytes { raw in
+            let buffer = CapturedBuffer(
+                format: .video(VideoFormat(pixelFormat: .mjpeg, width: 128, height: 72, colour: .jpeg)), captureTime: 0,
+                duration: MediaTime(value: 1, timescale: 30), planes: [Plane(base: raw.baseAddress!, count: raw.count, bytesPerRow: raw.count)])
+            try compositor.updateLayer(0, with: buffer, show: .picture)
+        }
+        _ = try compositor.compose()
+        let red = Self.yuv(compositor, x: 30, y: 36)
+        let blue = Self.yuv(compositor, x: 100, y: 36)
+        #expect(abs(red[0] - 63) <= 4 && abs(red[1] - 102) <= 5 && abs(red[2] - 240) <= 5, "red in BT.709: \(red)")
+        // Blue in BT.709 limited range: Y 32, U 240, V 118.
+        #expect(abs(blue[0] - 32) <= 4 && abs(blue[1] - 240) <= 5 && abs(blue[2] - 118) <= 5, "blue in BT.709: \(blue)")
+        #expect(compositor.layerConversions == 1)
+    }
+
+    @Test func aLostLayerHidesOrShowsItsSlateAndTheScreenComesBackUnderIt() throws {
+        let screen = Picture(width: Self.width, height: Self.height, colour: 0x0000_00ff)
+        let layer = Picture(width: 64, height: 48, colour: 0x00ff_0000)
+        var slate = Self.placement(x: 0, y: 0, width: 64, height: 48)
+        slate.onLoss = .slate
+        let compositor = try Compositor(
+            width: Self.width, height: Self.height, colour: .bt601,
+            placements: [Self.placement(x: 200, y: 100, width: 64, height: 48), slate])
+        try compositor.updateBase(screen.captured(changed: nil))
+        try compositor.updateLayer(0, with: layer.captured(changed: nil), show: .picture)
+        try compositor.updateLayer(1, with: layer.captured(changed: nil), show: .picture)
+        _ = try compositor.compose()
+        let shown = Self.luma(compositor)
+        try compositor.updateBase(screen.captured(changed: []))
+        try compositor.updateLayer(0, with: nil, show: .hidden)
+        try compositor.updateLayer(1, with: nil, show: .slate)
+        #expect(try compositor.compose()?.count == 2)
+        let lost = Self.luma(compositor)
+        #expect(lost[120 * Self.width + 230] == lost[10 * Self.width + 300], "hidden: the screen shows")
+        #expect(lost[20 * Self.width + 20] == 40, "the slate")
+        try compositor.updateBase(screen.captured(changed: []))
+        try compositor.updateLayer(0, with: layer.captured(changed: nil), show: .picture)
+        try compositor.updateLayer(1, with: layer.captured(changed: nil), show: .picture)
+        _ = try compositor.compose()
+        #expect(Self.luma(compositor) == shown, "back")
+    }
+}
+
+/// A composite in a real session: a layer whose source fails while the base goes on.
+@Suite("Layered source in a session")
+struct LayeredSessionTests {
+    /// What the test's sources and handler tell each other (atomics: they run on three threads).
+    final class Steps: Sendable {
+        /// The layer handed over its first frame.
+        let layerStarted = ManagedAtomic(false)
+        /// The layer failed (after `sink.fail` returned).
+        let layerFailed = ManagedAtomic(false)
+        /// Frames the handler saw with the layer in them.
+        let layerSeen = ManagedAtomic(0)
+    }
+
+    /// A BGR0 source of one colour, as fast as it is taken. The base (`fails` false) waits for the
+    /// layer's first frame before its own, and for the layer's failure before its frame 40; the layer
+    /// fails once the handler saw it 3 times. So the layer is shown, then fails, then the base goes
+    /// on, in that order, whatever the threads' timing.
+    final class SolidSource: CaptureSource, @unchecked Sendable {
+        let name: String
+        let isRealtime = false
+        let frames: Int
+        let width: Int
+        let height: Int
+        let fails: Bool
+        let steps: Steps
+        private var thread: OSThread?
+        private let pixels: UnsafeMutableRawPointer
+        init(name: String, width: Int, height: Int, colour: UInt32, frames: Int, fails: Bool, steps: Steps) {
+            (self.name, self.width, self.height, self.frames, self.fails, self.steps) = (name, width, height, frames, fails, steps)
+            pixels = .allocate(byteCount: width * height * 4, alignment: 64)
+            pixels.bindMemory(to: UInt32.self, capacity: width * height).update(repeating: colour, count: width * height)
+        }
+        deinit { pixels.deallocate() }
+        func start(into sink: SourceSink) throws {
+            let (frames, width, height, fails, steps) = (self.frames, self.width, self.height, self.fails, self.steps)
+            let plane = Plane(base: pixels, count: width * height * 4, bytesPerRow: width * 4)
+            @Sendable func wait(_ condition: () -> Bool) { while !condition() && !sink.isStopping { usleep(500) } }
+            thread = OSThread(name: "bc-test-solid") {
+                if !fails { wait { steps.layerStarted.load(ordering: .acquiring) } }
+                for index in 0..<frames {
+                    if !fails && index == 40 { wait { steps.layerFailed.load(ordering: .acquiring) } }
+                    let buffer = CapturedBuffer(
+                        format: .video(VideoFormat(pixelFormat: .bgr0, width: width, height: height)),
+                        captureTime: sink.startTime + Int64(index) * 33_333_333, duration: MediaTime(value: 1, timescale: 30),
+                        planes: [plane])
+                    if !sink.push(buffer) { return }
+                    if fails { steps.layerStarted.store(true, ordering: .releasing) }
+                }
+                guard fails else { return sink.endOfStream() }
+                wait { steps.layerSeen.load(ordering: .acquiring) >= 3 }
+                sink.fail(BroadcastError(.sourceFailed, "the test layer is gone"))
+                steps.layerFailed.store(true, ordering: .releasing)
+            }
+        }
+        func stop() {
+            thread?.join()
+            thread = nil
+        }
+    }
+
+    /// Records the luma at one point of every video frame.
+    final class LumaProbe: BroadcastSampleHandler {
+        var lumas: [UInt8] = []
+        let x: Int, y: Int
+        let steps: Steps
+        init(x: Int, y: Int, steps: Steps) { (self.x, self.y, self.steps) = (x, y, steps) }
+        func broadcastStarted(setupInfo: SetupInfo) throws {}
+        func processSampleBuffer(_ buffer: borrowing SampleBuffer, of type: SampleBufferType) throws {
+            guard type == .video else { return }
+            let (x, y) = (self.x, self.y)
+            let luma = buffer.withPlane(0) { bytes, bytesPerRow in bytes.unsafeLoad(fromByteOffset: y * bytesPerRow + x, as: UInt8.self) }
+            lumas.append(luma)
+            if abs(Int(luma) - 145) <= 3 { steps.layerSeen.wrappingIncrement(ordering: .releasing) }
+        }
+        func broadcastFinished() {}
+    }
+
+    @Test func aLayerThatFailsIsHiddenAndTheBaseGoesOn() throws {
+        // A red screen of 60 frames; a green layer that gives 5 frames and fails.
+        let steps = Steps()
+        let base = SolidSource(name: "screen", width: 160, height: 96, colour: 0x00ff_0000, frames: 60, fails: false, steps: steps)
+        let layer = SolidSource(name: "camera", width: 32, height: 32, colour: 0x0000_ff00, frames: 5, fails: true, steps: steps)
+        var placement = LayerPlacement()
+        (placement.x, placement.y, placement.width, placement.height) = (.pixels(100), .pixels(40), .pixels(32), .pixels(32))
+        let composite = LayeredVideoSource(
+            base: base, inputs: [layer], scenes: [.init(name: "default", layers: [.init(input: 0, placement: placement)])],
+            width: 160, height: 96, colour: nil, logger: Logger(label: "test"))
+        let probe = LumaProbe(x: 116, y: 56, steps: steps)
+        let session = BroadcastSession(handler: probe, sources: [(.video, composite)])
+        let summary = try session.run(setupInfo: [:])
+        #expect(summary.reason == .sourcesEnded, "\(summary.reason)")
+        #expect(probe.lumas.count == 60, "every base frame: \(probe.lumas.count)")
+        // Green (BT.601 limited: Y 145) while the layer shows; the red screen (Y 81) once it failed.
+        #expect(probe.lumas.prefix(3).allSatisfy { abs(Int($0) - 145) <= 3 }, "the layer was shown: \(probe.lumas)")
+        #expect(probe.lumas.suffix(20).allSatisfy { abs(Int($0) - 81) <= 3 }, "hidden after it failed: \(probe.lumas.suffix(20))")
+    }
+}
