@@ -266,28 +266,9 @@ public struct DaemonConfiguration: Sendable {
 
     private mutating func read(_ document: TOMLDocument, environment: [String: String]) throws {
         for table in document.tables {
+            guard try check(table, in: document) else { continue }
             let tableName = table.name
-            if tableName.isEmpty {
-                if let key = table.keys.first {
-                    throw error(table.entries[key]!.line, key, "keys must be inside a table: \(Self.tables.map { "[\($0)]" }.joined(separator: ", "))")
-                }
-                continue
-            }
-            guard Self.tables.contains(tableName) else {
-                throw error(table.line, nil, "unknown table [\(tableName)]: known are \(Self.tables.map { "[\($0)]" }.joined(separator: ", "))")
-            }
-            if tableName == "output" && !document.arrayTableNames.contains("output") {
-                throw error(table.line, nil, "outputs are an array of tables: write [[output]], not [output]")
-            }
-            if tableName != "output" && document.arrayTableNames.contains(tableName) {
-                throw error(table.line, nil, "[[\(tableName)]] must be a single table: write [\(tableName)]")
-            }
-            var overwrite = false
-            var output: (name: String?, path: String?, url: String?, line: Int, segment: MediaTime?, retainFor: MediaTime?, retainBytes: Int64?) =
-                (nil, nil, nil, table.line, nil, nil, nil)
-            var extra = ReplayKeys()
-            var tlsKeys = TLSKeys()
-            var whipToken: (value: String, line: Int)?
+            var output = OutputKeys(line: table.line)
             for key in table.keys {
                 let entry = table.entries[key]!
                 let dotted = "\(tableName).\(key)"
@@ -298,148 +279,208 @@ public struct DaemonConfiguration: Sendable {
                 case "scenes":
                     try readScene(key, entry, key: dotted, environment: environment)
                 case "video", "audio", "encoder", "limits":
-                    let settings = Self.optionKeys[tableName]!
-                    guard let setting = settings[key] else {
-                        throw unknownKey(dotted, entry.line, known: settings.keys.sorted(), table: tableName)
-                    }
-                    let value: String
-                    if case .boolean(let on) = entry.value, tableName == "audio", key.hasSuffix("_mute") {
-                        value = on ? "true" : "false"  // mic_mute = true
-                    } else {
-                        value = try scalarText(entry, key: dotted, environment: environment)
-                    }
-                    do {
-                        try setting.apply(&self, value)
-                    } catch {
-                        throw self.error(entry.line, dotted, error.configMessage)
-                    }
+                    try readOption(key, entry, table: tableName, environment: environment)
                 case "setup":
                     setup[key] = try scalarText(entry, key: dotted, environment: environment)
                 case "control":
-                    switch key {
-                    case "socket":
-                        socketPath = try string(entry, key: dotted, environment: environment)
-                        guard socketPath.hasPrefix("/") else { throw error(entry.line, dotted, "expected an absolute path, got \"\(socketPath)\"") }
-                    case "socket_mode":
-                        let text = try scalarText(entry, key: dotted, environment: environment)
-                        guard let mode = mode_t(text.hasPrefix("0o") ? String(text.dropFirst(2)) : text, radix: 8), mode <= 0o777 else {
-                            throw error(entry.line, dotted, "expected an octal mode such as \"0660\", got \(text)")
-                        }
-                        socketMode = UInt32(mode)
-                    case "socket_group":
-                        let name = try string(entry, key: dotted, environment: environment)
-                        guard let group = ControlGroup(name) else {
-                            throw error(entry.line, dotted, "no group named \"\(name)\" on this system (create it: groupadd --system \(name), or systemd-sysusers with systemd/broadcast.sysusers)")
-                        }
-                        socketGroup = group
-                    case "tcp":
-                        let text = try string(entry, key: dotted, environment: environment)
-                        let parts = text.split(separator: ":")
-                        guard parts.count == 2, let port = UInt16(parts[1]), port > 0 else {
-                            throw error(entry.line, dotted, "expected HOST:PORT such as \"127.0.0.1:9090\", got \"\(text)\"")
-                        }
-                        tcp = ControlTCP(host: String(parts[0]), port: port)
-                    case "token":
-                        token = try string(entry, key: dotted, environment: environment)
-                        if token!.count < 16 { throw error(entry.line, dotted, "a token needs at least 16 characters") }
-                    default:
-                        throw unknownKey(dotted, entry.line, known: Self.controlKeys, table: tableName)
-                    }
+                    try readControl(key, entry, environment: environment)
                 case "daemon":
                     guard key == "autostart" else { throw unknownKey(dotted, entry.line, known: Self.daemonKeys, table: tableName) }
                     guard case .boolean(let b) = entry.value else { throw error(entry.line, dotted, "expected true or false, got \(entry.value.typeName)") }
                     autostart = b
                 default:  // output
-                    switch key {
-                    case "name":
-                        let name = try string(entry, key: dotted, environment: environment)
-                        guard !name.isEmpty, name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-" || $0 == "_") }) else {
-                            throw error(entry.line, dotted, "expected a name of letters, digits, '-' and '_', got \"\(name)\"")
-                        }
-                        output.name = name
-                    case "path": output.path = try string(entry, key: dotted, environment: environment)
-                    case "url": output.url = try string(entry, key: dotted, environment: environment)
-                    case "segment":
-                        output.segment = try duration(entry, key: dotted, environment: environment)
-                    case "retain_for":
-                        output.retainFor = try duration(entry, key: dotted, environment: environment)
-                    case "retain_bytes":
-                        let text = try scalarText(entry, key: dotted, environment: environment)
-                        do {
-                            output.retainBytes = try Values.byteCount(text, option: dotted)
-                        } catch let e as ValueError {
-                            throw error(entry.line, dotted, e.description.replacing("invalid \(dotted) ", with: "", maxReplacements: 1))
-                        }
-                    case "overwrite":
-                        guard case .boolean(let b) = entry.value else { throw error(entry.line, dotted, "expected true or false, got \(entry.value.typeName)") }
-                        overwrite = b
-                    case "replay", "max_memory", "on_file_finished", "hook_timeout":
-                        try readReplayKey(key, entry, into: &extra, environment: environment)
-                    case "tls_ca", "tls_verify":
-                        try readTLSKey(key, entry, into: &tlsKeys, environment: environment)
-                    case "token":
-                        whipToken = (try string(entry, key: dotted, environment: environment), entry.line)
-                    default:
-                        throw unknownKey(dotted, entry.line, known: Self.outputKeys, table: "[output]")
-                    }
+                    try readOutputKey(key, entry, into: &output, environment: environment)
                 }
             }
-            if tableName == "output" {
-                guard let name = output.name else { throw error(table.line, "output.name", "every [[output]] needs a name") }
-                if outputs.contains(where: { $0.name == name }) {
-                    throw error(table.line, "output.name", "two outputs are named \"\(name)\"")
-                }
-                let kind: Output.Kind
-                switch (output.path, output.url) {
-                case (let path?, nil):
-                    guard path.hasPrefix("/") else { throw error(table.line, "output.path", "expected an absolute path, got \"\(path)\"") }
-                    // The container follows the extension: a wrong one is a config error, not a failed start.
-                    do {
-                        _ = try Recording.container(for: path)
-                    } catch {
-                        throw self.error(table.entries["path"]?.line ?? table.line, "output.path", error.message)
-                    }
-                    kind = .recording(pathTemplate: path)
-                case (nil, let url?):
-                    // Not echoed: without its scheme nothing says which part is the key.
-                    guard StreamURL.looksLikeURL(url) else {
-                        throw error(
-                            table.entries["url"]?.line ?? table.line, "output.url",
-                            "not a stream URL (not shown: it may hold a key): expected rtmp://HOST/APP/KEY, rtmps://... or srt://HOST:PORT")
-                    }
-                    do {
-                        _ = try OutputDestination.parse(url)
-                    } catch {
-                        throw self.error(table.entries["url"]?.line ?? table.line, "output.url", error.message)
-                    }
-                    kind = .live(url: url)
-                case (nil, nil):
-                    throw error(table.line, "output", "output \"\(name)\" needs either path (a recording) or url (a live stream)")
-                default:
-                    throw error(table.line, "output", "output \"\(name)\" has both path and url: choose one")
-                }
-                if case .live = kind, output.segment != nil || output.retainFor != nil || output.retainBytes != nil || overwrite {
-                    throw error(table.line, "output", "segment, retain_* and overwrite apply to recordings (path), not to \"\(name)\"")
-                }
-                // One file cannot take two recordings: compared with the directories' links resolved.
-                if case .recording(let template) = kind, let other = outputs.first(where: {
-                    if case .recording(let t) = $0.kind { return Self.sameFile(t, template) }
-                    return false
-                }) {
-                    throw error(table.line, "output.path", "outputs \"\(other.name)\" (line \(other.line)) and \"\(name)\" write the same file \(template)")
-                }
-                var made = Output(name: name, kind: kind, line: table.line, segment: output.segment, retainFor: output.retainFor, retainBytes: output.retainBytes, overwrite: overwrite)
-                try applyReplayKeys(extra, to: &made)
-                try applyTLSKeys(tlsKeys, to: &made)
-                if let whipToken {
-                    guard case .live(let url) = kind, (try? OutputDestination.parse(url))?.isWHIP == true else {
-                        throw error(whipToken.line, "output.token", "token applies to whip+https:// (whip+http://) outputs, not to \"\(name)\"")
-                    }
-                    made.token = whipToken.value
-                }
-                outputs.append(made)
-            }
+            if tableName == "output" { try addOutput(output, table) }
         }
+    }
+
+    /// The table is one we know, in the shape we take (an array of tables only for [[output]]);
+    /// false for the document's root when it holds no key.
+    private func check(_ table: TOMLDocument.Table, in document: TOMLDocument) throws -> Bool {
+        let tableName = table.name
+        if tableName.isEmpty {
+            if let key = table.keys.first {
+                throw error(table.entries[key]!.line, key, "keys must be inside a table: \(Self.tables.map { "[\($0)]" }.joined(separator: ", "))")
+            }
+            return false
+        }
+        guard Self.tables.contains(tableName) else {
+            throw error(table.line, nil, "unknown table [\(tableName)]: known are \(Self.tables.map { "[\($0)]" }.joined(separator: ", "))")
+        }
+        if tableName == "output" && !document.arrayTableNames.contains("output") {
+            throw error(table.line, nil, "outputs are an array of tables: write [[output]], not [output]")
+        }
+        if tableName != "output" && document.arrayTableNames.contains(tableName) {
+            throw error(table.line, nil, "[[\(tableName)]] must be a single table: write [\(tableName)]")
+        }
+        return true
+    }
+
+    /// A key of [video], [audio], [encoder] or [limits]: the option spec the command line shares.
+    private mutating func readOption(_ key: String, _ entry: TOMLDocument.Entry, table: String, environment: [String: String]) throws {
+        let dotted = "\(table).\(key)"
+        let settings = Self.optionKeys[table]!
+        guard let setting = settings[key] else {
+            throw unknownKey(dotted, entry.line, known: settings.keys.sorted(), table: table)
+        }
+        let value: String
+        if case .boolean(let on) = entry.value, table == "audio", key.hasSuffix("_mute") {
+            value = on ? "true" : "false"  // mic_mute = true
+        } else {
+            value = try scalarText(entry, key: dotted, environment: environment)
+        }
+        do {
+            try setting.apply(&self, value)
+        } catch {
+            throw self.error(entry.line, dotted, error.configMessage)
+        }
+    }
+
+    /// A key of [control].
+    private mutating func readControl(_ key: String, _ entry: TOMLDocument.Entry, environment: [String: String]) throws {
+        let dotted = "control.\(key)"
+        switch key {
+        case "socket":
+            socketPath = try string(entry, key: dotted, environment: environment)
+            guard socketPath.hasPrefix("/") else { throw error(entry.line, dotted, "expected an absolute path, got \"\(socketPath)\"") }
+        case "socket_mode":
+            let text = try scalarText(entry, key: dotted, environment: environment)
+            guard let mode = mode_t(text.hasPrefix("0o") ? String(text.dropFirst(2)) : text, radix: 8), mode <= 0o777 else {
+                throw error(entry.line, dotted, "expected an octal mode such as \"0660\", got \(text)")
+            }
+            socketMode = UInt32(mode)
+        case "socket_group":
+            let name = try string(entry, key: dotted, environment: environment)
+            guard let group = ControlGroup(name) else {
+                throw error(entry.line, dotted, "no group named \"\(name)\" on this system (create it: groupadd --system \(name), or systemd-sysusers with systemd/broadcast.sysusers)")
+            }
+            socketGroup = group
+        case "tcp":
+            let text = try string(entry, key: dotted, environment: environment)
+            let parts = text.split(separator: ":")
+            guard parts.count == 2, let port = UInt16(parts[1]), port > 0 else {
+                throw error(entry.line, dotted, "expected HOST:PORT such as \"127.0.0.1:9090\", got \"\(text)\"")
+            }
+            tcp = ControlTCP(host: String(parts[0]), port: port)
+        case "token":
+            token = try string(entry, key: dotted, environment: environment)
+            if token!.count < 16 { throw error(entry.line, dotted, "a token needs at least 16 characters") }
+        default:
+            throw unknownKey(dotted, entry.line, known: Self.controlKeys, table: "control")
+        }
+    }
+
+    /// One [[output]]'s keys as read, checked together once the table ends (`addOutput`).
+    private struct OutputKeys {
+        var name: String?
+        var path: String?
+        var url: String?
+        var line: Int
+        var segment: MediaTime?
+        var retainFor: MediaTime?
+        var retainBytes: Int64?
+        var overwrite = false
+        var replay = ReplayKeys()
+        var tls = TLSKeys()
+        var token: (value: String, line: Int)?
+    }
+
+    private func readOutputKey(_ key: String, _ entry: TOMLDocument.Entry, into output: inout OutputKeys, environment: [String: String]) throws {
+        let dotted = "output.\(key)"
+        switch key {
+        case "name":
+            let name = try string(entry, key: dotted, environment: environment)
+            guard !name.isEmpty, name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-" || $0 == "_") }) else {
+                throw error(entry.line, dotted, "expected a name of letters, digits, '-' and '_', got \"\(name)\"")
+            }
+            output.name = name
+        case "path": output.path = try string(entry, key: dotted, environment: environment)
+        case "url": output.url = try string(entry, key: dotted, environment: environment)
+        case "segment":
+            output.segment = try duration(entry, key: dotted, environment: environment)
+        case "retain_for":
+            output.retainFor = try duration(entry, key: dotted, environment: environment)
+        case "retain_bytes":
+            let text = try scalarText(entry, key: dotted, environment: environment)
+            do {
+                output.retainBytes = try Values.byteCount(text, option: dotted)
+            } catch let e as ValueError {
+                throw error(entry.line, dotted, e.description.replacing("invalid \(dotted) ", with: "", maxReplacements: 1))
+            }
+        case "overwrite":
+            guard case .boolean(let b) = entry.value else { throw error(entry.line, dotted, "expected true or false, got \(entry.value.typeName)") }
+            output.overwrite = b
+        case "replay", "max_memory", "on_file_finished", "hook_timeout":
+            try readReplayKey(key, entry, into: &output.replay, environment: environment)
+        case "tls_ca", "tls_verify":
+            try readTLSKey(key, entry, into: &output.tls, environment: environment)
+        case "token":
+            output.token = (try string(entry, key: dotted, environment: environment), entry.line)
+        default:
+            throw unknownKey(dotted, entry.line, known: Self.outputKeys, table: "[output]")
+        }
+    }
+
+    /// The [[output]] whose keys were read: named uniquely, a recording or a live stream (not
+    /// both), its keys fitting its kind, no file shared with another output.
+    private mutating func addOutput(_ output: OutputKeys, _ table: TOMLDocument.Table) throws {
+        guard let name = output.name else { throw error(table.line, "output.name", "every [[output]] needs a name") }
+        if outputs.contains(where: { $0.name == name }) {
+            throw error(table.line, "output.name", "two outputs are named \"\(name)\"")
+        }
+        let kind: Output.Kind
+        switch (output.path, output.url) {
+        case (let path?, nil):
+            guard path.hasPrefix("/") else { throw error(table.line, "output.path", "expected an absolute path, got \"\(path)\"") }
+            // The container follows the extension: a wrong one is a config error, not a failed start.
+            do {
+                _ = try Recording.container(for: path)
+            } catch {
+                throw self.error(table.entries["path"]?.line ?? table.line, "output.path", error.message)
+            }
+            kind = .recording(pathTemplate: path)
+        case (nil, let url?):
+            // Not echoed: without its scheme nothing says which part is the key.
+            guard StreamURL.looksLikeURL(url) else {
+                throw error(
+                    table.entries["url"]?.line ?? table.line, "output.url",
+                    "not a stream URL (not shown: it may hold a key): expected rtmp://HOST/APP/KEY, rtmps://... or srt://HOST:PORT")
+            }
+            do {
+                _ = try OutputDestination.parse(url)
+            } catch {
+                throw self.error(table.entries["url"]?.line ?? table.line, "output.url", error.message)
+            }
+            kind = .live(url: url)
+        case (nil, nil):
+            throw error(table.line, "output", "output \"\(name)\" needs either path (a recording) or url (a live stream)")
+        default:
+            throw error(table.line, "output", "output \"\(name)\" has both path and url: choose one")
+        }
+        if case .live = kind, output.segment != nil || output.retainFor != nil || output.retainBytes != nil || output.overwrite {
+            throw error(table.line, "output", "segment, retain_* and overwrite apply to recordings (path), not to \"\(name)\"")
+        }
+        // One file cannot take two recordings: compared with the directories' links resolved.
+        if case .recording(let template) = kind, let other = outputs.first(where: {
+            if case .recording(let t) = $0.kind { return Self.sameFile(t, template) }
+            return false
+        }) {
+            throw error(table.line, "output.path", "outputs \"\(other.name)\" (line \(other.line)) and \"\(name)\" write the same file \(template)")
+        }
+        var made = Output(
+            name: name, kind: kind, line: table.line, segment: output.segment, retainFor: output.retainFor, retainBytes: output.retainBytes,
+            overwrite: output.overwrite)
+        try applyReplayKeys(output.replay, to: &made)
+        try applyTLSKeys(output.tls, to: &made)
+        if let token = output.token {
+            guard case .live(let url) = kind, (try? OutputDestination.parse(url))?.isWHIP == true else {
+                throw error(token.line, "output.token", "token applies to whip+https:// (whip+http://) outputs, not to \"\(name)\"")
+            }
+            made.token = token.value
+        }
+        outputs.append(made)
     }
 
     private func unknownKey(_ key: String, _ line: Int, known: [String], table: String) -> ConfigError {
