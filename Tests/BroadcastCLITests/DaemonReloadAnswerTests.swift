@@ -66,6 +66,10 @@ import Testing
         // The event says the same as the answer (it said "applied").
         let watcher = try Child(broadcastBinary, ["status", "--watch", "--json", "--socket", dir.path("c.sock")])
         defer { watcher.signal(SIGKILL) }
+        // Following before the reload: its first line (the state) says the stream is open (a loaded
+        // host started the watcher after the reload's event, which it then never saw).
+        for _ in 0..<600 where !watcher.stdoutSoFar.contains("\n") { usleep(100_000) }
+        #expect(watcher.stdoutSoFar.contains("\n"), "the watcher printed nothing")
         let r = try Self.reload(dir, Self.config(dir, outputs: Self.recording("rec", dir.path("rec.mkv"), extra: "overwrite = true\nsegment = \"1h\"")))
         #expect(r.status == 0, "\(r.stderr)")
         #expect(r.answer["complete"] as? Bool == false, "\(r.stderr)")

@@ -120,6 +120,49 @@ struct PortalVideoTests {
         #expect(sorted.allSatisfy { $0 >= -33_333_334 }, "a frame more than a tick before its producer time: \(sorted)")
     }
 
+    /// Issue 26: a portal screen as the base with the test pattern as a layer in its bottom-right
+    /// quarter (x 480..640, y 270..360 of 640x360; the 160x90 pattern's bars are 20 px wide:
+    /// white, yellow, cyan, green, magenta, red, blue, black). The screen (red) shows outside the
+    /// box, the pattern inside it, its edges where placed, through the whole recording.
+    @Test func aLayerOverThePortalScreen() throws {
+        let desktop = try DesktopSession(.init(size: "640x360", background: "#000080"))
+        defer { desktop.stop() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let file = dir.path("desk.mp4")
+        let recording = try desktop.start(broadcastBinary, [
+            "record", file, "--video", "portal", "--video", "test?x=75%,y=75%,width=25%,height=25%",
+            "--audio-mic", "none", "--fps", "30", "-q",
+        ])
+        try desktop.waitForCastConsumers()
+        // The compositor sends a frame when the screen changes (black until then): red from here.
+        Thread.sleep(forTimeInterval: 0.5)
+        try desktop.setBackground("#ff0000")
+        Thread.sleep(forTimeInterval: 2.5)
+        recording.signal(SIGINT)
+        let r = recording.wait(timeout: 120)
+        #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
+        let video = try #require(try probe(file).video)
+        #expect(video.width == 640 && video.height == 360, "the portal's screen sets the frame: \(video.width ?? 0)x\(video.height ?? 0)")
+        // (The pattern's top 20 rows are its clock: the bars are below.)
+        let points = [
+            (510, 320), (610, 320),  // yellow and blue bars, inside
+            (484, 320), (476, 320),  // the left edge: the white bar 4 px inside, the screen 4 px outside
+            (610, 294), (610, 266),  // the top: blue below the clock, the screen 4 px above the box
+            (100, 100), (400, 300), (600, 240),  // the screen elsewhere
+        ]
+        let duration = video.duration ?? 0
+        #expect(duration > 3, "\(duration) s recorded")
+        for time in [duration - 1.5, duration - 0.3] {
+            let p = try rgbPixels(file, at: time, width: 640, height: 360, points: points)
+            #expect(BroadcastCLITests.near(p[0], LayerTests.yellow) && BroadcastCLITests.near(p[1], LayerTests.blue), "inside the box at \(time) s: \(p)")
+            #expect(BroadcastCLITests.near(p[2], LayerTests.grey75) && BroadcastCLITests.near(p[3], LayerTests.red), "left edge at \(time) s: \(p)")
+            #expect(BroadcastCLITests.near(p[4], LayerTests.blue) && BroadcastCLITests.near(p[5], LayerTests.red), "top edge at \(time) s: \(p)")
+            #expect(BroadcastCLITests.near(p[6], LayerTests.red) && BroadcastCLITests.near(p[7], LayerTests.red) && BroadcastCLITests.near(p[8], LayerTests.red), "outside at \(time) s: \(p)")
+        }
+        try expectDecodesCleanly(file)
+    }
+
     /// A screen that changes all the time (a terminal redrawing 30 times a second): still exactly
     /// the output rate, now mostly new frames.
     @Test func changingScreenKeepsTheRate() throws {

@@ -8,7 +8,7 @@ import Testing
 
     /// The base is the 320x180 pattern (bars 40 px: x 160..200 is magenta); scene `corner` draws a
     /// 160x90 pattern in the bottom-right quarter (bars 20 px: its x 0..20 is white), `plain` nothing.
-    static func config(_ dir: TemporaryDirectory) -> String {
+    static func config(_ dir: TemporaryDirectory, stream: String? = nil) -> String {
         """
         [video]
         source = "test"
@@ -23,7 +23,7 @@ import Testing
         [[output]]
         name = "rec"
         path = "\(dir.path("scenes.mkv"))"
-        """
+        """ + (stream.map { "\n[[output]]\nname = \"live\"\nurl = \"\($0)\"" } ?? "")
     }
 
     static func framesEncoded(_ socket: String) throws -> Int {
@@ -76,6 +76,43 @@ import Testing
         #expect(near(first[0], Self.grey75), "the corner scene's layer at 0.5 s: \(first)")
         let last = try rgbPixels(file, at: duration - 0.4, width: 320, height: 180, points: [(170, 112), (180, 60)])
         #expect(near(last[0], Self.magenta) && near(last[1], Self.magenta), "the plain scene: the base alone: \(last)")
+    }
+
+    /// The same switch while streaming to a real RTMP server beside the recording: the stream, too,
+    /// has a frame every period (but those the daemon counted dropped) and changes picture.
+    @Test func switchingScenesWhileStreamingKeepsEveryFrameOnTheStream() throws {
+        let server = try RTMPServer()
+        defer { server.cleanup() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        let daemon = try spawnDaemon(config: Self.config(dir, stream: "rtmp://127.0.0.1:\(server.port)/live/scenes"), in: dir)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        _ = try waitUntilRecording(socket)
+        try Self.waitForFrames(socket, atLeast: 60)
+        let switched = try broadcast(["scene", "plain", "--socket", socket], timeout: 30)
+        #expect(switched.status == 0, "scene plain: \(switched.stderr)")
+        let now = try Self.framesEncoded(socket)
+        try Self.waitForFrames(socket, atLeast: now + 60)
+        let status = try broadcast(["status", "--socket", socket, "--json"], timeout: 30).stdout
+        #expect(status.contains("\"name\":\"live\"") && status.contains("\"state\":\"live\""), "the stream is live: \(status)")
+        daemon.signal(SIGTERM)
+        let exited = daemon.wait(timeout: 60)
+        #expect(exited.status == 0, "exit \(exited.status): \(exited.stderr.suffix(2000))")
+        server.stop()
+        let copy = try #require(server.recordings.first, "nginx recorded nothing")
+        let frames = try packetTimes(copy, stream: "v:0")
+        #expect(frames.count > 100, "\(frames.count) frames on the stream")
+        let gaps = zip(frames, frames.dropFirst()).map { $1 - $0 }
+        // FLV keeps milliseconds: 33.3 can read 34.
+        let missing = gaps.filter { $0 > 1.0 / 30 + 0.0015 }.map { Int(($0 * 30).rounded()) - 1 }.reduce(0, +)
+        #expect(missing <= countedVideoDrops(exited.stderr), "\(missing) frames missing on the stream (gaps up to \(gaps.max() ?? 0) s)")
+        let duration = try #require(try probe(copy).formatDuration)
+        let first = try rgbPixels(copy, at: 0.5, width: 320, height: 180, points: [(170, 112)])
+        #expect(near(first[0], Self.grey75), "the corner scene's layer on the stream at 0.5 s: \(first)")
+        let last = try rgbPixels(copy, at: duration - 0.4, width: 320, height: 180, points: [(170, 112)])
+        #expect(near(last[0], Self.magenta), "the plain scene on the stream: the base alone: \(last)")
+        try expectDecodesCleanly(copy)
     }
 
     @Test func badScenesAreRefusedWithFileLineAndKey() throws {
