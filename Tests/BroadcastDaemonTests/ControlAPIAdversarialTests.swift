@@ -59,7 +59,7 @@ import Testing
         let daemon = Daemon(
             configuration: try DaemonConfiguration.load(path: file, environment: [:]), environment: { [:] },
             metrics: DaemonMetrics(), notifier: SystemdNotifier(environment: [:]), logger: quietLogger)
-        let task = Task { try await daemon.run() }
+        let task = runOnOwnThread { try await daemon.run() }
         let client = ControlClient(socketPath: dir.path("control.sock"))
         _ = try await poll("the broadcast running") { () -> Bool? in
             guard let status = DaemonInProcessTests.status(client), status["state"]?.stringValue == "started",

@@ -32,7 +32,7 @@ import Testing
         let daemon = Daemon(
             configuration: try DaemonConfiguration.load(path: file, environment: [:]), environment: { [:] },
             metrics: DaemonMetrics(), notifier: SystemdNotifier(environment: [:]), logger: quietLogger)
-        let running = Task { try await daemon.run() }
+        let running = runOnOwnThread { try await daemon.run() }
         let client = ControlClient(socketPath: socket)
 
         // Start: both outputs record.
@@ -173,7 +173,7 @@ import Testing
         let daemon = Daemon(
             configuration: try DaemonConfiguration.load(path: file, environment: [:]), environment: { [:] },
             metrics: DaemonMetrics(), notifier: SystemdNotifier(environment: [:]), logger: quietLogger)
-        let running = Task { try await daemon.run() }
+        let running = runOnOwnThread { try await daemon.run() }
         let client = ControlClient(socketPath: socket)
         _ = try await poll("rec recording") { Self.status(client).flatMap { Self.outputStates($0)["rec"] == "recording" ? true : nil } }
         let watch = daemon.events.subscribe(lastEventID: nil)
@@ -411,13 +411,17 @@ struct Timeout: Error, CustomStringConvertible {
 
 /// Polls `condition` every 100 ms until it gives a value; generous (a busy machine is slow), and
 /// the wait ends as soon as the condition holds.
+/// The waiting is done on a thread of its own (`ThreadExecutor.waits`): queued behind the other
+/// tests on the cooperative pool, it would find its deadline passed when it next ran.
 func poll<T>(_ what: String, seconds: Double = 300, _ condition: () -> T?) async throws -> T {
-    let deadline = Date().addingTimeInterval(seconds)
-    while Date() < deadline {
-        if let value = condition() { return value }
-        try await Task.sleep(for: .milliseconds(100))
+    try await withTaskExecutorPreference(ThreadExecutor.waits) {
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            if let value = condition() { return value }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        throw Timeout(what: what)
     }
-    throw Timeout(what: what)
 }
 
 /// The container's duration in seconds, as ffprobe reads it (0 when it cannot).
