@@ -95,7 +95,9 @@ final class DesktopSession: @unchecked Sendable {
     /// Waits until a port of the PipeWire node `node` (its name, e.g. a sink's) is linked to one of
     /// broadcast's streams: audio from that node reaches the recording from then on. A test plays
     /// its sound after this, not after a fixed sleep (on a busy machine relinking can take seconds).
-    func waitForBroadcastLink(from node: String, timeout: Double = 30) throws {
+    /// A guard against hanging, not a measurement: in a loaded full run a desktop test took 175 s
+    /// where it takes 11 s alone, and 30 s passed before WirePlumber's switch reached the graph.
+    func waitForBroadcastLink(from node: String, timeout: Double = 120) throws {
         let deadline = Date().addingTimeInterval(timeout)
         var links = ""
         while Date() < deadline {

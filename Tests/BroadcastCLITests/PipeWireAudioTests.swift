@@ -108,7 +108,8 @@ struct PipeWireAudioTests {
         try Self.tone(dir.path("after.wav"), frequency: 1500, seconds: toneSeconds)
         let file = dir.path("switch.mp4")
         let recording = try desktop.start(broadcastBinary, [
-            "record", file, "--video", "none", "--audio-mic", "none", "--audio-app", "desktop", "--duration", "60s", "-q",
+            // Ended by SIGINT below; the duration only bounds a test that hangs.
+            "record", file, "--video", "none", "--audio-mic", "none", "--audio-app", "desktop", "--duration", "600s", "-q",
         ])
         try desktop.waitForBroadcastLink(from: "test_sink")
         let before = try desktop.run("/usr/bin/pw-play", [dir.path("before.wav")])
