@@ -105,7 +105,10 @@ final class DesktopSession: @unchecked Sendable {
             if Self.links(links, from: node, toPortsContaining: "broadcast") { return }
             usleep(50_000)
         }
-        throw DesktopSessionError("no link from \(node) to broadcast after \(timeout) s: \(links)")
+        // What the session's policy says the defaults are (to tell a default that never moved from
+        // a move broadcast did not follow).
+        let metadata = (try? run("/usr/bin/pw-metadata", ["0"]))?.stdout ?? ""
+        throw DesktopSessionError("no link from \(node) to broadcast after \(timeout) s: \(links); metadata: \(metadata)")
     }
 
     /// Whether `pw-link -l` output has a link from a port of `node` to a port whose name contains
