@@ -83,6 +83,8 @@ public struct PipeWireAudioGraph: Sendable, Hashable {
 
     public var nodes: [UInt32: Node] = [:]
     public var ports: [UInt32: Port] = [:]
+    /// The links that exist, by their global id: output port → input port (anyone's, ours included).
+    public var portLinks: [UInt32: PortPair] = [:]
     /// node.name of the default sink and source, from the "default" metadata.
     public var defaultSinkName: String?
     public var defaultSourceName: String?
@@ -93,6 +95,19 @@ public struct PipeWireAudioGraph: Sendable, Hashable {
     public mutating func remove(id: UInt32) {
         nodes[id] = nil
         ports[id] = nil
+        portLinks[id] = nil
+    }
+
+    /// An output port linked to an input port.
+    public struct PortPair: Sendable, Hashable {
+        public var output: UInt32
+        public var input: UInt32
+        public init(output: UInt32, input: UInt32) { (self.output, self.input) = (output, input) }
+    }
+
+    /// Whether the graph has a link for `link`'s ports.
+    public func exists(_ link: Link) -> Bool {
+        portLinks.values.contains(PortPair(output: link.outputPort, input: link.inputPort))
     }
 
     public var audioNodes: [Node] { nodes.values.filter(\.isAudio).sorted { $0.id < $1.id } }

@@ -303,6 +303,11 @@ final class PipeWireAudioStream {
     private var nodeID: UInt32?
     private var plannedGeneration = -1
     private var links: [PipeWireAudioGraph.Link: OpaquePointer] = [:]
+    /// When each of `links` was asked for: one the graph still lacks after `linkPatience` failed
+    /// (a port just made, not yet ready) and is asked for again.
+    private var linkAskedAt: [PipeWireAudioGraph.Link: Int64] = [:]
+    private static let linkPatience: Int64 = 3_000_000_000
+    private var nextLinkCheck: Int64 = 0
     private var linkedNodeIDs: [UInt32] = []
     private var streamError: String?
     private let bytesPerFrame: Int
@@ -409,6 +414,7 @@ final class PipeWireAudioStream {
     /// Makes the links match what the target names now (called after every loop iteration; does
     /// nothing unless the graph changed).
     private func relink() {
+        retryMissingLinks()
         guard let own = nodeID, connection.generation != plannedGeneration else { return }
         plannedGeneration = connection.generation
         let graph = connection.graph
@@ -418,10 +424,13 @@ final class PipeWireAudioStream {
         for (link, proxy) in links where !wanted.contains(link) {
             pw_proxy_destroy(proxy)
             links[link] = nil
+            linkAskedAt[link] = nil
         }
+        let now = MonotonicClockReading.now()
         for link in wanted where links[link] == nil {
             if let proxy = CBroadcastPWAudio_link(connection.core, link.outputNode, link.outputPort, link.inputNode, link.inputPort) {
                 links[link] = proxy
+                linkAskedAt[link] = now
             }
         }
         let linked = Set(links.keys.map(\.outputNode)).sorted()
@@ -431,6 +440,25 @@ final class PipeWireAudioStream {
             delivery.timeline.restart()
             delivery.source.logLinks(linked.compactMap { graph.nodes[$0] })
         }
+    }
+
+    /// A link asked for that the graph still lacks after `linkPatience` (its creation failed: the
+    /// server said so to the proxy, which nothing here listens to) is dropped and planned again.
+    /// Checked once a second. Without it, a switch of the default sink was sometimes never followed
+    /// (1 run in 9 of PipeWireAudioTests' sink switch): the new sink's ports had just been made.
+    private func retryMissingLinks() {
+        let now = MonotonicClockReading.now()
+        guard now >= nextLinkCheck else { return }
+        nextLinkCheck = now + 1_000_000_000
+        let graph = connection.graph
+        var dropped = false
+        for (link, proxy) in links where now - (linkAskedAt[link] ?? now) >= Self.linkPatience && !graph.exists(link) {
+            pw_proxy_destroy(proxy)
+            links[link] = nil
+            linkAskedAt[link] = nil
+            dropped = true
+        }
+        if dropped { plannedGeneration = -1 }
     }
 
     /// A graph cycle's buffers: drained at once (all of them, so the last one is the cycle `now`

@@ -147,6 +147,9 @@ final class PipeWireConnection {
                 id: id, nodeID: node, isOutput: direction == "out", channel: value("audio.channel") ?? "",
                 isMonitor: value("port.monitor") == "true"
             )
+        case "PipeWire:Interface:Link":
+            guard let output = value("link.output.port").flatMap(UInt32.init), let input = value("link.input.port").flatMap(UInt32.init) else { return }
+            graph.portLinks[id] = PipeWireAudioGraph.PortPair(output: output, input: input)
         case "PipeWire:Interface:Metadata":
             guard value("metadata.name") == "default", metadata == nil, let registry else { return }
             metadata = CBroadcastPWAudio_bind_metadata(registry, id, metadataHook, metadataEvents, Unmanaged.passUnretained(self).toOpaque())
