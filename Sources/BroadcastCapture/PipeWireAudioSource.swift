@@ -302,10 +302,9 @@ final class PipeWireAudioStream {
     private let events = UnsafeMutablePointer<pw_stream_events>.allocate(capacity: 1)
     private var nodeID: UInt32?
     private var plannedGeneration = -1
-    private var links: [PipeWireAudioGraph.Link: OpaquePointer] = [:]
-    /// When each of `links` was asked for: one the graph still lacks after `linkPatience` failed
-    /// (a port just made, not yet ready) and is asked for again.
-    private var linkAskedAt: [PipeWireAudioGraph.Link: Int64] = [:]
+    /// The links asked for: their proxies, and when they were asked for (one the graph still lacks
+    /// after `linkPatience` failed, a port just made not yet ready, and is asked for again).
+    private var links: [PipeWireAudioGraph.Link: (proxy: OpaquePointer, askedAt: Int64)] = [:]
     private static let linkPatience: Int64 = 3_000_000_000
     private var nextLinkCheck: Int64 = 0
     private var linkedNodeIDs: [UInt32] = []
@@ -378,7 +377,7 @@ final class PipeWireAudioStream {
     }
 
     deinit {
-        for proxy in links.values { pw_proxy_destroy(proxy) }
+        for made in links.values { pw_proxy_destroy(made.proxy) }
         if let stream { pw_stream_destroy(stream) }
         hook.deallocate()
         events.deallocate()
@@ -421,16 +420,14 @@ final class PipeWireAudioStream {
         let nodes = graph.resolve(target, excluding: own)
         if case .application = target { targetMissing = false } else { targetMissing = nodes.isEmpty }
         let wanted = graph.links(capturing: nodes, into: own)
-        for (link, proxy) in links where !wanted.contains(link) {
-            pw_proxy_destroy(proxy)
+        for (link, made) in links where !wanted.contains(link) {
+            pw_proxy_destroy(made.proxy)
             links[link] = nil
-            linkAskedAt[link] = nil
         }
         let now = MonotonicClockReading.now()
         for link in wanted where links[link] == nil {
             if let proxy = CBroadcastPWAudio_link(connection.core, link.outputNode, link.outputPort, link.inputNode, link.inputPort) {
-                links[link] = proxy
-                linkAskedAt[link] = now
+                links[link] = (proxy, now)
             }
         }
         let linked = Set(links.keys.map(\.outputNode)).sorted()
@@ -452,10 +449,9 @@ final class PipeWireAudioStream {
         nextLinkCheck = now + 1_000_000_000
         let graph = connection.graph
         var dropped = false
-        for (link, proxy) in links where now - (linkAskedAt[link] ?? now) >= Self.linkPatience && !graph.exists(link) {
-            pw_proxy_destroy(proxy)
+        for (link, made) in links where now - made.askedAt >= Self.linkPatience && !graph.exists(link) {
+            pw_proxy_destroy(made.proxy)
             links[link] = nil
-            linkAskedAt[link] = nil
             dropped = true
         }
         if dropped { plannedGeneration = -1 }

@@ -23,7 +23,8 @@ final class ControlExecutor: TaskExecutor, @unchecked Sendable {
     /// Jobs run so far (a test reads it to see the thread alive).
     private let ran = Atomic<Int>(0)
 
-    private init(name: String = "bc-control") {
+    /// `shared` for the control server; tests make their own (their waits, in-process daemons).
+    init(name: String = "bc-control") {
         OSThread(name: name) { [self] in loop() }.detach()
     }
 

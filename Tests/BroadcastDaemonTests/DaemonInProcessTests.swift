@@ -411,10 +411,10 @@ struct Timeout: Error, CustomStringConvertible {
 
 /// Polls `condition` every 100 ms until it gives a value; generous (a busy machine is slow), and
 /// the wait ends as soon as the condition holds.
-/// The waiting is done on a thread of its own (`ThreadExecutor.waits`): queued behind the other
+/// The waiting is done on a thread of its own (`TestExecutors.waits`): queued behind the other
 /// tests on the cooperative pool, it would find its deadline passed when it next ran.
 func poll<T>(_ what: String, seconds: Double = 300, _ condition: () -> T?) async throws -> T {
-    try await withTaskExecutorPreference(ThreadExecutor.waits) {
+    try await withTaskExecutorPreference(TestExecutors.waits) {
         let deadline = Date().addingTimeInterval(seconds)
         while Date() < deadline {
             if let value = condition() { return value }
