@@ -22,6 +22,7 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
     private let streams: [StreamDescription]
     private let sendBufferBytes: Int
     private let logger: Logger
+    private let report: LiveStreamReport
 
     // The output thread's own state. FFmpeg's interrupt callback runs on this thread too (inside a
     // blocking connect, write or close), so it may use it.
@@ -47,6 +48,7 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
         // Linux doubles SO_SNDBUF: a quarter second asked is about half a second held.
         self.sendBufferBytes = settings.sendBufferBytes ?? max(32 * 1024, totalBitrate / 8 / 4)
         self.logger = logger
+        self.report = LiveStreamReport(output: output, url: url, logger: logger)
         self.machine = LiveStreamStateMachine(
             settings: settings, hasVideo: streams.contains { $0.parameters.mediaType == .video }, now: .now())
     }
@@ -156,59 +158,34 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
 
     /// Performs what the state machine decided after a connect or a write failed.
     private func lost(
-        _ action: LiveStreamStateMachine<EncodedPacket>.LossAction, _ error: FFmpegError, sending: Bool, certificate: Bool = false
+        _ action: LiveStreamReport.LossAction, _ error: FFmpegError, sending: Bool, certificate: Bool = false
     ) {
         // What is left of the connection closes here, within the action's close deadline.
         muxer = nil
         machine.closed()
         sentBefore += lastBytes
         lastBytes = 0
-        status.bitrate.store(0, ordering: .relaxed)
-        status.setBacklog(0)
         var message = url.scrub(error.description)
-        let timedOut: Bool
         switch action {
-        case .reconnect(_, _, _, let t, let dropped), .fail(_, _, let t, let dropped):
-            timedOut = t
-            drop(.offline, dropped)
-        }
-        if timedOut {
+        case .reconnect(_, _, _, true, _), .fail(_, _, true, _):
             // FFmpeg says "Immediate exit requested" for a call its interrupt callback ended.
+            let timeout = LiveStreamReport.seconds(settings.timeout)
             message = sending
-                ? "timed out after \(Self.seconds(settings.timeout)) writing to \(url.redacted): the server took no data in that time"
-                : "timed out after \(Self.seconds(settings.timeout)) connecting to \(url.redacted)"
+                ? "timed out after \(timeout) writing to \(url.redacted): the server took no data in that time"
+                : "timed out after \(timeout) connecting to \(url.redacted)"
+        default:
+            break
         }
-        status.setError(message)
-        status.attempt.store(machine.failures, ordering: .relaxed)
-        switch action {
-        case .fail(.refused(let times), _, _, _) where certificate:
-            output.failed("stream \(url.redacted): the server's certificate was refused \(times) times in a row; giving up. \(message)")
-        case .fail(.refused(let times), _, _, _):
-            output.failed(
-                "stream \(url.redacted): the server refused the stream \(times) times in a row "
-                    + "(wrong stream key, or publishing not allowed?); giving up. Last error: \(message)")
-        case .fail(.gaveUp(let attempts), _, _, _):
-            output.failed("stream \(url.redacted): gave up after \(attempts) failed attempts. Last error: \(message)")
-        case .reconnect(let delay, let attempt, _, _, _):
-            publishState()
-            let what = sending ? "connection lost" : "could not connect"
-            logger.warning(
-                "stream \(url.redacted): \(what): \(message); reconnecting in \(Self.seconds(delay.inSeconds)) (attempt \(attempt))")
+        report.lost(action, message: message, failures: machine.failures, state: machine.outputState, sending: sending) { times in
+            certificate
+                ? "the server's certificate was refused \(times) times in a row"
+                : "the server refused the stream \(times) times in a row (wrong stream key, or publishing not allowed?)"
         }
     }
 
-    /// Shows the state machine's state in the output's status (a failure is `Output.failed`'s to report).
-    private func publishState() {
-        let state = machine.outputState
-        if state != .failed, state != .finished, status.current != state { status.set(state) }
-    }
-
-    private func drop(_ reason: DropReason, _ count: Int = 1) { if count > 0 { status.drop(reason, count: count) } }
-
-    private func count(_ drops: Drops) {
-        guard !drops.isEmpty else { return }
-        for reason in DropReason.allCases { drop(reason, drops[reason]) }
-    }
+    private func publishState() { report.publish(machine.outputState) }
+    private func drop(_ reason: DropReason, _ count: Int = 1) { report.drop(reason, count) }
+    private func count(_ drops: Drops) { report.count(drops) }
 
     /// Moves what the encoder queued into the state machine's send queue (which drops by its
     /// policy), after telling it whether the output is paused.
@@ -242,7 +219,7 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
             publishState()
             status.bitrate.store(0, ordering: .relaxed)
             logger.warning(
-                "stream \(url.redacted): stalled: a write has blocked for \(Self.seconds(blocked.inSeconds)), the server takes no data")
+                "stream \(url.redacted): stalled: a write has blocked for \(LiveStreamReport.seconds(blocked.inSeconds)), the server takes no data")
             return false
         }
     }
@@ -329,10 +306,5 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
             return nil
         }
         return "cannot resolve host '\(host)': \(String(cString: gai_strerror(rc)))"
-    }
-
-    static func seconds(_ value: Double) -> String {
-        let tenths = Int((value * 10).rounded())
-        return "\(tenths / 10).\(tenths % 10) s"
     }
 }

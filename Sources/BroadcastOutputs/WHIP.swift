@@ -182,6 +182,7 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
     private let settings: LiveStreamSettings
     private let engine: any WebRTCEngine
     private let logger: Logger
+    private let report: LiveStreamReport
     private let hasVideo: Bool
     private let audioChannels: Int
     /// SPS/PPS to put before each keyframe when the encoder keeps them in its global header.
@@ -217,6 +218,7 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
         self.settings = output.configuration.live
         self.engine = engine
         self.logger = logger
+        self.report = LiveStreamReport(output: output, url: url, logger: logger)
         let video = streams.first { $0.parameters.mediaType == .video }
         self.hasVideo = video != nil
         self.audioChannels = streams.first { $0.parameters.mediaType == .audio }?.parameters.channels ?? 0
@@ -333,7 +335,7 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
                 let finishing = machine.finishDeadline.map { now > $0 } ?? false
                 if now > deadline || finishing {
                     endSession(by: now + LiveStreamStateMachine<EncodedPacket>.lostCloseTimeout)
-                    return connectFailed("ICE/DTLS did not connect within \(LiveStreamWorker.seconds(settings.timeout))", refused: false)
+                    return connectFailed("ICE/DTLS did not connect within \(LiveStreamReport.seconds(settings.timeout))", refused: false)
                 }
                 feed.waitForPackets(timeout: .milliseconds(20))
                 intake()
@@ -420,7 +422,7 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
             rtcpSeen = rtcp.packets
             rtcpAt = now
         } else if rtcpAt.duration(to: now) > .seconds(settings.timeout) {
-            return "no RTCP from the endpoint for \(LiveStreamWorker.seconds(settings.timeout)): it is gone"
+            return "no RTCP from the endpoint for \(LiveStreamReport.seconds(settings.timeout)): it is gone"
         }
         return nil
     }
@@ -453,50 +455,27 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
     }
 
     /// Performs what the state machine decided after a connect failed or the session was lost.
-    private func lost(_ action: LiveStreamStateMachine<EncodedPacket>.LossAction, _ text: String, sending: Bool) {
+    private func lost(_ action: LiveStreamReport.LossAction, _ text: String, sending: Bool) {
         peer = nil
         machine.closed()
-        status.bitrate.store(0, ordering: .relaxed)
-        status.setBacklog(0)
-        let message = url.scrub(text)
-        switch action {
-        case .reconnect(_, _, _, _, let dropped), .fail(_, _, _, let dropped):
-            drop(.offline, dropped)
-        }
-        status.setError(message)
-        status.attempt.store(machine.failures, ordering: .relaxed)
-        switch action {
-        case .fail(.refused(let times), _, _, _):
-            output.failed("stream \(url.redacted): the endpoint refused the session \(times) times in a row; giving up. Last error: \(message)")
-        case .fail(.gaveUp(let attempts), _, _, _):
-            output.failed("stream \(url.redacted): gave up after \(attempts) failed attempts. Last error: \(message)")
-        case .reconnect(let delay, let attempt, _, _, _):
-            publishState()
-            let what = sending ? "connection lost" : "could not connect"
-            logger.warning(
-                "stream \(url.redacted): \(what): \(message); reconnecting in \(LiveStreamWorker.seconds(delay.inSeconds)) (attempt \(attempt))")
+        report.lost(action, message: url.scrub(text), failures: machine.failures, state: machine.outputState, sending: sending) {
+            "the endpoint refused the session \($0) times in a row"
         }
     }
 
     // MARK: The queue
 
-    private func publishState() {
-        let state = machine.outputState
-        if state != .failed, state != .finished, status.current != state { status.set(state) }
-    }
-
-    private func drop(_ reason: DropReason, _ count: Int = 1) { if count > 0 { status.drop(reason, count: count) } }
+    private func publishState() { report.publish(machine.outputState) }
+    private func drop(_ reason: DropReason, _ count: Int = 1) { report.drop(reason, count) }
 
     private func intake() {
-        let paused = machine.paused(output.isPaused)
-        for reason in DropReason.allCases { drop(reason, paused[reason]) }
+        report.count(machine.paused(output.isPaused))
         if feed.overflowed.exchange(false, ordering: .acquiringAndReleasing) { machine.feedOverflowed() }
         while let packet = feed.pop() {
             if hasVideo, profileLevelID == nil, packet.mediaType == .video, packet.isKeyframe {
                 profileLevelID = H264ParameterSets.profileLevelID(packet)
             }
-            let drops = machine.packet(packet)
-            for reason in DropReason.allCases { drop(reason, drops[reason]) }
+            report.count(machine.packet(packet))
         }
     }
 }

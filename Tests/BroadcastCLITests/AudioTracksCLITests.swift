@@ -98,14 +98,11 @@ import Testing
 
     /// SRT carries MPEG-TS, which holds every track: the receiver gets what was asked.
     @Test func srtGetsEveryTrackAsked() throws {
-        let protocols = try run("/usr/bin/ffmpeg", ["-hide_banner", "-protocols"])
-        try #require(protocols.stdout.contains("srt"), "this ffmpeg has no SRT")
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
         let port = try freePort()
         let received = dir.path("received.ts")
-        let receiver = try Child(
-            "/usr/bin/ffmpeg", ["-nostdin", "-v", "error", "-f", "mpegts", "-i", "srt://127.0.0.1:\(port)?mode=listener", "-map", "0", "-c", "copy", "-y", received])
+        let receiver = try srtReceiver(port: port, into: received)
         usleep(1_000_000)
         let r = try broadcast(
             ["stream", "srt://127.0.0.1:\(port)?mode=caller", "--audio-app", "test", "--audio-tracks", "both",
@@ -136,11 +133,7 @@ import Testing
     /// the microphone's beeps end in its own track from then on, the application's track and the
     /// mix go on beeping; unknown sources and actions are refused (exit 2, HTTP 400).
     @Test func muteThroughTheControlAPISilencesThatSource() throws {
-        let dir = try TemporaryDirectory()
-        defer { dir.cleanup() }
-        let socket = dir.path("c.sock")
-        let file = dir.path("rec.mkv")
-        let config = """
+        try withRecordingDaemon(sections: """
             [video]
             size = "320x180"
             [audio]
@@ -149,81 +142,71 @@ import Testing
             app_volume = "-6dB"
             [encoder]
             audio_tracks = "both"
-            [control]
-            socket = "\(socket)"
-            [[output]]
-            name = "rec"
-            path = "\(file)"
-            """
-        let daemon = try spawnDaemon(config: config, in: dir)
-        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
-        let up = try waitUntilRecording(socket)
-        #expect(up.contains("\"audio\":{\"mic\":{\"muted\":false,\"volume_db\":0},\"app\":{\"muted\":false,\"volume_db\":-6}}"), "\(up)")
-        let watcher = try #require(SocketConnection(socket))
-        watcher.send("GET /v1/events HTTP/1.1\r\n\r\n")
-        #expect(watcher.read(until: "event: state"), "\(watcher.text)")
-        // Media time before the request and after its answer: the mute lands between them.
-        func mediaSeconds() throws -> Double {
-            let r = try broadcast(["status", "--json", "--socket", socket])
-            let json = try JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any]
-            return try #require(json?["media_seconds"] as? Double, "\(r.stdout)")
+            """) { dir, socket, up, _ in
+            let file = dir.path("rec.mkv")
+            #expect(up.contains("\"audio\":{\"mic\":{\"muted\":false,\"volume_db\":0},\"app\":{\"muted\":false,\"volume_db\":-6}}"), "\(up)")
+            let watcher = try #require(SocketConnection(socket))
+            watcher.send("GET /v1/events HTTP/1.1\r\n\r\n")
+            #expect(watcher.read(until: "event: state"), "\(watcher.text)")
+            // Media time before the request and after its answer: the mute lands between them.
+            func mediaSeconds() throws -> Double {
+                let r = try broadcast(["status", "--json", "--socket", socket])
+                let json = try JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any]
+                return try #require(json?["media_seconds"] as? Double, "\(r.stdout)")
+            }
+            var before = try mediaSeconds()
+            while before < 2.5 {
+                usleep(200_000)
+                before = try mediaSeconds()
+            }
+            let muted = try broadcast(["mute", "mic", "--socket", socket])
+            let after = try mediaSeconds()
+            #expect(muted.status == 0, "\(muted.stderr)")
+            #expect(muted.stdout.contains("\"mic\":{\"muted\":true"), "\(muted.stdout)")
+            #expect(watcher.read(until: "event: audio"), "\(watcher.text)")
+            #expect(watcher.text.contains("\"source\":\"mic\",\"state\":\"muted\""), "\(watcher.text)")
+
+            let wrongSource = try broadcast(["mute", "speaker", "--socket", socket])
+            #expect(wrongSource.status == 2, "\(wrongSource.stderr)")
+            #expect(wrongSource.stderr.contains("invalid source 'speaker': accepted are mic and app"), "\(wrongSource.stderr)")
+            #expect(SocketConnection.request(socket, "POST", "/v1/audio/speaker/mute") == 400)
+            #expect(SocketConnection.request(socket, "POST", "/v1/audio/mic/louder") == 400)
+            #expect(SocketConnection.request(socket, "GET", "/v1/audio/mic/mute") == 405)
+
+            // Three more beeps, then the end.
+            while try mediaSeconds() < after + 3.2 { usleep(200_000) }
+            let stopped = try broadcast(["stop", "--socket", socket])
+            #expect(stopped.status == 0, "\(stopped.stderr)")
+            let idle = try broadcast(["unmute", "mic", "--socket", socket])
+            #expect(idle.status == 1 && idle.stderr.contains("cannot unmute mic: no broadcast is running"), "\(idle.stderr)")
+            #expect(SocketConnection.request(socket, "POST", "/v1/audio/mic/unmute") == 409)
+
+            #expect(try Self.audioTitles(file) == ["Mix", "Microphone", "Desktop audio"])
+            let mix = try beepStartTimes(file, audioTrack: 0)
+            let mic = try beepStartTimes(file, audioTrack: 1)
+            let app = try beepStartTimes(file, audioTrack: 2)
+            // A beep is 50 ms: one that began before the answer may still sound after it.
+            #expect(mic.contains { $0 < before - 0.1 }, "the microphone beeped before the mute: \(mic)")
+            #expect(!mic.contains { $0 > after + 0.1 }, "the microphone beeped after the mute (answered at \(after) s): \(mic)")
+            #expect(app.filter { $0 > after + 0.1 }.count >= 2, "the application goes on: \(app)")
+            #expect(mix.filter { $0 > after + 0.1 }.count >= 2, "the mix goes on with the application: \(mix)")
+            // The mix: both sources before (0.5 + 0.25 at the beeps, about -2.5 dBFS), the application
+            // alone after (0.25, -12 dBFS).
+            let mixBefore = try Self.maxVolume(file, audioTrack: 0, to: before - 0.1)
+            let mixAfter = try Self.maxVolume(file, audioTrack: 0, from: after + 0.1)
+            #expect(mixBefore > -5 && mixAfter < -9 && mixAfter > -15, "the mix peaks at \(mixBefore) dBFS before the mute, \(mixAfter) after")
         }
-        var before = try mediaSeconds()
-        while before < 2.5 {
-            usleep(200_000)
-            before = try mediaSeconds()
-        }
-        let muted = try broadcast(["mute", "mic", "--socket", socket])
-        let after = try mediaSeconds()
-        #expect(muted.status == 0, "\(muted.stderr)")
-        #expect(muted.stdout.contains("\"mic\":{\"muted\":true"), "\(muted.stdout)")
-        #expect(watcher.read(until: "event: audio"), "\(watcher.text)")
-        #expect(watcher.text.contains("\"source\":\"mic\",\"state\":\"muted\""), "\(watcher.text)")
-
-        let wrongSource = try broadcast(["mute", "speaker", "--socket", socket])
-        #expect(wrongSource.status == 2, "\(wrongSource.stderr)")
-        #expect(wrongSource.stderr.contains("invalid source 'speaker': accepted are mic and app"), "\(wrongSource.stderr)")
-        #expect(SocketConnection.request(socket, "POST", "/v1/audio/speaker/mute") == 400)
-        #expect(SocketConnection.request(socket, "POST", "/v1/audio/mic/louder") == 400)
-        #expect(SocketConnection.request(socket, "GET", "/v1/audio/mic/mute") == 405)
-
-        // Three more beeps, then the end.
-        while try mediaSeconds() < after + 3.2 { usleep(200_000) }
-        let stopped = try broadcast(["stop", "--socket", socket])
-        #expect(stopped.status == 0, "\(stopped.stderr)")
-        let idle = try broadcast(["unmute", "mic", "--socket", socket])
-        #expect(idle.status == 1 && idle.stderr.contains("cannot unmute mic: no broadcast is running"), "\(idle.stderr)")
-        #expect(SocketConnection.request(socket, "POST", "/v1/audio/mic/unmute") == 409)
-
-        #expect(try Self.audioTitles(file) == ["Mix", "Microphone", "Desktop audio"])
-        let mix = try beepStartTimes(file, audioTrack: 0)
-        let mic = try beepStartTimes(file, audioTrack: 1)
-        let app = try beepStartTimes(file, audioTrack: 2)
-        // A beep is 50 ms: one that began before the answer may still sound after it.
-        #expect(mic.contains { $0 < before - 0.1 }, "the microphone beeped before the mute: \(mic)")
-        #expect(!mic.contains { $0 > after + 0.1 }, "the microphone beeped after the mute (answered at \(after) s): \(mic)")
-        #expect(app.filter { $0 > after + 0.1 }.count >= 2, "the application goes on: \(app)")
-        #expect(mix.filter { $0 > after + 0.1 }.count >= 2, "the mix goes on with the application: \(mix)")
-        // The mix: both sources before (0.5 + 0.25 at the beeps, about -2.5 dBFS), the application
-        // alone after (0.25, -12 dBFS).
-        let mixBefore = try Self.maxVolume(file, audioTrack: 0, to: before - 0.1)
-        let mixAfter = try Self.maxVolume(file, audioTrack: 0, from: after + 0.1)
-        #expect(mixBefore > -5 && mixAfter < -9 && mixAfter > -15, "the mix peaks at \(mixBefore) dBFS before the mute, \(mixAfter) after")
     }
 
     /// A source the broadcast does not have cannot be muted (400, one line); the status lists only
     /// the sources there are.
     @Test func anAbsentSourceIsRefused() throws {
-        let dir = try TemporaryDirectory()
-        defer { dir.cleanup() }
-        let socket = dir.path("c.sock")
-        let (daemon, _) = try launchDaemon(dir, outputs: "[[output]]\nname = \"rec\"\npath = \"\(dir.path("rec.mkv"))\"\n")
-        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
-        let up = try waitUntilRecording(socket)
-        #expect(up.contains("\"audio\":{\"mic\":{\"muted\":false,\"volume_db\":0}}"), "\(up)")
-        let r = try broadcast(["mute", "app", "--socket", socket])
-        #expect(r.status == 1 && r.stderr.contains("cannot mute app: the broadcast has no app audio"), "\(r.stderr)")
-        #expect(SocketConnection.request(socket, "POST", "/v1/audio/app/mute") == 400)
+        try withRecordingDaemon { _, socket, up, _ in
+            #expect(up.contains("\"audio\":{\"mic\":{\"muted\":false,\"volume_db\":0}}"), "\(up)")
+            let r = try broadcast(["mute", "app", "--socket", socket])
+            #expect(r.status == 1 && r.stderr.contains("cannot mute app: the broadcast has no app audio"), "\(r.stderr)")
+            #expect(SocketConnection.request(socket, "POST", "/v1/audio/app/mute") == 400)
+        }
     }
 
     /// A reload applies a changed `mic_mute`/`app_volume` at once; a level it does not change stays

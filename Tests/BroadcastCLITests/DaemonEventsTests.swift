@@ -84,39 +84,11 @@ final class SocketConnection: @unchecked Sendable {
 @Suite(.serialized) struct DaemonEventsTests {
     static let frame = 1.0 / 30
 
-    /// Runs `body` with a daemon from `startDaemon` that records (its first status says so),
-    /// its directory and its control socket; kills the daemon and removes the directory after.
-    func withRecordingDaemon(_ body: (TemporaryDirectory, String, Child) throws -> Void) throws {
-        let dir = try TemporaryDirectory()
-        defer { dir.cleanup() }
-        let socket = dir.path("c.sock")
-        let daemon = try startDaemon(dir)
-        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
-        _ = try waitUntilRecording(socket)
-        try body(dir, socket, daemon)
-    }
-
-    func startDaemon(_ dir: TemporaryDirectory) throws -> Child {
-        let config = """
-            [video]
-            size = "320x180"
-            [control]
-            socket = "\(dir.path("c.sock"))"
-            [[output]]
-            name = "rec"
-            path = "\(dir.path("rec.mkv"))"
-            [[output]]
-            name = "archive"
-            path = "\(dir.path("archive.mkv"))"
-            """
-        return try spawnDaemon(config: config, in: dir)
-    }
-
     /// The state first, then one event per change, in order and without gaps: the broadcast
     /// paused and resumed, an output paused and back to recording, the stop. Reconnecting with
     /// `Last-Event-ID` gets exactly the events missed meanwhile.
     @Test func eventsFollowChangesInOrderAndResumeWithoutLoss() throws {
-        try withRecordingDaemon { dir, socket, daemon in
+        try withRecordingDaemon(outputs: recordings("rec", "archive")) { dir, socket, _, daemon in
             let up = try waitUntilRecording(socket)
             #expect(up.contains("\"name\":\"archive\""), "\(up)")
             let watcher = try #require(SocketConnection(socket))
@@ -173,7 +145,7 @@ final class SocketConnection: @unchecked Sendable {
     @Test func stopsWithEventStreamsOpenAlwaysExitCleanly() throws {
         var failed = false
         for round in 1...12 where !failed {
-            try withRecordingDaemon { dir, socket, daemon in
+            try withRecordingDaemon(outputs: recordings("rec", "archive")) { dir, socket, _, daemon in
                 var watchers: [SocketConnection] = []
                 for _ in 0..<3 {
                     let watcher = try #require(SocketConnection(socket))
@@ -196,7 +168,7 @@ final class SocketConnection: @unchecked Sendable {
     /// An events client that never reads is dropped (its connection closed) once it is too far
     /// behind; the broadcast does not wait for it: the untouched output's recording is complete.
     @Test func anEventsClientThatNeverReadsIsDroppedAndTheRecordingIsComplete() throws {
-        try withRecordingDaemon { dir, socket, daemon in
+        try withRecordingDaemon(outputs: recordings("rec", "archive")) { dir, socket, _, daemon in
             let stuck = try Self.eventsClientThatNeverReads(socket)
             let reader = try #require(SocketConnection(socket))
             reader.send("GET /v1/events HTTP/1.1\r\n\r\n")
@@ -245,7 +217,7 @@ final class SocketConnection: @unchecked Sendable {
     /// every event in order, the stuck one is dropped, the broadcast keeps every frame, and the
     /// daemon's memory stays bounded (it grows by less than one client queue's worth per client).
     @Test func fiftyEventClientsAndOneThatNeverReads() throws {
-        try withRecordingDaemon { dir, socket, daemon in
+        try withRecordingDaemon(outputs: recordings("rec", "archive")) { dir, socket, _, daemon in
             let stuck = try Self.eventsClientThatNeverReads(socket)
             var readers: [SocketConnection] = []
             for _ in 0..<50 {
@@ -311,7 +283,7 @@ final class SocketConnection: @unchecked Sendable {
     /// /metrics: totals are counters that only grow (also across a stop and a new start), outputs
     /// and sample types are labels, the backlog is a gauge; a paused output shows as paused.
     @Test func metricsAreCountersAndGaugesWithLabels() throws {
-        try withRecordingDaemon { dir, socket, daemon in
+        try withRecordingDaemon(outputs: recordings("rec", "archive")) { dir, socket, _, daemon in
             func scrape() throws -> String {
                 let connection = try #require(SocketConnection(socket))
                 connection.send("GET /metrics HTTP/1.1\r\n\r\n")
@@ -352,7 +324,7 @@ final class SocketConnection: @unchecked Sendable {
     /// `status --watch --json`: one JSON line per event, the state first, then the changes in
     /// order; it ends (exit 0) when the daemon stops.
     @Test func statusWatchPrintsOneJSONLinePerEvent() throws {
-        try withRecordingDaemon { dir, socket, daemon in
+        try withRecordingDaemon(outputs: recordings("rec", "archive")) { dir, socket, _, daemon in
             let watch = try Child(broadcastBinary, ["status", "--watch", "--json", "--socket", socket])
             defer { watch.signal(SIGKILL) }
             // Until the watcher follows the events (the daemon counts its event clients).
@@ -388,20 +360,13 @@ final class SocketConnection: @unchecked Sendable {
     @Test func statusIsAnsweredWhileAStartWaitsForTheFirstFrame() throws {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
-        let socket = dir.path("c.sock")
-        let config = """
+        let (daemon, socket) = try launchDaemon(dir, sections: """
             [video]
             source = "test:stall-after=0s"
             size = "320x180"
             [audio]
             mic = "none"
-            [control]
-            socket = "\(socket)"
-            [[output]]
-            name = "rec"
-            path = "\(dir.path("rec.mkv"))"
-            """
-        let daemon = try spawnDaemon(config: config, in: dir)
+            """)
         defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
         var answer = ""
         for _ in 0..<300 where answer.isEmpty {

@@ -5,10 +5,6 @@ import Testing
 /// SIGTERM at once, a TCP control port that is taken, a FIFO where the config was, a SIGHUP in
 /// its first moments, and configs nested or sized past what it can take.
 @Suite(.serialized) struct DaemonHangTests {
-    static func recordingDaemon(_ dir: TemporaryDirectory) throws -> (daemon: Child, socket: String) {
-        try launchDaemon(dir, outputs: "[[output]]\nname = \"rec\"\npath = \"\(dir.path("rec.mkv"))\"\n")
-    }
-
     /// `broadcast stop` and SIGTERM at about the same moment (SIGTERM 0 to 90 ms after the stop
     /// is sent): both ask the broadcast to finish and wait for its thread; the daemon exits 0 with
     /// a playable file. Before: the second join of the session thread could wait for ever (2 of 12
@@ -17,7 +13,7 @@ import Testing
         for round in 0..<10 {
             let dir = try TemporaryDirectory()
             defer { dir.cleanup() }
-            let (daemon, socket) = try Self.recordingDaemon(dir)
+            let (daemon, socket) = try launchDaemon(dir)
             let up = try waitUntilRecording(socket)
             #expect(up.contains("\"state\":\"recording\""), "\(up)")
             let stop = try Child(broadcastBinary, ["stop", "--socket", socket])
@@ -73,7 +69,7 @@ import Testing
     @Test func aFIFOInsteadOfTheConfigBlocksNothing() throws {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
-        let (daemon, socket) = try Self.recordingDaemon(dir)
+        let (daemon, socket) = try launchDaemon(dir)
         _ = try waitUntilRecording(socket)
         let file = dir.path("d.toml")
         try FileManager.default.removeItem(atPath: file)

@@ -411,37 +411,6 @@ final class NotifyListener: @unchecked Sendable {
     }
 }
 
-/// Writes a daemon config (320x180 test sources, keyframes every second, the control socket in
-/// `dir`) ending with `outputs`, and starts the daemon on it.
-func launchDaemon(_ dir: TemporaryDirectory, outputs: String) throws -> (daemon: Child, socket: String) {
-    let socket = dir.path("c.sock")
-    let config = """
-        [video]
-        size = "320x180"
-        [encoder]
-        keyframe_interval = "1s"
-        [control]
-        socket = "\(socket)"
-
-        """ + outputs
-    return (try spawnDaemon(config: config, in: dir), socket)
-}
-
-/// Asks the daemon's status until the broadcast runs and an output records (at most ~30 s); returns
-/// the last answer.
-func waitUntilRecording(_ socket: String) throws -> String {
-    var last = ""
-    for _ in 0..<150 {
-        let r = try broadcast(["status", "--socket", socket], timeout: 30)
-        last = r.stdout + r.stderr
-        if r.status == 0 && r.stdout.contains("\"state\":\"started\"") && r.stdout.contains("\"state\":\"recording\"") {
-            return last
-        }
-        usleep(200_000)
-    }
-    return last
-}
-
 @Suite(.serialized) struct DaemonOutputTests {
     static let frame = 1.0 / 30
 
@@ -449,64 +418,48 @@ func waitUntilRecording(_ socket: String) throws -> String {
     /// Pause one output while the other goes on: the paused recording skips the pause without a gap,
     /// the other keeps everything.
     @Test func pausingOneOutputLeavesTheOtherRunning() throws {
-        let dir = try TemporaryDirectory()
-        defer { dir.cleanup() }
-        let socket = dir.path("c.sock")
-        let config = """
-            [video]
-            size = "320x180"
-            [control]
-            socket = "\(socket)"
-            [[output]]
-            name = "rec"
-            path = "\(dir.path("rec.mkv"))"
-            [[output]]
-            name = "archive"
-            path = "\(dir.path("archive.mkv"))"
-            """
-        let daemon = try spawnDaemon(config: config, in: dir)
-        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
-        let up = try waitUntilRecording(socket)
-        #expect(up.contains("\"name\":\"rec\""), "\(up)")
-        usleep(2_500_000)
-        // The pause lasts from the pause command to the resume command as the clock saw it: under
-        // load starting the `broadcast` client alone takes seconds, so the fixed sleep is only its floor.
-        let clock = ContinuousClock()
-        let pauseSent = clock.now
-        let paused = try broadcast(["pause", "--output", "rec", "--socket", socket])
-        let pauseAnswered = clock.now
-        #expect(paused.status == 0, "\(paused.stderr)")
-        #expect(paused.stdout.contains("\"name\":\"rec\",\"kind\":\"recording\""), "\(paused.stdout)")
-        let wrong = try broadcast(["pause", "--output", "nope", "--socket", socket])
-        #expect(wrong.status == 1 && wrong.stderr.contains("no output named nope"), "\(wrong.stderr)")
-        // A name no config allows (a space, a '%') is still sent as that name and answered as one.
-        let odd = try broadcast(["pause", "--output", "no such 50%", "--socket", socket])
-        #expect(odd.status == 1 && odd.stderr.contains("no output named no such 50%"), "\(odd.stderr)")
-        usleep(3_000_000)
-        let resumeSent = clock.now
-        let resumed = try broadcast(["resume", "--output", "rec", "--socket", socket])
-        let resumeAnswered = clock.now
-        #expect(resumed.status == 0, "\(resumed.stderr)")
-        usleep(2_500_000)
-        let stopped = try broadcast(["stop", "--socket", socket])
-        #expect(stopped.status == 0, "\(stopped.stderr)")
+        try withRecordingDaemon(outputs: recordings("rec", "archive")) { dir, socket, up, daemon in
+            #expect(up.contains("\"name\":\"rec\""), "\(up)")
+            usleep(2_500_000)
+            // The pause lasts from the pause command to the resume command as the clock saw it: under
+            // load starting the `broadcast` client alone takes seconds, so the fixed sleep is only its floor.
+            let clock = ContinuousClock()
+            let pauseSent = clock.now
+            let paused = try broadcast(["pause", "--output", "rec", "--socket", socket])
+            let pauseAnswered = clock.now
+            #expect(paused.status == 0, "\(paused.stderr)")
+            #expect(paused.stdout.contains("\"name\":\"rec\",\"kind\":\"recording\""), "\(paused.stdout)")
+            let wrong = try broadcast(["pause", "--output", "nope", "--socket", socket])
+            #expect(wrong.status == 1 && wrong.stderr.contains("no output named nope"), "\(wrong.stderr)")
+            // A name no config allows (a space, a '%') is still sent as that name and answered as one.
+            let odd = try broadcast(["pause", "--output", "no such 50%", "--socket", socket])
+            #expect(odd.status == 1 && odd.stderr.contains("no output named no such 50%"), "\(odd.stderr)")
+            usleep(3_000_000)
+            let resumeSent = clock.now
+            let resumed = try broadcast(["resume", "--output", "rec", "--socket", socket])
+            let resumeAnswered = clock.now
+            #expect(resumed.status == 0, "\(resumed.stderr)")
+            usleep(2_500_000)
+            let stopped = try broadcast(["stop", "--socket", socket])
+            #expect(stopped.status == 0, "\(stopped.stderr)")
 
-        let rec = try packetTimes(dir.path("rec.mkv"), stream: "v:0")
-        let archive = try packetTimes(dir.path("archive.mkv"), stream: "v:0")
-        let recGaps = zip(rec, rec.dropFirst()).map { $1 - $0 }
-        // Under two periods (Matroska keeps milliseconds: 66.7 can read 67).
-        #expect((recGaps.max() ?? 1) < 2 * Self.frame + 0.0015, "the paused recording has a gap of \(recGaps.max() ?? 0) s")
-        let archiveGaps = zip(archive, archive.dropFirst()).map { $1 - $0 }
-        #expect((archiveGaps.max() ?? 1) < 2 * Self.frame + 0.0015)
-        // The paused one lacks the pause (up to a keyframe interval, 2 s, more: it resumes on a
-        // keyframe), the other has it all.
-        let seconds = { (d: Duration) in Double(d.components.seconds) + Double(d.components.attoseconds) * 1e-18 }
-        let shortest = seconds(resumeSent - pauseAnswered), longest = seconds(resumeAnswered - pauseSent)
-        let missing = Double(archive.count - rec.count) * Self.frame
-        #expect(missing > shortest - 0.2 && missing < longest + 2.5,
-                "rec has \(rec.count) frames, archive \(archive.count): \(missing) s missing, paused for \(shortest)–\(longest) s")
-        #expect(abs((rec.last ?? 0) - (rec.first ?? 0) - Double(rec.count - 1) * Self.frame) < 0.1, "rec's timeline is continuous")
-        try expectDecodesCleanly(dir.path("rec.mkv"))
+            let rec = try packetTimes(dir.path("rec.mkv"), stream: "v:0")
+            let archive = try packetTimes(dir.path("archive.mkv"), stream: "v:0")
+            let recGaps = zip(rec, rec.dropFirst()).map { $1 - $0 }
+            // Under two periods (Matroska keeps milliseconds: 66.7 can read 67).
+            #expect((recGaps.max() ?? 1) < 2 * Self.frame + 0.0015, "the paused recording has a gap of \(recGaps.max() ?? 0) s")
+            let archiveGaps = zip(archive, archive.dropFirst()).map { $1 - $0 }
+            #expect((archiveGaps.max() ?? 1) < 2 * Self.frame + 0.0015)
+            // The paused one lacks the pause (up to a keyframe interval, 2 s, more: it resumes on a
+            // keyframe), the other has it all.
+            let seconds = { (d: Duration) in Double(d.components.seconds) + Double(d.components.attoseconds) * 1e-18 }
+            let shortest = seconds(resumeSent - pauseAnswered), longest = seconds(resumeAnswered - pauseSent)
+            let missing = Double(archive.count - rec.count) * Self.frame
+            #expect(missing > shortest - 0.2 && missing < longest + 2.5,
+                    "rec has \(rec.count) frames, archive \(archive.count): \(missing) s missing, paused for \(shortest)–\(longest) s")
+            #expect(abs((rec.last ?? 0) - (rec.first ?? 0) - Double(rec.count - 1) * Self.frame) < 0.1, "rec's timeline is continuous")
+            try expectDecodesCleanly(dir.path("rec.mkv"))
+        }
     }
 
     /// Segments of 2 s: several files, each playable and starting at zero, no frame lost or doubled

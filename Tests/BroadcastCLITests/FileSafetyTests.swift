@@ -230,18 +230,8 @@ import Testing
     @Test func twoOutputsWithOnePathAreAConfigError() throws {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
-        let config = """
-            [control]
-            socket = "\(dir.path("c.sock"))"
-            [[output]]
-            name = "a"
-            path = "\(dir.path("r.mp4"))"
-            [[output]]
-            name = "b"
-            path = "\(dir.url.path)/./r.mp4"
-            """
-        try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
-        let r = try broadcast(["daemon", "--config", dir.path("d.toml")], timeout: 30)
+        let outputs = recordingOutput(dir, name: "a", file: "r.mp4") + "[[output]]\nname = \"b\"\npath = \"\(dir.url.path)/./r.mp4\""
+        let r = try launchDaemon(dir, sections: "", outputs: outputs).daemon.wait(timeout: 30)
         #expect(r.status == 2, "exit \(r.status): \(r.stderr)")
         #expect(r.stderr.contains("\(dir.path("d.toml")):6: output.path:") && r.stderr.contains("same file"), "\(r.stderr)")
         #expect(dir.contents == ["d.toml"], "\(dir.contents)")

@@ -53,20 +53,8 @@ func encodedVideo(_ path: String) throws -> EncodedVideo {
         #expect(streamed.status == 0, "stream: \(streamed.stderr)")
         server.stop()
 
-        let socket = dir.path("c.sock")
-        let daemon = try spawnDaemon(
-            config: """
-                [video]
-                source = "\(source)"
-                fps = 25
-                [audio]
-                mic = "none"
-                [control]
-                socket = "\(socket)"
-                [[output]]
-                name = "rec"
-                path = "\(dir.path("daemon.mp4"))"
-                """, in: dir)
+        let (daemon, socket) = try launchDaemon(
+            dir, sections: "[video]\nsource = \"\(source)\"\nfps = 25\n[audio]\nmic = \"none\"", outputs: recordingOutput(dir, file: "daemon.mp4"))
         let status = try waitUntilRecording(socket)
         // Two seconds of frames, judged by the daemon's own count rather than a sleep.
         for _ in 0..<300 {

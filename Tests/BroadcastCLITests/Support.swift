@@ -90,6 +90,77 @@ func spawnDaemon(config: String, in dir: TemporaryDirectory, file: String = "d.t
     return try Child(broadcastBinary, ["daemon", "--config", dir.path(file)], environment: environment)
 }
 
+/// The sections most daemon tests need before `[control]`: the test pattern at 320x180 with the
+/// tone, keyframes every second.
+let testSources = """
+    [video]
+    size = "320x180"
+    [encoder]
+    keyframe_interval = "1s"
+    """
+
+/// One recording output: `name` to `file` in `dir`.
+func recordingOutput(_ dir: TemporaryDirectory, name: String = "rec", file: String = "rec.mkv") -> String {
+    "[[output]]\nname = \"\(name)\"\npath = \"\(dir.path(file))\"\n"
+}
+
+/// Recording outputs named `names`, each to `<name>.mkv` in the directory given.
+func recordings(_ names: String...) -> (TemporaryDirectory) -> String {
+    { dir in names.map { recordingOutput(dir, name: $0, file: "\($0).mkv") }.joined() }
+}
+
+/// Writes a daemon config to `dir/d.toml`: `sections`, then `[control]` with the socket in `dir`
+/// (and `control`'s further keys), then `outputs` (one recording to `rec.mkv` unless given); and
+/// starts the daemon on it.
+func launchDaemon(
+    _ dir: TemporaryDirectory, sections: String = testSources, control: String = "", outputs: String? = nil,
+    environment: [String: String] = [:]
+) throws -> (daemon: Child, socket: String) {
+    let socket = dir.path("c.sock")
+    let parts = [sections, "[control]", "socket = \"\(socket)\"", control, outputs ?? recordingOutput(dir)]
+    let config = parts.filter { !$0.isEmpty }.joined(separator: "\n")
+    return (try spawnDaemon(config: config, in: dir, environment: environment), socket)
+}
+
+/// `launchDaemon` in a fresh directory, seen recording (`waitUntilRecording`'s answer is the third
+/// argument), and killed when `body` returns.
+func withRecordingDaemon<T>(
+    sections: String = testSources, outputs: ((TemporaryDirectory) -> String)? = nil,
+    _ body: (_ dir: TemporaryDirectory, _ socket: String, _ status: String, _ daemon: Child) throws -> T
+) throws -> T {
+    let dir = try TemporaryDirectory()
+    defer { dir.cleanup() }
+    let (daemon, socket) = try launchDaemon(dir, sections: sections, outputs: outputs?(dir))
+    defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+    let status = try waitUntilRecording(socket)
+    return try body(dir, socket, status, daemon)
+}
+
+/// Asks the daemon's status until the broadcast runs and an output records (at most ~30 s); returns
+/// the last answer.
+func waitUntilRecording(_ socket: String) throws -> String {
+    var last = ""
+    for _ in 0..<150 {
+        let r = try broadcast(["status", "--socket", socket], timeout: 30)
+        last = r.stdout + r.stderr
+        if r.status == 0 && r.stdout.contains("\"state\":\"started\"") && r.stdout.contains("\"state\":\"recording\"") {
+            return last
+        }
+        usleep(200_000)
+    }
+    return last
+}
+
+/// ffmpeg listening for SRT on `port` (`query` after `mode=listener`), copying every stream it
+/// receives into `file` (MPEG-TS). Fails the test when this ffmpeg has no SRT.
+func srtReceiver(port: Int, query: String = "", into file: String) throws -> Child {
+    let protocols = try run("/usr/bin/ffmpeg", ["-hide_banner", "-protocols"])
+    try #require(protocols.stdout.contains("srt"), "this ffmpeg has no SRT")
+    return try Child(
+        "/usr/bin/ffmpeg",
+        ["-nostdin", "-v", "error", "-f", "mpegts", "-i", "srt://127.0.0.1:\(port)?mode=listener\(query)", "-map", "0", "-c", "copy", "-y", file])
+}
+
 func run(_ executable: String, _ arguments: [String], timeout: Double = 120) throws -> ProcessResult {
     try Child(executable, arguments).wait(timeout: timeout)
 }

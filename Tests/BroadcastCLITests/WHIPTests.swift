@@ -196,18 +196,9 @@ private func number(_ state: [String: Any], _ key: String) -> Double { (state[ke
         defer { endpoint.stop() }
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
-        let socket = dir.path("c.sock")
-        let config = """
-            [video]
-            size = "320x240"
-            [control]
-            socket = "\(socket)"
-            [[output]]
-            name = "webrtc"
-            url = "\(endpoint.url)"
-            token = "${WHIP_TOKEN}"
-            """
-        let daemon = try spawnDaemon(config: config, in: dir, environment: ["WHIP_TOKEN": Self.token])
+        let (daemon, socket) = try launchDaemon(
+            dir, sections: "[video]\nsize = \"320x240\"", outputs: "[[output]]\nname = \"webrtc\"\nurl = \"\(endpoint.url)\"\ntoken = \"${WHIP_TOKEN}\"",
+            environment: ["WHIP_TOKEN": Self.token])
         defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
         func get(_ path: String) -> String {
             (try? run("/usr/bin/curl", ["-s", "--unix-socket", socket, "http://localhost\(path)"]))?.stdout ?? ""
@@ -256,15 +247,7 @@ private func number(_ state: [String: Any], _ key: String) -> Double { (state[ke
     @Test func aTokenOnAnRTMPOutputIsAConfigError() throws {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
-        let config = """
-            [control]
-            socket = "\(dir.path("c.sock"))"
-            [[output]]
-            name = "live"
-            url = "rtmp://127.0.0.1:1/live/key"
-            token = "t0ken-abc"
-            """
-        let daemon = try spawnDaemon(config: config, in: dir)
+        let (daemon, _) = try launchDaemon(dir, sections: "", outputs: "[[output]]\nname = \"live\"\nurl = \"rtmp://127.0.0.1:1/live/key\"\ntoken = \"t0ken-abc\"")
         let r = daemon.wait(timeout: 60)
         #expect(r.status == 2, "\(r.stderr)")
         #expect(r.stderr.contains("d.toml:6: output.token: token applies to whip+https://"), "\(r.stderr)")
