@@ -86,7 +86,7 @@ enum ControlAPI {
         case (_, let path) where path.hasPrefix("/v1/broadcast/") || path.hasPrefix("/v1/outputs/") || path.hasPrefix("/v1/audio/") || path.hasPrefix("/v1/scene/") || path == "/v1/replay/save" || path == "/v1/reload":
             return .error(405, "\(request.method) is not allowed on \(path): use POST")
         default:
-            return .error(404, "no such endpoint: \(request.path) (see /v1/status, /v1/broadcast/{start,pause,resume,stop}, /v1/outputs/{name}/{pause,resume,save}, /v1/replay/save, /v1/audio/{mic,app}/{mute,unmute}, /v1/scene/{name}, /v1/reload, /metrics)")
+            return .error(404, "no such endpoint: \(request.path) (see / for the page, /v1/status, /v1/events, /v1/preview.jpg, /v1/broadcast/{start,pause,resume,stop}, /v1/outputs/{name}/{pause,resume,save}, /v1/replay/save, /v1/audio/{mic,app}/{mute,unmute}, /v1/scene/{name}, /v1/reload, /metrics)")
         }
     }
 }

@@ -1,6 +1,6 @@
 import Atomics
 import BroadcastCapture
-public import BroadcastKit
+import BroadcastKit
 import BroadcastMedia
 public import BroadcastOutputs
 public import BroadcastService

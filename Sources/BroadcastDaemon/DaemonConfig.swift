@@ -1,6 +1,6 @@
 public import BroadcastKit
 public import BroadcastOutputs
-public import BroadcastService
+import BroadcastService
 
 import SystemPackage
 

@@ -1,4 +1,4 @@
-public import BroadcastCapture
+import BroadcastCapture
 public import BroadcastKit
 import BroadcastMedia
 public import BroadcastOutputs

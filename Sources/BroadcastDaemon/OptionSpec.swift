@@ -2,7 +2,7 @@ public import BroadcastCapture
 public import BroadcastKit
 public import BroadcastMedia
 public import BroadcastOutputs
-public import BroadcastService
+import BroadcastService
 
 /// How one option is named on the command line (`--size`) and in the daemon's config (`video.size`).
 public struct OptionName: Sendable, Hashable, CustomStringConvertible {

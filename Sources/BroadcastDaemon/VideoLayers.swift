@@ -1,5 +1,5 @@
-public import BroadcastCapture
-public import BroadcastKit
+import BroadcastCapture
+import BroadcastKit
 public import BroadcastMedia
 import BroadcastService
 import Logging

@@ -134,6 +134,32 @@ import Testing
         try await running.stop()
     }
 
+    /// The routes an unknown path's 404 lists are routes the daemon has (each alternative of a
+    /// `{a,b}`; those with a `{name}` are left out): HEAD on each is answered, by anything but 404.
+    @Test func theRoutesA404ListsExist() async throws {
+        let running = try await Self.start()
+        let unknown = try running.client.send(method: "GET", path: "/v1/nope")
+        let text = String(decoding: unknown.body, as: UTF8.self)
+        #expect(unknown.status == 404, "\(text)")
+        let listed = try #require(text.firstRange(of: "(see ").map { text[$0.upperBound...].prefix { $0 != ")" } }, "\(text)")
+        var paths: [String] = []
+        for item in listed.split(separator: ", ") {
+            let route = String(item.split(separator: " ")[0])
+            guard !route.contains("{name}") else { continue }
+            if let open = route.firstIndex(of: "{"), let close = route.firstIndex(of: "}") {
+                paths += route[route.index(after: open)..<close].split(separator: ",").map { String(route[..<open] + $0 + route[route.index(after: close)...]) }
+            } else {
+                paths.append(route)
+            }
+        }
+        #expect(paths.count >= 10 && paths.contains("/v1/preview.jpg") && paths.contains("/v1/broadcast/stop"), "\(paths)")
+        for path in paths {
+            let answer = try running.client.send(method: "HEAD", path: path)
+            #expect(answer.status != 404, "HEAD \(path): 404, yet the 404 lists it")
+        }
+        try await running.stop()
+    }
+
     /// Any method on any endpoint, with any query and body: an answer of one line with a status
     /// the API documents, never a crash; the broadcast runs on.
     @Test func anyRequestToAnyEndpointGetsOneLine() async throws {
@@ -208,7 +234,8 @@ import Testing
         try await running.stop()
     }
 
-    /// /metrics: HEAD is answered like GET (as /v1/status is); the series of an output a reload
+    /// /metrics: HEAD is answered like GET (as /v1/status is), without the body (NIO's response
+    /// encoder drops a HEAD's body; this pins it); the series of an output a reload
     /// removed go; a counter grows by all of a new broadcast's figures (before, by what they grew
     /// past the last broadcast's, so a new broadcast counted short).
     @Test func metricsFollowOutputsAndBroadcasts() async throws {
@@ -222,8 +249,10 @@ import Testing
         func value(_ series: String, in text: String) -> Double? {
             text.split(separator: "\n").first { $0.hasPrefix(series + " ") }.flatMap { Double($0.split(separator: " ").last ?? "") }
         }
-        #expect(try running.client.send(method: "HEAD", path: "/metrics").status == 200)
-        #expect(try running.client.send(method: "HEAD", path: "/v1/status").status == 200)
+        for path in ["/metrics", "/v1/status", "/"] {
+            let head = try running.client.send(method: "HEAD", path: path)
+            #expect(head.status == 200 && head.body.isEmpty, "HEAD \(path): \(head.status), \(head.body.count) bytes of body")
+        }
         let first = try metrics()
         #expect(first.contains("output=\"old\""), "\(first)")
 
