@@ -6,8 +6,14 @@ final class SocketConnection: @unchecked Sendable {
     let fd: Int32
     private(set) var text = ""
 
+    /// nil when nothing accepts at `path`. The descriptor is this object's from a successful
+    /// connect on, closed once, by `deinit`: a failed init closes it itself and never reaches
+    /// `deinit` (the stored `fd` is not set yet). Closing it twice closed whatever another test's
+    /// thread had just opened under that number; once, that was Foundation's child-watching socket
+    /// of an Xvfb, and the whole test process hung (ci10, 2026-11-27).
     init?(_ path: String) {
-        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { return nil }
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
         withUnsafeMutableBytes(of: &address.sun_path) { raw in
@@ -21,9 +27,13 @@ final class SocketConnection: @unchecked Sendable {
             close(fd)
             return nil
         }
+        self.fd = fd
     }
 
     deinit { close(fd) }
+
+    /// Ends the connection, as a client going away does; the descriptor stays this object's.
+    func disconnect() { shutdown(fd, Int32(SHUT_RDWR)) }
 
     func send(_ request: String) {
         _ = Array(request.utf8).withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
@@ -115,7 +125,7 @@ final class SocketConnection: @unchecked Sendable {
                     "output \"name\":\"rec\",\"state\":\"paused\"}", "output \"name\":\"rec\",\"state\":\"recording\"}",
                 ], "\(changes)")
             let last = try #require(ids.last)
-            close(watcher.fd)
+            watcher.disconnect()
 
             // Missed while away: archive paused and back; then the stop.
             #expect(SocketConnection.request(socket, "POST", "/v1/outputs/archive/pause") == 200)
