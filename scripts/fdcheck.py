@@ -10,7 +10,6 @@ Reads the `strace -f -o` output; tracks the root process's descriptor table (thr
 CLONE_FILES) and reports closes of descriptors believed closed: a successful one (a double close
 that hit a reused number we did not see created) or EBADF (a double close that hit nothing)."""
 import re, sys
-from collections import defaultdict
 lines = open(sys.argv[1], errors="replace").read().split("\n")
 pending = {}
 table_of = {}
@@ -57,7 +56,6 @@ for no, line in enumerate(lines):
     rv = int(ret)
     if name in CREATE and rv >= 0:
         fds[rv] = ("open", no, line)
-        if name in ("dup2", "dup3"): pass
         continue
     if name in ("pipe", "pipe2", "socketpair") and rv == 0:
         for n in re.findall(r'\[(\d+), (\d+)\]', args)[:1]:
