@@ -246,6 +246,12 @@ import Testing
 
     /// Records `seconds` of the test pattern; with `clients`, that many threads poll the preview
     /// every 100 ms meanwhile. The video packets' hashes, in order.
+    ///
+    /// One encoder thread: with the default tune (zerolatency), libx264 splits each frame into
+    /// slices encoded on several threads, and its CBR rate control then depends on which thread
+    /// finishes first. On a busy host two recordings of the same pattern, without any client,
+    /// differed in 2-7 frames of ~115 (same sizes, other bits); with one thread they were the same
+    /// in every pair tried.
     static func record(clients: Int, seconds: Double) throws -> Run {
         return try withRecordingDaemon(sections: """
             [video]
@@ -253,6 +259,8 @@ import Testing
             fps = 30
             [audio]
             mic = "none"
+            [encoder]
+            threads = 1
             """) { dir, socket, _, daemon in
             let cpuBefore = cpuSeconds(daemon.pid)
             let start = Date()
