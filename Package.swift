@@ -191,7 +191,7 @@ let package = Package(
 
         .testTarget(
             name: "BroadcastKitTests",
-            dependencies: ["BroadcastKit", .product(name: "Atomics", package: "swift-atomics")],
+            dependencies: ["BroadcastKit", "ChildProcesses", .product(name: "Atomics", package: "swift-atomics")],
             exclude: ["CompileChecks"],
             swiftSettings: swiftSettings
         ),
@@ -202,15 +202,21 @@ let package = Package(
             path: "Tests/AllocationCounting",
             swiftSettings: swiftSettings
         ),
+        // Tests only: child processes started and reaped without Foundation's Process (see ChildProcess).
+        .target(
+            name: "ChildProcesses",
+            path: "Tests/ChildProcesses",
+            swiftSettings: swiftSettings
+        ),
         .testTarget(
             name: "BroadcastCaptureTests",
-            dependencies: ["BroadcastKit", "BroadcastCapture", "CPipeWireShim", "AllocationCounting"],
+            dependencies: ["BroadcastKit", "BroadcastCapture", "CPipeWireShim", "AllocationCounting", "ChildProcesses"],
             swiftSettings: swiftSettings
         ),
         .testTarget(
             name: "BroadcastMediaTests",
             dependencies: [
-                "BroadcastKit", "BroadcastMedia", "BroadcastOutputs", "AllocationCounting",
+                "BroadcastKit", "BroadcastMedia", "BroadcastOutputs", "AllocationCounting", "ChildProcesses",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: swiftSettings
@@ -218,7 +224,7 @@ let package = Package(
         .testTarget(
             name: "BroadcastServiceTests",
             dependencies: [
-                "BroadcastService", "BroadcastOutputs", "BroadcastKit",
+                "BroadcastService", "BroadcastOutputs", "BroadcastKit", "ChildProcesses",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "PropertyBased", package: "swift-property-based"),
@@ -229,7 +235,7 @@ let package = Package(
             // The daemon in-process: started, controlled, reloaded and stopped without the binary.
             name: "BroadcastDaemonTests",
             dependencies: [
-                "BroadcastDaemon", "BroadcastService", "BroadcastKit",
+                "BroadcastDaemon", "BroadcastService", "BroadcastKit", "ChildProcesses",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "PropertyBased", package: "swift-property-based"),
             ],
@@ -237,13 +243,13 @@ let package = Package(
         ),
         .testTarget(
             name: "BroadcastX11Tests",
-            dependencies: ["BroadcastKit", "BroadcastCapture", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["BroadcastKit", "BroadcastCapture", "ChildProcesses", .product(name: "Logging", package: "swift-log")],
             swiftSettings: swiftSettings
         ),
         .testTarget(
-            // Runs the built `broadcast` binary; imports none of the package's modules.
+            // Runs the built `broadcast` binary; imports none of the package's product modules.
             name: "BroadcastCLITests",
-            dependencies: [],
+            dependencies: ["ChildProcesses"],
             swiftSettings: swiftSettings
         ),
     ]

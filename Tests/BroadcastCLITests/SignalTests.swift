@@ -1,3 +1,4 @@
+import ChildProcesses
 import Foundation
 import Testing
 
@@ -8,23 +9,16 @@ import Testing
 
     /// A `broadcast record` whose standard error can be read while it runs.
     final class Recorder {
-        let process = Process()
+        let process: ChildProcess
         let errURL: URL
 
         init(_ arguments: [String], directory: URL) throws {
             errURL = directory.appendingPathComponent("stderr.txt")
-            FileManager.default.createFile(atPath: errURL.path, contents: nil)
-            process.executableURL = URL(fileURLWithPath: broadcastBinary)
-            process.arguments = arguments
-            process.currentDirectoryURL = directory
-            process.standardOutput = FileHandle.nullDevice
-            process.standardError = try FileHandle(forWritingTo: errURL)
-            process.standardInput = FileHandle.nullDevice
-            try process.run()
+            process = try ChildProcess(broadcastBinary, arguments, directory: directory.path, stderr: .file(errURL.path))
         }
 
         var stderr: String { (try? String(contentsOf: errURL, encoding: .utf8)) ?? "" }
-        func signal(_ s: Int32) { kill(process.processIdentifier, s) }
+        func signal(_ s: Int32) { process.signal(s) }
 
         /// Waits until standard error contains `needle`, at most `timeout` seconds.
         func waitFor(_ needle: String, timeout: Double) -> Bool {
@@ -39,10 +33,8 @@ import Testing
 
         /// The exit status, or nil when it was still running after `timeout` s (then it is killed).
         func exitStatus(timeout: Double) -> Int32? {
-            let deadline = Date().addingTimeInterval(timeout)
-            while process.isRunning && Date() < deadline { usleep(20_000) }
-            if process.isRunning {
-                kill(process.processIdentifier, SIGKILL)
+            guard process.wait(timeout: timeout) else {
+                process.signal(SIGKILL)
                 process.waitUntilExit()
                 return nil
             }

@@ -1,3 +1,4 @@
+import ChildProcesses
 import Foundation
 import Testing
 
@@ -21,7 +22,7 @@ struct ProcessResult {
 
 /// A running child process whose output is collected in files (no pipe can fill up and stall it).
 final class Child: @unchecked Sendable {
-    let process = Process()
+    let process: ChildProcess
     private let outURL: URL
     private let errURL: URL
 
@@ -29,21 +30,13 @@ final class Child: @unchecked Sendable {
         let tmp = FileManager.default.temporaryDirectory.appendingPathComponent("broadcast-child-\(UUID().uuidString)")
         outURL = tmp.appendingPathExtension("out")
         errURL = tmp.appendingPathExtension("err")
-        FileManager.default.createFile(atPath: outURL.path, contents: nil)
-        FileManager.default.createFile(atPath: errURL.path, contents: nil)
-        process.executableURL = URL(fileURLWithPath: executable)
-        process.arguments = arguments
-        if let directory { process.currentDirectoryURL = directory }
-        if !environment.isEmpty {
-            process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
-        }
-        process.standardOutput = try FileHandle(forWritingTo: outURL)
-        process.standardError = try FileHandle(forWritingTo: errURL)
-        process.standardInput = FileHandle.nullDevice
-        try process.run()
+        process = try ChildProcess(
+            executable, arguments,
+            environment: environment.isEmpty ? nil : ProcessInfo.processInfo.environment.merging(environment) { $1 },
+            directory: directory?.path, stdout: .file(outURL.path), stderr: .file(errURL.path))
     }
 
-    func signal(_ s: Int32) { kill(process.processIdentifier, s) }
+    func signal(_ s: Int32) { process.signal(s) }
 
     var pid: Int32 { process.processIdentifier }
 
@@ -67,12 +60,7 @@ final class Child: @unchecked Sendable {
 
     /// Waits for the exit (killing the child after `timeout` seconds, which the result then shows).
     func wait(timeout: Double = 120) -> ProcessResult {
-        let deadline = Date().addingTimeInterval(timeout)
-        while process.isRunning && Date() < deadline { usleep(20_000) }
-        if process.isRunning {
-            kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
-        }
+        if !process.wait(timeout: timeout) { process.signal(SIGKILL) }
         process.waitUntilExit()
         let out = (try? String(contentsOf: outURL, encoding: .utf8)) ?? ""
         let err = (try? String(contentsOf: errURL, encoding: .utf8)) ?? ""

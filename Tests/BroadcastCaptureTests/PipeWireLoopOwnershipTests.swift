@@ -2,6 +2,7 @@
 import Atomics
 import BroadcastKit
 import CPipeWireShim
+import ChildProcesses
 import Foundation
 import Testing
 
@@ -155,28 +156,17 @@ final class PipeWireServer: @unchecked Sendable {
 
     init() throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("broadcast-pw-\(UUID().uuidString.prefix(8))")
-        let start = Process()
-        start.executableURL = URL(fileURLWithPath: "/bin/bash")
-        start.arguments = [Self.script, "start", directory.path]
-        start.environment = ProcessInfo.processInfo.environment.merging(["DESKTOP_COMPOSITOR": "0"]) { $1 }
-        start.standardOutput = FileHandle.nullDevice
-        start.standardError = FileHandle.nullDevice
-        try start.run()
-        start.waitUntilExit()
-        guard start.terminationStatus == 0 else {
+        let start = try ChildProcess.run(
+            "/bin/bash", [Self.script, "start", directory.path],
+            environment: ProcessInfo.processInfo.environment.merging(["DESKTOP_COMPOSITOR": "0"]) { $1 })
+        guard start.status == 0 else {
             stop()
             throw OwnershipTestError("the PipeWire session did not start (scripts/desktop-session.sh; `make deps` installs its packages)")
         }
     }
 
     func stop() {
-        let stop = Process()
-        stop.executableURL = URL(fileURLWithPath: "/bin/bash")
-        stop.arguments = [Self.script, "stop", directory.path]
-        stop.standardOutput = FileHandle.nullDevice
-        stop.standardError = FileHandle.nullDevice
-        try? stop.run()
-        stop.waitUntilExit()
+        _ = try? ChildProcess.run("/bin/bash", [Self.script, "stop", directory.path])
         try? FileManager.default.removeItem(at: directory)
     }
 }

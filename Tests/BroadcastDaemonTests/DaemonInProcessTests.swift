@@ -1,5 +1,6 @@
 import BroadcastKit
 import BroadcastService
+import ChildProcesses
 import Foundation
 import Logging
 import Testing
@@ -437,13 +438,5 @@ func packetTimes(_ path: String, stream: String) throws -> [Double] {
 
 /// What ffprobe prints on standard output (errors only on standard error).
 func ffprobe(_ arguments: [String]) throws -> String {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: "/usr/bin/ffprobe")
-    process.arguments = ["-v", "error"] + arguments
-    let pipe = Pipe()
-    process.standardOutput = pipe
-    try process.run()
-    let data = pipe.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
-    return String(decoding: data, as: UTF8.self)
+    try ChildProcess.run("/usr/bin/ffprobe", ["-v", "error"] + arguments).output
 }

@@ -1,3 +1,4 @@
+import ChildProcesses
 import Foundation
 import Testing
 
@@ -19,22 +20,14 @@ import Testing
         // handler package gets them from its resolved dependencies.
         let atomicsShims = scratch.appendingPathComponent("checkouts/swift-atomics/Sources/_AtomicsShims/include/module.modulemap")
         let systemShims = scratch.appendingPathComponent("checkouts/swift-system/Sources/CSystem/include/module.modulemap")
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = [
+        let typecheck = try ChildProcess.run("/usr/bin/env", [
             "swiftc", "-typecheck", "-swift-version", "6",
             "-I", Self.buildDirectory.appendingPathComponent("Modules").path,
             "-Xcc", "-fmodule-map-file=\(atomicsShims.path)",
             "-Xcc", "-fmodule-map-file=\(systemShims.path)",
             Self.checks.appendingPathComponent(snippet).path,
-        ]
-        let errors = Pipe()
-        process.standardError = errors
-        process.standardOutput = FileHandle.nullDevice
-        try process.run()
-        let text = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        return (process.terminationStatus, text)
+        ])
+        return (typecheck.status, typecheck.errors)
     }
 
     @Test func handlerReadingPlanesInsideTheCallCompiles() throws {

@@ -1,6 +1,7 @@
 import BroadcastKit
 import BroadcastMedia
 import BroadcastOutputs
+import ChildProcesses
 import Foundation
 import Testing
 
@@ -15,10 +16,7 @@ import Testing
         let fifo = directory.file("pipe.\(ext)")
         #expect(mkfifo(fifo, 0o644) == 0)
         let caught = directory.file("fragmented.\(ext)")
-        let reader = Process()
-        reader.executableURL = URL(fileURLWithPath: "/bin/sh")
-        reader.arguments = ["-c", "cat \"$0\" > \"$1\"", fifo, caught]
-        try reader.run()
+        let reader = try ChildProcess("/bin/sh", ["-c", "cat \"$0\" > \"$1\"", fifo, caught])
         let handler = EncodingHandler(
             configuration: EncodingConfiguration(
                 video: VideoEncoderSettings(width: media.width, height: media.height, bitrate: 800_000, tune: tune),

@@ -2,6 +2,7 @@ import AllocationCounting
 import BroadcastKit
 import BroadcastMedia
 @testable import BroadcastOutputs
+import ChildProcesses
 import Foundation
 import Synchronization
 import Testing
@@ -175,15 +176,7 @@ import Testing
         try Data(jpeg).write(to: URL(fileURLWithPath: path))
         defer { try? FileManager.default.removeItem(atPath: path) }
         func output(_ tool: String, _ arguments: [String]) throws -> Data {
-            let process = Process()
-            process.executableURL = URL(fileURLWithPath: tool)
-            process.arguments = arguments
-            let pipe = Pipe()
-            process.standardOutput = pipe
-            try process.run()
-            let data = pipe.fileHandleForReading.readDataToEndOfFile()
-            process.waitUntilExit()
-            return data
+            try ChildProcess.run(tool, arguments).stdout
         }
         let size = String(decoding: try output("/usr/bin/ffprobe", ["-v", "error", "-show_entries", "stream=width,height", "-of", "csv=p=0:s=x", path]), as: UTF8.self)
         let parts = size.trimmingCharacters(in: .whitespacesAndNewlines).split(separator: "x").compactMap { Int($0) }

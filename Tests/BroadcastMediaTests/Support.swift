@@ -1,5 +1,6 @@
 import BroadcastKit
 import BroadcastOutputs
+import ChildProcesses
 import Foundation
 import Logging
 
@@ -128,27 +129,8 @@ struct ProcessResult {
 
 /// Runs a command found on PATH and collects its output.
 func run(_ arguments: [String]) throws -> ProcessResult {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-    process.arguments = arguments
-    // stderr goes to a file so a chatty command cannot block on a full pipe while we read stdout.
-    let errorPath = NSTemporaryDirectory() + "broadcast-media-tests-stderr-" + UUID().uuidString
-    _ = FileManager.default.createFile(atPath: errorPath, contents: nil)
-    defer { try? FileManager.default.removeItem(atPath: errorPath) }
-    let errorFile = try FileHandle(forWritingTo: URL(fileURLWithPath: errorPath))
-    let out = Pipe()
-    process.standardOutput = out
-    process.standardError = errorFile
-    try process.run()
-    let outData = out.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
-    try errorFile.close()
-    let errData = try Data(contentsOf: URL(fileURLWithPath: errorPath))
-    return ProcessResult(
-        status: process.terminationStatus,
-        standardOutput: String(decoding: outData, as: UTF8.self),
-        standardError: String(decoding: errData, as: UTF8.self)
-    )
+    let finished = try ChildProcess.run("/usr/bin/env", arguments)
+    return ProcessResult(status: finished.status, standardOutput: finished.output, standardError: finished.errors)
 }
 
 /// What ffprobe says about a file (frames counted by decoding).

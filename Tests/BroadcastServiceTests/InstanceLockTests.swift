@@ -1,5 +1,6 @@
 import BroadcastOutputs
 import BroadcastService
+import ChildProcesses
 import Foundation
 import Testing
 
@@ -38,11 +39,8 @@ import Testing
         let mine = open(path, O_RDONLY)
         defer { close(mine) }
         #expect(OpenFiles.holders(of: [path]).isEmpty, "our own descriptor counted")
-        let holder = Process()
-        holder.executableURL = URL(fileURLWithPath: "/bin/sh")
-        holder.arguments = ["-c", "exec sleep 30 < \"$0\"", path]
-        try holder.run()
-        defer { kill(holder.processIdentifier, SIGKILL); holder.waitUntilExit() }
+        let holder = try ChildProcess("/bin/sh", ["-c", "exec sleep 30 < \"$0\"", path])
+        defer { holder.signal(SIGKILL); holder.waitUntilExit() }
         var found: [String: Int32] = [:]
         for _ in 0..<200 {
             found = OpenFiles.holders(of: [path])
@@ -50,7 +48,7 @@ import Testing
             usleep(20_000)
         }
         #expect(found[path] == holder.processIdentifier)
-        kill(holder.processIdentifier, SIGKILL)
+        holder.signal(SIGKILL)
         holder.waitUntilExit()
         #expect(OpenFiles.holders(of: [path]).isEmpty)
     }

@@ -1,3 +1,4 @@
+import ChildProcesses
 import Foundation
 import Testing
 
@@ -13,8 +14,8 @@ final class VirtualDisplay: @unchecked Sendable {
     let width: Int
     let height: Int
     var name: String { ":\(number)" }
-    private let server: Process
-    private var clients: [Process] = []
+    private let server: ChildProcess
+    private var clients: [ChildProcess] = []
 
     /// - Parameter extensions: e.g. ["-extension", "MIT-SHM"] to start without MIT-SHM.
     init(width: Int = 320, height: Int = 240, arguments extra: [String] = []) throws {
@@ -32,12 +33,8 @@ final class VirtualDisplay: @unchecked Sendable {
             candidate += 1
         }
         number = candidate
-        server = Process()
-        server.executableURL = URL(fileURLWithPath: "/usr/bin/Xvfb")
-        server.arguments = [":\(number)", "-screen", "0", "\(width)x\(height)x24", "-nolisten", "tcp", "-noreset"] + extra
-        server.standardOutput = FileHandle.nullDevice
-        server.standardError = FileHandle.nullDevice
-        try server.run()
+        server = try ChildProcess(
+            "/usr/bin/Xvfb", [":\(number)", "-screen", "0", "\(width)x\(height)x24", "-nolisten", "tcp", "-noreset"] + extra)
         let deadline = Date().addingTimeInterval(10)
         while !FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\(number)") {
             guard server.isRunning, Date() < deadline else {
@@ -51,21 +48,15 @@ final class VirtualDisplay: @unchecked Sendable {
 
     /// Starts an X client on this display; it is stopped with the display.
     @discardableResult
-    func client(_ tool: String, _ arguments: [String]) throws -> Process {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: tool)
-        process.arguments = arguments
-        process.environment = ["DISPLAY": name, "PATH": "/usr/bin:/bin"]
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
-        try process.run()
+    func client(_ tool: String, _ arguments: [String]) throws -> ChildProcess {
+        let process = try ChildProcess(tool, arguments, environment: ["DISPLAY": name, "PATH": "/usr/bin:/bin"])
         clients.append(process)
         return process
     }
 
     /// A window filled with one colour (xlogo with foreground = background), titled `title`.
     @discardableResult
-    func solidWindow(_ colour: String, x: Int, y: Int, width: Int, height: Int, title: String) throws -> Process {
+    func solidWindow(_ colour: String, x: Int, y: Int, width: Int, height: Int, title: String) throws -> ChildProcess {
         let process = try client(
             "/usr/bin/xlogo",
             ["-bw", "0", "-bg", colour, "-fg", colour, "-geometry", "\(width)x\(height)+\(x)+\(y)", "-title", title, "-name", title])
@@ -89,19 +80,19 @@ final class VirtualDisplay: @unchecked Sendable {
     }
 
     /// Kills one client now (SIGKILL) and waits for it.
-    func kill(_ process: Process) {
-        Foundation.kill(process.processIdentifier, SIGKILL)
+    func kill(_ process: ChildProcess) {
+        process.signal(SIGKILL)
         process.waitUntilExit()
     }
 
     func stop() {
-        for process in clients where process.isRunning { kill(process) }
+        // Everything is killed before anything is waited for. SIGKILL: nothing here needs a clean
+        // exit, so the server's lock file and socket are ours to remove.
+        let running = (clients + [server]).filter(\.isRunning)
+        for process in running { process.signal(SIGKILL) }
+        for process in running { process.waitUntilExit() }
         clients = []
-        if server.isRunning {
-            // SIGKILL: a process started from a test's (dispatch) thread inherits its blocked
-            // signals, and Xvfb does not unblock SIGTERM. So the lock file and socket are ours to remove.
-            Foundation.kill(server.processIdentifier, SIGKILL)
-            server.waitUntilExit()
+        if !running.isEmpty {
             try? FileManager.default.removeItem(atPath: "/tmp/.X\(number)-lock")
             try? FileManager.default.removeItem(atPath: "/tmp/.X11-unix/X\(number)")
         }
