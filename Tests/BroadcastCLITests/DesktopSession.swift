@@ -98,17 +98,22 @@ final class DesktopSession: @unchecked Sendable {
     /// A guard against hanging, not a measurement: in a loaded full run a desktop test took 175 s
     /// where it takes 11 s alone, and 30 s passed before WirePlumber's switch reached the graph.
     func waitForBroadcastLink(from node: String, timeout: Double = 120) throws {
+        try waitForLink(from: node, toPortsContaining: "broadcast", timeout: timeout)
+    }
+
+    /// Waits until a port of `node` is linked to a port whose name contains `target`.
+    func waitForLink(from node: String, toPortsContaining target: String, timeout: Double = 120) throws {
         let deadline = Date().addingTimeInterval(timeout)
         var links = ""
         while Date() < deadline {
             links = (try? run("/usr/bin/pw-link", ["-l"]))?.stdout ?? ""
-            if Self.links(links, from: node, toPortsContaining: "broadcast") { return }
+            if Self.links(links, from: node, toPortsContaining: target) { return }
             usleep(50_000)
         }
         // What the session's policy says the defaults are (to tell a default that never moved from
         // a move broadcast did not follow).
         let metadata = (try? run("/usr/bin/pw-metadata", ["0"]))?.stdout ?? ""
-        throw DesktopSessionError("no link from \(node) to broadcast after \(timeout) s: \(links); metadata: \(metadata)")
+        throw DesktopSessionError("no link from \(node) to \(target) after \(timeout) s: \(links); metadata: \(metadata)")
     }
 
     /// Whether `pw-link -l` output has a link from a port of `node` to a port whose name contains
