@@ -24,13 +24,11 @@ public final class ChildProcess: Sendable {
     /// The raw `waitpid` status, once reaped.
     private let reaped = Mutex<Int32?>(nil)
 
-    /// Where a child's standard stream goes.
-    public enum Stream: Sendable {
+    /// Where a child's standard output or error goes (its input is always /dev/null).
+    public enum Output: Sendable {
         case null
         /// A file, created or truncated.
         case file(String)
-        /// The test process's own.
-        case inherit
     }
 
     public struct SpawnError: Error, CustomStringConvertible {
@@ -42,16 +40,16 @@ public final class ChildProcess: Sendable {
     ///   - environment: the child's whole environment; nil: the test process's.
     public init(
         _ executable: String, _ arguments: [String], environment: [String: String]? = nil, directory: String? = nil,
-        stdin: Stream = .null, stdout: Stream = .null, stderr: Stream = .null
+        stdout: Output = .null, stderr: Output = .null
     ) throws {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
-        for (fd, stream) in [(Int32(0), stdin), (1, stdout), (2, stderr)] {
-            switch stream {
-            case .null: posix_spawn_file_actions_addopen(&actions, fd, "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        for (fd, output) in [(Int32(1), stdout), (2, stderr)] {
+            switch output {
+            case .null: posix_spawn_file_actions_addopen(&actions, fd, "/dev/null", O_WRONLY, 0)
             case .file(let path): posix_spawn_file_actions_addopen(&actions, fd, path, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
-            case .inherit: break
             }
         }
         if let directory {
