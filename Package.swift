@@ -218,6 +218,7 @@ let package = Package(
             dependencies: [
                 "BroadcastKit", "BroadcastMedia", "BroadcastOutputs", "AllocationCounting", "ChildProcesses",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "Atomics", package: "swift-atomics"),
             ],
             swiftSettings: swiftSettings
         ),

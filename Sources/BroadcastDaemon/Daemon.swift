@@ -553,8 +553,14 @@ final class BroadcastController: Sendable {
             ("mic", SampleBufferType.audioMic, fresh.encoder.micLevel, previous.encoder.micLevel),
             ("app", .audioApp, fresh.encoder.appLevel, previous.encoder.appLevel),
         ] where level != before && running.audioSources.contains(type) {
-            control.set(level, of: type)
-            logger.notice("\(trigger): \(name) audio at \(level.volumeDecibels) dB\(level.muted ? ", muted" : "")")
+            // Only what the reload changed: a mute the control API set meanwhile stays when the
+            // reload changed the volume alone (and the other way round).
+            control.update(type) { now in
+                if level.volumeDecibels != before.volumeDecibels { now.volumeDecibels = level.volumeDecibels }
+                if level.muted != before.muted { now.muted = level.muted }
+            }
+            let now = control.level(of: type)
+            logger.notice("\(trigger): \(name) audio at \(now.volumeDecibels) dB\(now.muted ? ", muted" : "")")
         }
     }
 

@@ -172,7 +172,10 @@ public final class AudioMixer {
                 for j in 0..<n { out[destination + j] += input[source + j] }
             }
         }
-        if lanes.count > 1 {
+        // Clipped whatever the number of inputs: a source's gain (up to +20 dB) can take even a
+        // single input past full scale, and an encoder given samples beyond ±1 makes a track that
+        // decodes above 0 dBFS.
+        do {
             for c in 0..<channelCount {
                 let out = output.channel(c)
                 for j in 0..<length { out[j] = min(1, max(-1, out[j])) }

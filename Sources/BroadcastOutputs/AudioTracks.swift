@@ -32,57 +32,78 @@ public struct AudioLevel: Sendable, Hashable {
     public var gain: Float { muted ? 0 : Float(pow(10, volumeDecibels / 20)) }
 }
 
-/// The audio sources' volumes and mutes, set from any thread (the control API) and read by the
-/// encoding handler on the session's thread at every audio buffer: one atomic word per source (the
-/// gain's bits, 0 when muted), so a change applies from the next buffer of that source, i.e.
-/// within one audio period, with no lock and no allocation on the media path.
+/// The audio sources' volumes and mutes, set from any thread (the control API, a reload) and read
+/// by the encoding handler on the session's thread at every audio buffer: one atomic reference per
+/// source to an immutable level with its gain, replaced whole by compare-and-exchange, so a mute
+/// and a reload at once never lose one of the two, and the gain applied is always the one of the
+/// level reported. A change applies from the next buffer of that source, i.e. within one audio
+/// period, with no lock and no allocation on the media path (a load and a retain).
 public final class AudioSourceControl: Sendable {
-    /// `.audioMic`, `.audioApp`: the current level as set (for the status).
-    private let volumes: [ManagedAtomic<UInt64>]
-    private let mutes: [ManagedAtomic<Bool>]
-    /// What the handler multiplies by: Float bits of the gain, 0 when muted.
-    private let gains: [ManagedAtomic<UInt32>]
+    /// A level and the factor it multiplies by (0 when muted), never changed once made.
+    final class Setting: AtomicReference, Sendable {
+        let level: AudioLevel
+        let gain: Float
+
+        init(_ level: AudioLevel) {
+            self.level = level
+            gain = level.gain
+        }
+    }
+
+    /// `.audioMic`, `.audioApp`.
+    private let settings: [ManagedAtomic<Setting>]
 
     public init(_ levels: [SampleBufferType: AudioLevel] = [:]) {
-        let mic = levels[.audioMic] ?? AudioLevel()
-        let app = levels[.audioApp] ?? AudioLevel()
-        volumes = [mic, app].map { ManagedAtomic($0.volumeDecibels.bitPattern) }
-        mutes = [mic, app].map { ManagedAtomic($0.muted) }
-        gains = [mic, app].map { ManagedAtomic($0.gain.bitPattern) }
+        settings = [levels[.audioMic] ?? AudioLevel(), levels[.audioApp] ?? AudioLevel()].map { ManagedAtomic(Setting($0)) }
     }
 
     private static func slot(_ type: SampleBufferType) -> Int { type == .audioApp ? 1 : 0 }
 
     /// The level of `type` as last set.
     public func level(of type: SampleBufferType) -> AudioLevel {
-        let i = Self.slot(type)
-        return AudioLevel(
-            volumeDecibels: Double(bitPattern: volumes[i].load(ordering: .relaxed)), muted: mutes[i].load(ordering: .relaxed))
+        settings[Self.slot(type)].load(ordering: .acquiring).level
+    }
+
+    /// Changes the level of `type` by `change`, applied to the level as it stands: a change made
+    /// meanwhile from another thread is not overwritten but taken in (the exchange is tried again
+    /// on the newer level). Returns whether the level changed.
+    @discardableResult
+    public func update(_ type: SampleBufferType, _ change: (inout AudioLevel) -> Void) -> Bool {
+        let slot = settings[Self.slot(type)]
+        var current = slot.load(ordering: .acquiring)
+        while true {
+            var level = current.level
+            change(&level)
+            if level == current.level { return false }
+            let (exchanged, found) = slot.compareExchange(
+                expected: current, desired: Setting(level), ordering: .acquiringAndReleasing)
+            if exchanged { return true }
+            current = found
+        }
     }
 
     /// Sets the level of `type`; the handler applies it from that source's next buffer.
     /// Returns whether the level changed.
     @discardableResult
     public func set(_ level: AudioLevel, of type: SampleBufferType) -> Bool {
-        let i = Self.slot(type)
-        let changed = level != self.level(of: type)
-        volumes[i].store(level.volumeDecibels.bitPattern, ordering: .relaxed)
-        mutes[i].store(level.muted, ordering: .relaxed)
-        gains[i].store(level.gain.bitPattern, ordering: .releasing)
-        return changed
+        update(type) { $0 = level }
     }
 
-    /// Mutes or unmutes `type`, keeping its volume. Returns whether that changed anything.
+    /// Mutes or unmutes `type`, keeping its volume as it stands. Returns whether that changed anything.
     @discardableResult
     public func setMuted(_ muted: Bool, of type: SampleBufferType) -> Bool {
-        var level = level(of: type)
-        level.muted = muted
-        return set(level, of: type)
+        update(type) { $0.muted = muted }
+    }
+
+    /// Sets the volume of `type`, keeping its mute as it stands. Returns whether that changed anything.
+    @discardableResult
+    public func setVolume(_ decibels: Double, of type: SampleBufferType) -> Bool {
+        update(type) { $0.volumeDecibels = decibels }
     }
 
     /// The factor for `type`'s samples now (session thread, per buffer: one atomic load).
     func gain(of type: SampleBufferType) -> Float {
-        Float(bitPattern: gains[Self.slot(type)].load(ordering: .acquiring))
+        settings[Self.slot(type)].load(ordering: .acquiring).gain
     }
 }
 

@@ -65,6 +65,35 @@ import Testing
         #expect(try beepStartTimes(file, audioTrack: 1).count >= 3)
     }
 
+    /// A source's own track is clipped after its gain, as the mix is: at +20 dB the microphone's
+    /// beeps (about -6 dBFS as captured) are cut at full scale in its own track as in the mix
+    /// (issue 35 item 11: the mix decoded at +6 dBFS, the Microphone track at +14). Measured in
+    /// float (astats: volumedetect converts to 16 bits, which clips); a clipped tone still decodes
+    /// above 0 dBFS from AAC's ringing, the same in both tracks.
+    @Test func everyTrackIsClippedAfterItsGain() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let file = dir.path("loud.mkv")
+        let r = try broadcast([
+            "record", file, "--size", "320x180", "--audio-app", "test", "--audio-tracks", "both", "--mic-volume", "+20dB",
+            "--duration", "3s", "--no-realtime", "--quiet",
+        ])
+        #expect(r.status == 0, "record failed: \(r.stderr)")
+        let mix = try Self.peakLevel(file, audioTrack: 0)
+        let microphone = try Self.peakLevel(file, audioTrack: 1)
+        let app = try Self.peakLevel(file, audioTrack: 2)
+        #expect(microphone <= mix + 1, "Microphone \(microphone) dBFS, Mix \(mix) dBFS")
+        #expect(microphone > app + 3, "Microphone \(microphone) dBFS is not louder than Desktop audio \(app) dBFS")
+    }
+
+    /// The peak of one audio track in dBFS, decoded to float (astats), so a peak above full scale shows.
+    static func peakLevel(_ path: String, audioTrack: Int) throws -> Double {
+        let r = try run("/usr/bin/ffmpeg", ["-nostdin", "-hide_banner", "-nostats", "-i", path, "-map", "0:a:\(audioTrack)", "-af", "astats=measure_perchannel=none", "-f", "null", "-"])
+        let line = r.stderr.split(separator: "\n").last { $0.contains("Peak level dB: ") } ?? ""
+        let value = line.split(separator: "Peak level dB: ").last.map { $0.trimmingCharacters(in: .whitespaces) }
+        return try #require(value.flatMap { Double($0) }, "\(r.stderr)")
+    }
+
     /// The loudest sample of one audio track, in dBFS (ffmpeg's volumedetect; -91 for digital
     /// silence); `from`/`to`: only that stretch (seconds of the file).
     static func maxVolume(_ path: String, audioTrack: Int, from: Double? = nil, to: Double? = nil) throws -> Double {
