@@ -759,9 +759,14 @@ final class BroadcastController: Sendable {
                 state.running?.audioDevices = running.session.currentSources.compactMap { $0.source as? ALSASource }
             }
         }
+        // The running encode keeps its settings (its tracks, bitrate, preset ...): a changed
+        // [encoder] key waits for the next start, and the answer says so.
+        let encoderChanges = previous.encoder.changedKeys(to: fresh.encoder).map {
+            "[\($0.replacing("encoder.", with: "encoder] ", maxReplacements: 1)): the running encode keeps its settings; this applies at the next start"
+        }
         let report = ReloadReport(
             outputs: running.outputs.map(\.name), changes: changes, sources: applied?.changes ?? [],
-            nextStart: sourceReload?.deferred ?? [], pending: pending)
+            nextStart: (sourceReload?.deferred ?? []) + encoderChanges, pending: pending)
         logger.notice(
             "\(trigger): config reloaded\(report.complete ? "" : ", not all of it now"); outputs now \(report.outputs.joined(separator: ", "))")
         return .applied(report)

@@ -30,6 +30,28 @@ public struct EncoderSettings: Sendable, Hashable {
 
     public init() {}
 
+    /// The `[encoder]` keys whose values differ in `other`, each as "key old → new", in the
+    /// config's order; the levels (`[audio]`'s volumes and mutes) are not among them.
+    func changedKeys(to other: EncoderSettings) -> [String] {
+        var changed: [String] = []
+        func compare<T: Equatable>(_ option: OptionName, _ a: T, _ b: T, _ text: (T) -> String) {
+            if a != b { changed.append("\(option.key) \(text(a)) → \(text(b))") }
+        }
+        compare(Options.videoBitrate.name, videoBitrate, other.videoBitrate) { "\($0)" }
+        compare(Options.audioBitrate.name, audioBitrate, other.audioBitrate) { "\($0)" }
+        compare(Options.encoder.name, encoder, other.encoder) { $0 }
+        compare(Options.preset.name, preset, other.preset) { $0 }
+        compare(Options.tune.name, tune, other.tune) { $0 ?? "none" }
+        compare(Options.rateControl.name, rateControl, other.rateControl) { $0?.rawValue ?? "default" }
+        compare(Options.crf.name, crf, other.crf) { "\($0)" }
+        compare(Options.keyframeInterval.name, keyframeInterval, other.keyframeInterval) { "\($0.seconds) s" }
+        compare(Options.frameRateMode.name, frameRateMode, other.frameRateMode) { $0.rawValue }
+        compare(Options.profile.name, profile, other.profile) { $0 ?? "default" }
+        compare(Options.threads.name, threads, other.threads) { "\($0)" }
+        compare(Options.audioTracks.name, audioTracks, other.audioTracks) { $0.rawValue }
+        return changed
+    }
+
     public func videoSettings(size: VideoSize, frameRate: FrameRate, live: Bool) throws -> VideoEncoderSettings {
         let control: RateControl
         switch rateControl ?? (live ? .cbr : .vbr) {

@@ -124,8 +124,9 @@ struct AudioTrackLayout: Sendable {
         }
     }
 
-    /// The tracks in stream order (after video): the mix first when there is one, then each source.
-    let tracks: [Track]
+    /// The tracks in stream order (after video): the mix first when there is one, then each source;
+    /// under `separate`, a mix a reload's one-track output asked for comes after them (`addMix`).
+    private(set) var tracks: [Track]
 
     init(mode: AudioTrackMode, sources: [SampleBufferType], singleTrackOutputs: Bool) {
         let sources = [SampleBufferType.audioMic, .audioApp].filter { sources.contains($0) }
@@ -145,7 +146,18 @@ struct AudioTrackLayout: Sendable {
             })
     }
 
-    var hasMix: Bool { tracks.first == .mix }
+    var hasMix: Bool { mixIndex != nil }
+
+    /// The mix's place among the tracks, when there is one.
+    var mixIndex: Int? { tracks.firstIndex(of: .mix) }
+
+    /// Adds the mix after the source tracks (`separate`, once an output that carries one audio
+    /// track joins a running broadcast); returns its index.
+    mutating func addMix() -> Int {
+        if let mixIndex { return mixIndex }
+        tracks.append(.mix)
+        return tracks.count - 1
+    }
 
     /// Whether an output in `formatName` (libavformat's muxer name) holds one audio track only.
     static func carriesOneAudioTrack(formatName: String) -> Bool { formatName == "flv" }
@@ -163,8 +175,8 @@ struct AudioTrackLayout: Sendable {
     /// track, but not a mix that `separate` encodes only for one-track outputs.
     func carried(by formatName: String?, mode: AudioTrackMode) -> [Int] {
         guard !tracks.isEmpty else { return [] }
-        if let formatName, Self.carriesOneAudioTrack(formatName: formatName) { return [0] }
-        if mode == .separate, hasMix, tracks.count > 1 { return Array(1..<tracks.count) }
+        if let formatName, Self.carriesOneAudioTrack(formatName: formatName) { return [mixIndex ?? 0] }
+        if mode == .separate, let mixIndex, tracks.count > 1 { return tracks.indices.filter { $0 != mixIndex } }
         return Array(tracks.indices)
     }
 }

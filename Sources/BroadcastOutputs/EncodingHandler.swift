@@ -185,6 +185,8 @@ public final class EncodingHandler: BroadcastSampleHandler {
     private var retired: [Output] = []
     /// What new outputs are opened with: set at broadcastStarted.
     private var streams: [StreamDescription] = []
+    /// Whether the encoders were made with their headers apart (set at broadcastStarted).
+    private var globalHeader = false
     /// Set by an output that needs a keyframe; taken before each video frame on the session's thread.
     private let keyframeRequest = ManagedAtomic<Bool>(false)
     private var bitrateWindowStart: Double?
@@ -250,12 +252,8 @@ public final class EncodingHandler: BroadcastSampleHandler {
     public func broadcastStarted(setupInfo: SetupInfo) throws {
         if let unmade { throw unmade }
         try configuration.validate()
-        let globalHeader = configuration.allOutputs.contains {
-            switch $0.destination {
-            case .file(let path): (try? Recording.container(for: path).needsGlobalHeader) ?? false
-            case .live(let url): !url.scheme.isWHIP && Muxer.formatNeedsGlobalHeader(formatName: url.scheme.formatName) ?? false
-            }
-        }
+        let globalHeader = configuration.allOutputs.contains { Self.needsGlobalHeader($0.destination) }
+        self.globalHeader = globalHeader
         var streams: [StreamDescription] = []
         do {
             if let video = configuration.video {
@@ -305,11 +303,43 @@ public final class EncodingHandler: BroadcastSampleHandler {
         mediaClock.started()
     }
 
+    /// Whether the container `destination` is written in wants the codecs' headers apart (extradata).
+    private static func needsGlobalHeader(_ destination: OutputDestination) -> Bool {
+        switch destination {
+        case .file(let path): (try? Recording.container(for: path).needsGlobalHeader) ?? false
+        case .live(let url): !url.scheme.isWHIP && Muxer.formatNeedsGlobalHeader(formatName: url.scheme.formatName) ?? false
+        }
+    }
+
     public func broadcastPaused() { mediaClock.paused(at: deliveredEnd) }
+
+    /// `separate` encodes no mix unless an output carries one audio track only (FLV): when such
+    /// an output joins a running broadcast (a reload), the mix's encode starts now, after the
+    /// source tracks, so it gets the mix as one configured at the start does, not the first
+    /// source's track. Session thread.
+    private func addMixTrack(for destination: OutputDestination) throws(BroadcastError) {
+        guard var layout = audioLayout, !layout.hasMix, let audio = configuration.audio,
+            let format = AudioTrackLayout.formatName(of: destination), AudioTrackLayout.carriesOneAudioTrack(formatName: format)
+        else { return }
+        let globalHeader = self.globalHeader || Self.needsGlobalHeader(destination)
+        let encoder = try media { () throws(FFmpegError) in
+            try AudioEncoder(settings: audio, globalHeader: globalHeader, streamIndex: streams.count, logger: logger)
+        }
+        var stream = encoder.stream
+        stream.title = AudioTrackLayout.Track.mix.title(alone: false)
+        stream.streamIndex = streams.count
+        streams.append(stream)
+        mixTrackIndex = layout.addMix()
+        audioLayout = layout
+        audioEncoder = encoder
+        mixer = AudioMixer(channelCount: audio.channels, sampleRate: audio.sampleRate)
+        logger.notice("audio: the mix is encoded from now on, for an output that carries one audio track")
+    }
 
     /// The worker that feeds `output` its packets: a file is created now (so a path that cannot
     /// be written fails here), a live stream connects on its own thread.
     private func makeWorker(for output: Output, joining: Bool = false) throws(BroadcastError) -> any OutputWorker {
+        if joining { try addMixTrack(for: output.destination) }
         let streams = carriedStreams(of: output)
         output.carriedStreams = streams.reduce(0) { $0 | 1 << UInt64($1.streamIndex!) }
         switch output.destination {

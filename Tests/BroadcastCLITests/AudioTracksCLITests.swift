@@ -178,11 +178,7 @@ import Testing
             watcher.send("GET /v1/events HTTP/1.1\r\n\r\n")
             #expect(watcher.read(until: "event: state"), "\(watcher.text)")
             // Media time before the request and after its answer: the mute lands between them.
-            func mediaSeconds() throws -> Double {
-                let r = try broadcast(["status", "--json", "--socket", socket])
-                let json = try JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any]
-                return try #require(json?["media_seconds"] as? Double, "\(r.stdout)")
-            }
+            func mediaSeconds() throws -> Double { try Self.mediaSeconds(socket) }
             var before = try mediaSeconds()
             while before < 2.5 {
                 usleep(200_000)
@@ -264,5 +260,66 @@ import Testing
         #expect(unmuted.status == 0 && unmuted.stdout.contains("\"mic\":{\"muted\":false"), "\(unmuted.stdout)")
         let other = try reload("mic_mute = true\napp_volume = -3")
         #expect(other.contains("\"mic\":{\"muted\":false,\"volume_db\":0},\"app\":{\"muted\":false,\"volume_db\":-3}"), "\(other)")
+    }
+
+    /// The daemon's media time (`media_seconds` of its status).
+    static func mediaSeconds(_ socket: String, sourceLocation: SourceLocation = #_sourceLocation) throws -> Double {
+        let r = try broadcast(["status", "--json", "--socket", socket])
+        let json = try JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any]
+        return try #require(json?["media_seconds"] as? Double, "\(r.stdout)", sourceLocation: sourceLocation)
+    }
+
+    /// A daemon recording `separate` tracks with the microphone at -60 dB (the application's beeps
+    /// at full level), its socket in `dir`, `extra` outputs after the recording.
+    static func separateTracksConfig(_ dir: TemporaryDirectory, tracks: String = "separate", extra: String = "") -> String {
+        ["[video]", "size = \"320x180\"", "[audio]", "mic = \"test\"", "app = \"test\"", "mic_volume = -60",
+         "[encoder]", "audio_tracks = \"\(tracks)\"", "keyframe_interval = \"1s\"",
+         "[control]", "socket = \"\(dir.path("c.sock"))\"", "[[output]]", "name = \"rec\"", "path = \"\(dir.path("rec.mkv"))\"", extra,
+        ].joined(separator: "\n")
+    }
+
+    /// An FLV output added by a reload under `separate` gets the mix, like one configured at the
+    /// start (issue 35 item 9: it got the first track, the microphone's, at -65.9 dBFS while the
+    /// mix is the application's beeps at about -5).
+    @Test func anFLVOutputAddedByAReloadGetsTheMix() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let daemon = try spawnDaemon(config: Self.separateTracksConfig(dir), in: dir)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        _ = try waitUntilRecording(dir.path("c.sock"))
+        let output = ["[[output]]", "name = \"flv\"", "path = \"\(dir.path("added.flv"))\""].joined(separator: "\n")
+        let r = try DaemonReloadAnswerTests.reload(dir, Self.separateTracksConfig(dir, extra: output))
+        #expect(r.status == 0, "\(r.stderr)")
+        #expect(DaemonReloadAnswerTests.change(r.answer, "flv").result == "added", "\(r.stderr)")
+        // Three beeps on the added output.
+        let added = try Self.mediaSeconds(dir.path("c.sock"))
+        while try Self.mediaSeconds(dir.path("c.sock")) < added + 3.2 { usleep(200_000) }
+        daemon.signal(SIGTERM)
+        #expect(daemon.wait(timeout: 60).status == 0)
+        #expect(try Self.audioTitles(dir.path("added.flv")).count == 1)
+        let flv = try Self.maxVolume(dir.path("added.flv"), audioTrack: 0)
+        let microphone = try Self.maxVolume(dir.path("rec.mkv"), audioTrack: 0)
+        let app = try Self.maxVolume(dir.path("rec.mkv"), audioTrack: 1)
+        #expect(flv > app - 6, "the added FLV's audio peaks at \(flv) dBFS; the application's track at \(app), the microphone's at \(microphone)")
+        #expect(try beepStartTimes(dir.path("added.flv"), audioTrack: 0).count >= 2)
+    }
+
+    /// A reload that changes `audio_tracks` says the running broadcast keeps its tracks until the
+    /// next start (issue 35 item 10: it answered "applies": "now" and nothing changed).
+    @Test func aReloadOfTheTracksSaysNextStart() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let daemon = try spawnDaemon(config: Self.separateTracksConfig(dir, tracks: "mixed"), in: dir)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        _ = try waitUntilRecording(dir.path("c.sock"))
+        let r = try DaemonReloadAnswerTests.reload(dir, Self.separateTracksConfig(dir, tracks: "both"))
+        #expect(r.status == 0, "\(r.stderr)")
+        #expect(r.answer["applies"] as? String != "now", "\(r.stderr)")
+        #expect(r.answer["complete"] as? Bool == false, "\(r.stderr)")
+        let later = (r.answer["next_start"] as? [String]) ?? []
+        #expect(later.contains { $0.contains("audio_tracks") && $0.contains("mixed") && $0.contains("both") }, "\(r.stderr)")
+        daemon.signal(SIGTERM)
+        #expect(daemon.wait(timeout: 60).status == 0)
+        #expect(try Self.audioTitles(dir.path("rec.mkv")).count == 1, "the running recording keeps its one track")
     }
 }
