@@ -19,7 +19,7 @@ DESKTOP_APT_PACKAGES := dbus pipewire pipewire-bin wireplumber pipewire-pulse pu
 # Build needs: the C libraries' -dev packages. Tests and demo need: ffmpeg/ffprobe to check outputs,
 # nginx with its RTMP module as a local streaming server.
 APT_PACKAGES := pkg-config libgstreamer1.0-dev libgstreamer-plugins-bad1.0-dev gstreamer1.0-plugins-bad gstreamer1.0-nice gstreamer1.0-plugins-good libcurl4-gnutls-dev libavcodec-dev libavformat-dev libavutil-dev libswscale-dev \
-                libswresample-dev libv4l-dev libasound2-dev ffmpeg nginx libnginx-mod-rtmp libnginx-mod-stream openssl \
+                libswresample-dev libv4l-dev libasound2-dev ffmpeg nginx libnginx-mod-rtmp libnginx-mod-stream openssl srt-tools \
                 libxcb1-dev libxcb-shm0-dev libxcb-xfixes0-dev libxcb-damage0-dev xvfb x11-apps \
                 libpipewire-0.3-dev libsystemd-dev strace chromium chromium-driver \
                 $(DESKTOP_APT_PACKAGES)

@@ -276,11 +276,18 @@ public final class Muxer {
     }
 
     /// Writes the trailer and closes the output. Call once; without it the output is closed unfinished.
-    public func finish() throws(FFmpegError) {
+    /// `settle`: seconds to wait between the trailer's last byte handed to the protocol and the
+    /// close, for a protocol that sends on its own threads and drops what is still in flight when
+    /// closed (SRT in live mode).
+    public func finish(settle: Double = 0) throws(FFmpegError) {
         guard !finished else { return }
         finished = true
         if headerWritten {
             let trailer = av_write_trailer(context)
+            if settle > 0, ioOpen, let pb = context.pointee.pb {
+                avio_flush(pb)
+                usleep(useconds_t(settle * 1_000_000))
+            }
             let closed = closeOutput()
             try check(trailer, "writing the \(formatName) trailer of \(displayName)")
             try check(closed, "closing \(displayName)")

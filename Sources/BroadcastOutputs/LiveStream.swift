@@ -109,7 +109,7 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
             case .finish(let closeConnection, _, let dropped):
                 if closeConnection, let open = muxer {
                     do {
-                        try open.finish()
+                        try open.finish(settle: Self.settleBeforeClose(url))
                     } catch {
                         logger.warning("stream \(url.redacted): closing: \(url.scrub(error.description))")
                     }
@@ -256,6 +256,8 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
             options["flvflags"] = "no_duration_filesize"
         case .srt:
             ioOptions["connect_timeout"] = "\(Int64(settings.timeout * 1000))"
+            // The close waits (at most a second) for what libsrt has not sent yet (see settleBeforeClose).
+            ioOptions["linger"] = "1"
         case .whipHTTPS, .whipHTTP:
             break  // WHIPWorker's, never opened here
         }
@@ -286,6 +288,26 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
         }
         return "certificate of \(url.host) not accepted: \(why); trust a private CA with --tls-ca FILE (daemon: tls_ca), "
             + "or skip the check with --tls-insecure (tls_verify = false)"
+    }
+
+    /// How long a clean finish waits between the last bytes and the close. SRT: libsrt's live
+    /// mode closes at once (linger 0), dropping what is still unsent or unacknowledged, and the
+    /// listener drops what its latency window still holds when the connection ends: the last
+    /// ~130 ms never reached it (176 of 180 frames into srt-live-transmit). Three times the
+    /// receiver's latency (the URL's `latency`/`peerlatency`, µs; libsrt's default 120 ms) and
+    /// 0.5 s for the acknowledgements and a busy receiver, at most 2 s; `linger` (set when
+    /// connecting) covers what is still unsent at the close. On the output's own thread: nothing
+    /// else waits for it but the end of the broadcast.
+    static func settleBeforeClose(_ url: StreamURL) -> Double {
+        guard url.scheme == .srt else { return 0 }
+        let query = url.url.split(separator: "?", maxSplits: 1).dropFirst().first?.split(separator: "&") ?? []
+        let latencies = query.compactMap { item -> Double? in
+            let pair = item.split(separator: "=", maxSplits: 1)
+            guard pair.count == 2, pair[0] == "latency" || pair[0] == "peerlatency" else { return nil }
+            return Double(pair[1])
+        }
+        let latency = (latencies.max() ?? 120_000) / 1e6
+        return min(2, 3 * latency + 0.5)
     }
 
     /// Errors that say the network or server is not there (retry without counting a refusal).

@@ -1,3 +1,4 @@
+import ChildProcesses
 import Foundation
 import Testing
 
@@ -265,5 +266,37 @@ import Testing
         let frames = try #require(p.video?.frames)
         // The stream starts on the first keyframe after the SRT handshake (up to a second here).
         #expect(Double(frames) >= 0.97 * 180 - 30, "the receiver got \(frames) of 180 frames")
+    }
+
+    /// A clean stop of an SRT stream delivers its last packets: into Debian's `srt-live-transmit`
+    /// as the listener, every video and audio packet broadcast reports sent is in what it received
+    /// (issue 35 item 23: the last four frames, ~130 ms, were lost: libsrt's live mode closes at
+    /// once, and the listener drops what its latency window still holds when the peer goes).
+    @Test func srtDeliversItsLastPacketsToSrtLiveTransmit() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let port = try freePort()
+        let received = dir.path("received.ts")
+        // -a:no: it ends when the caller disconnects, so its output is complete once it exited.
+        let listener = try ChildProcess(
+            "/usr/bin/srt-live-transmit", ["srt://:\(port)?mode=listener", "file://con", "-a:no"],
+            stdout: .file(received), stderr: .file(dir.path("listener.log")))
+        defer { listener.signal(SIGKILL); listener.waitUntilExit() }
+        let r = try broadcast(
+            ["stream", "srt://127.0.0.1:\(port)?mode=caller", "--size", "320x180", "--preset", "ultrafast",
+             "--video-bitrate", "1M", "--duration", "6s"],
+            timeout: 60)
+        #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(3000))")
+        // A guard against hanging: the listener ends when broadcast's connection does.
+        #expect(listener.wait(timeout: 60), "srt-live-transmit did not see the end of the stream")
+        // "srt://...: finished, 180 video and 283 audio packets, ..."
+        let summary = try #require(r.stderr.split(separator: "\n").last { $0.contains(": finished, ") }, "\(r.stderr)")
+        let counts = summary.split(separator: ": finished, ").last!.split(separator: " ")
+        let sentVideo = try #require(Int(counts[0]), "\(summary)")
+        let sentAudio = try #require(Int(counts[3]), "\(summary)")
+        #expect(sentVideo > 0 && sentAudio > 0, "\(summary)")
+        let p = try probe(received)
+        #expect(p.video?.frames == sentVideo, "the listener got \(p.video?.frames ?? 0) of \(sentVideo) video frames sent")
+        #expect(p.audio?.frames == sentAudio, "the listener got \(p.audio?.frames ?? 0) of \(sentAudio) audio frames sent")
     }
 }
