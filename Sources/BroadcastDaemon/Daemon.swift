@@ -385,6 +385,11 @@ final class BroadcastController: Sendable {
         /// The audio sources' volumes and mutes (`POST /v1/audio/...`), and which sources there are.
         var audioControl: AudioSourceControl? = nil
         var audioSources: [SampleBufferType] = []
+        /// The broadcast's video encode (its picture's size, rate and colour: what an output's own
+        /// encode added by a reload is made from); nil without video.
+        var video: VideoEncoderSettings? = nil
+        /// Each video encode and the outputs it feeds (the status).
+        var encodes: VideoEncodeList? = nil
     }
 
     private let state: Mutex<(config: DaemonConfiguration, running: Running?, starting: Bool)>
@@ -444,7 +449,7 @@ final class BroadcastController: Sendable {
         let sources = config.sources
         let outputs = try Self.outputConfigurations(config.outputs)
         let assembly = try PipelineAssembly(
-            sources: sources, encoder: config.encoder, outputs: outputs, liveTuning: true,
+            sources: sources, encoder: config.encoder, outputs: outputs, encodes: config.outputEncodes, liveTuning: true,
             budget: config.memoryBudgetBytes, replayLimitsSet: config.replayLimitsSet, logger: logger)
         let captureSources = assembly.sources
         let plan = assembly.plan
@@ -493,6 +498,8 @@ final class BroadcastController: Sendable {
             memoryPlan: plan
         )
         var withAudio = running
+        withAudio.video = assembly.configuration.video
+        withAudio.encodes = handler.videoEncodes
         withAudio.audioControl = handler.audioControl
         withAudio.audioSources = assembly.configuration.audioSources
         withAudio.composite = captureSources.lazy.compactMap { $0.source as? LayeredVideoSource }.first
@@ -714,7 +721,17 @@ final class BroadcastController: Sendable {
             }
             do {
                 // Sized like the others; not counted against the budget until the next start.
-                desired += try Self.outputConfigurations([entry]).map { running.memoryPlan.sized($0, replayLimitSet: entry.maxMemory != nil) }
+                desired += try Self.outputConfigurations([entry]).map { output in
+                    var output = running.memoryPlan.sized(output, replayLimitSet: entry.maxMemory != nil)
+                    // An encode of its own, from the running picture: refused here (the output kept
+                    // or not added) when it cannot be made from it (larger than the picture).
+                    if let encode = entry.encode, let video = running.video {
+                        output.video = try EncoderSettings.resolve(
+                            encode, picture: VideoSize(width: video.width, height: video.height), frameRate: video.frameRate,
+                            live: output.destination.isLive, colour: video.colour)
+                    }
+                    return output
+                }
             } catch {
                 let reason = (error as? BroadcastError)?.message ?? "\(error)"
                 if let current {
@@ -797,6 +814,7 @@ final class BroadcastController: Sendable {
         }
         return sameKind && a.name == b.name && a.segment == b.segment && a.retainFor == b.retainFor
             && a.retainBytes == b.retainBytes && a.overwrite == b.overwrite && sameReplayKeys(a, b) && a.tls == b.tls
+            && a.encode == b.encode
     }
 
     func deliveredFrames() -> Int {
@@ -996,6 +1014,7 @@ final class BroadcastController: Sendable {
             ("types", .object(types)),
             ("scene", runningComposite().map { .string($0.scene) } ?? .null),
             ("outputs", .array(outputs)),
+            ("encodes", .array((running.encodes?.all ?? []).map(Self.encodeFields))),
             ("audio", .object(Self.audioSourceNames(running.audioSources).map { source in
                 let level = running.audioControl?.level(of: source.type) ?? AudioLevel()
                 return (source.name, .object([("muted", .bool(level.muted)), ("volume_db", .number(level.volumeDecibels))]))
@@ -1004,6 +1023,30 @@ final class BroadcastController: Sendable {
             ("error", failure.map(JSONValue.string) ?? .null),
         ]
         return .object(fields)
+    }
+}
+
+extension BroadcastController {
+    /// One video encode in the status: its size, rate control, target and measured bitrate, frame
+    /// rate, frames and the outputs it feeds.
+    static func encodeFields(_ encode: VideoEncodeStatus) -> JSONValue {
+        let settings = encode.settings
+        let control: String
+        switch settings.rateControl {
+        case .cbr: control = "cbr"
+        case .vbr: control = "vbr"
+        case .crf(let quality): control = "crf \(quality)"
+        }
+        return .object([
+            ("size", .string("\(settings.width)x\(settings.height)")),
+            ("fps", .number(settings.frameRate.framesPerSecond)),
+            ("rate_control", .string(control)),
+            ("video_bitrate", .number(Double(settings.bitrate))),
+            ("bitrate", .number(Double(encode.bitrate))),
+            ("preset", .string(settings.preset)),
+            ("frames", .number(Double(encode.frames))),
+            ("outputs", .array(encode.outputs.map { .string($0) })),
+        ])
     }
 }
 

@@ -64,6 +64,11 @@ public struct DaemonConfiguration: Sendable {
         public var tls = TLSVerification()
         /// whip+https://: the bearer token (`token = "${WHIP_TOKEN}"`), a secret like a stream key.
         public var token: String? = nil
+        /// An encode of its own (`size`, `video_bitrate`, ...: [encoder]'s keys, applied over it);
+        /// nil: the broadcast's.
+        public var encode: OutputEncode? = nil
+        /// The lines its encode keys were set on, by key ("size"): errors found later name them.
+        public var encodeLines: [String: Int] = [:]
     }
 
     public var file: String
@@ -83,6 +88,8 @@ public struct DaemonConfiguration: Sendable {
     public var outputs: [Output] = []
     /// [limits] memory: the memory budget (see `MemoryPlan`); nil: the default.
     public var memoryBudget: Int64?
+    /// Outputs' encode keys as written, by output name, until `applyOutputEncodes` puts them over [encoder].
+    private var pendingEncodes: [String: [(key: String, text: String, line: Int)]] = [:]
     /// The line each key was set on (dotted: "video.size"), from the document: checks after reading
     /// (devices opened, the memory plan) name the key and line they found wrong.
     public private(set) var lines: [String: Int] = [:]
@@ -146,7 +153,13 @@ public struct DaemonConfiguration: Sendable {
     static let controlKeys = ["socket", "socket_mode", "socket_group", "tcp", "token"]
     static let daemonKeys = ["autostart"]
     static let outputKeys = ["name", "path", "url", "segment", "retain_for", "retain_bytes", "overwrite", "replay", "max_memory", "on_file_finished", "hook_timeout", "tls_ca", "tls_verify", "token"]
+        + OutputEncode.keys
     static let tables = ["video", "audio", "encoder", "setup", "control", "daemon", "limits", "output", "scenes"]
+
+    /// The outputs that ask for an encode of their own, by name.
+    public var outputEncodes: [String: OutputEncode] {
+        Dictionary(outputs.compactMap { output in output.encode.map { (output.name, $0) } }, uniquingKeysWith: { first, _ in first })
+    }
 
     /// The live outputs' URLs (their secrets are scrubbed from FFmpeg's log).
     public var streamURLs: [StreamURL] {
@@ -193,6 +206,7 @@ public struct DaemonConfiguration: Sendable {
         }
         var config = DaemonConfiguration(file: path)
         try config.read(document, environment: environment)
+        try config.applyOutputEncodes()
         if config.tcp != nil, config.token == nil {
             throw ConfigError(
                 file: path, line: config.lines["control.tcp"] ?? 0, key: "control.tcp",
@@ -209,6 +223,23 @@ public struct DaemonConfiguration: Sendable {
                 message: "no [[output]]: add at least one, with path = \"/dir/rec.mp4\" (a recording) or url = \"rtmp://...\" (a live stream)")
         }
         return config
+    }
+
+    /// Each output's encode keys over the whole [encoder] table (it may come after the outputs).
+    private mutating func applyOutputEncodes() throws {
+        for i in outputs.indices {
+            guard let keys = pendingEncodes[outputs[i].name] else { continue }
+            var encode = OutputEncode(encoder: encoder)
+            for (key, text, line) in keys {
+                do {
+                    try encode.set(key, text)
+                } catch {
+                    throw self.error(line, "output.\(key)", error.configMessage)
+                }
+            }
+            outputs[i].encode = encode
+        }
+        pendingEncodes = [:]
     }
 
     /// The largest config (or credential) read: a config is a page of text.
@@ -385,6 +416,8 @@ public struct DaemonConfiguration: Sendable {
         var replay = ReplayKeys()
         var tls = TLSKeys()
         var token: (value: String, line: Int)?
+        /// Encode keys as written (applied over [encoder] once the whole document is read).
+        var encode: [(key: String, text: String, line: Int)] = []
     }
 
     private func readOutputKey(_ key: String, _ entry: TOMLDocument.Entry, into output: inout OutputKeys, environment: [String: String]) throws {
@@ -418,6 +451,16 @@ public struct DaemonConfiguration: Sendable {
             try readTLSKey(key, entry, into: &output.tls, environment: environment)
         case "token":
             output.token = (try string(entry, key: dotted, environment: environment), entry.line)
+        case _ where OutputEncode.keys.contains(key):
+            let text = try scalarText(entry, key: dotted, environment: environment)
+            // Checked now, at its line; applied over [encoder] (wherever that table stands) once read.
+            var check = OutputEncode(encoder: EncoderSettings())
+            do {
+                try check.set(key, text)
+            } catch {
+                throw self.error(entry.line, dotted, error.configMessage)
+            }
+            output.encode.append((key, text, entry.line))
         default:
             throw unknownKey(dotted, entry.line, known: Self.outputKeys, table: "[output]")
         }
@@ -474,6 +517,12 @@ public struct DaemonConfiguration: Sendable {
             overwrite: output.overwrite)
         try applyReplayKeys(output.replay, to: &made)
         try applyTLSKeys(output.tls, to: &made)
+        made.encodeLines = Dictionary(output.encode.map { ($0.key, $0.line) }, uniquingKeysWith: { $1 })
+        if !output.encode.isEmpty {
+            // Kept as written until [encoder] is known: `applyOutputEncodes`.
+            made.encode = OutputEncode(encoder: EncoderSettings())
+            pendingEncodes[name] = output.encode
+        }
         if let token = output.token {
             guard case .live(let url) = kind, (try? OutputDestination.parse(url))?.isWHIP == true else {
                 throw error(token.line, "output.token", "token applies to whip+https:// (whip+http://) outputs, not to \"\(name)\"")
@@ -566,15 +615,30 @@ public struct DaemonConfiguration: Sendable {
     /// Refuses a config whose broadcast cannot fit its memory budget, naming [limits] memory (or
     /// the video size when the budget is the default) with what it needs.
     private func checkMemory(opened: [(type: SampleBufferType, source: any CaptureSource)]) throws {
-        let outputs = self.outputs.map { output -> OutputConfiguration in
+        // The picture: the size asked, else what the opened sources give (a screen's own size).
+        let picture = opened.isEmpty ? sources.videoSize : sources.outputSize(for: opened)
+        let outputs = try self.outputs.map { output -> OutputConfiguration in
+            var configuration: OutputConfiguration
             switch output.kind {
             case .recording(let template):
-                return OutputConfiguration(
+                configuration = OutputConfiguration(
                     name: output.name, destination: .file(template),
                     replay: output.replay.map { ReplaySettings(seconds: $0.seconds, maxBytes: output.maxMemory ?? ReplaySettings.defaultMaxBytes) })
             case .live(let url):
-                return OutputConfiguration(name: output.name, destination: (try? OutputDestination.parse(url)) ?? .file("/dev/null"))
+                configuration = OutputConfiguration(name: output.name, destination: (try? OutputDestination.parse(url)) ?? .file("/dev/null"))
             }
+            if let encode = output.encode, sources.hasVideo {
+                do {
+                    configuration.video = try EncoderSettings.resolve(
+                        encode, picture: picture, frameRate: sources.frameRate, live: configuration.destination.isLive, colour: nil)
+                } catch {
+                    // Named at the key that decides: the size when given, else the first encode key.
+                    let key = output.encodeLines["size"] != nil ? "size" : output.encodeLines.min { $0.value < $1.value }?.key ?? "size"
+                    let message = (error as? OptionError)?.configMessage ?? "\(error)"
+                    throw self.error(output.encodeLines[key] ?? output.line, "output.\(key)", message)
+                }
+            }
+            return configuration
         }
         let configuration: EncodingConfiguration
         do {

@@ -76,6 +76,23 @@ public struct EncoderSettings: Sendable, Hashable {
         return settings
     }
 
+    /// The video encode of an output that asks for one of its own (`size`, `video_bitrate`, ...):
+    /// these settings at `encode.size` (nil: the picture's), at most the picture's size; rate
+    /// control cbr for a stream and vbr for a file unless set; the broadcast's colour.
+    static func resolve(
+        _ encode: OutputEncode, picture: VideoSize, frameRate: FrameRate, live: Bool, colour: VideoColour?
+    ) throws -> VideoEncoderSettings {
+        let size = encode.size ?? picture
+        if size.width > picture.width || size.height > picture.height {
+            throw OptionError(
+                Options.size.name,
+                "invalid size \(size.width)x\(size.height): larger than the picture (\(picture.width)x\(picture.height)); an output's encode scales the picture down, never up")
+        }
+        var settings = try encode.encoder.videoSettings(size: size, frameRate: frameRate, live: live)
+        settings.colour = colour
+        return settings
+    }
+
     /// The frame rate mode; vfr is refused when `live` (a stream among the outputs).
     public func rateMode(live: Bool) throws -> FrameRateMode {
         if frameRateMode == .vfr, live {
@@ -97,10 +114,20 @@ public struct EncoderSettings: Sendable, Hashable {
     public func configuration(
         for sources: [(type: SampleBufferType, source: any CaptureSource)],
         size: VideoSize, frameRate: FrameRate,
-        outputs: [OutputConfiguration], liveTuning: Bool, budget: Int64, replayLimitsSet: Set<String>
+        outputs: [OutputConfiguration], encodes: [String: OutputEncode] = [:], liveTuning: Bool, budget: Int64,
+        replayLimitsSet: Set<String>
     ) throws -> (EncodingConfiguration, MemoryPlan) {
         let hasVideo = sources.contains { $0.type == .video }
         let hasAudio = sources.contains { $0.type.isAudio }
+        let colour = SourceSettings.videoColour(sources)
+        var outputs = outputs
+        if hasVideo {
+            for i in outputs.indices {
+                guard let encode = encodes[outputs[i].name] else { continue }
+                outputs[i].video = try Self.resolve(
+                    encode, picture: size, frameRate: frameRate, live: outputs[i].destination.isLive, colour: colour)
+            }
+        }
         var configuration = EncodingConfiguration(
             video: hasVideo ? try videoSettings(size: size, frameRate: frameRate, live: liveTuning) : nil,
             audio: hasAudio ? audioSettings() : nil,
@@ -111,9 +138,41 @@ public struct EncoderSettings: Sendable, Hashable {
         configuration.audioTracks = audioTracks
         configuration.audioSources = sources.map(\.type).filter(\.isAudio)
         configuration.audioLevels = [.audioMic: micLevel, .audioApp: appLevel]
-        configuration.video?.colour = SourceSettings.videoColour(sources)
+        configuration.video?.colour = colour
         configuration.webRTC = GStreamerWebRTC()
         try configuration.validate()
         return try MemoryBudgeting.plan(configuration, budget: budget, sources: sources, replayLimitsSet: replayLimitsSet)
+    }
+}
+
+/// An output's own encode as asked (`[[output]]` keys `size`, `video_bitrate`, `rate_control`,
+/// `crf`, `preset`, `profile`, `keyframe_interval`; `--record-size`, ...): the broadcast's
+/// `[encoder]` settings with those applied, and the size (nil: the picture's). Outputs whose
+/// encodes come out the same share one.
+public struct OutputEncode: Sendable, Hashable {
+    public var encoder: EncoderSettings
+    public var size: VideoSize?
+
+    public init(encoder: EncoderSettings, size: VideoSize? = nil) {
+        self.encoder = encoder
+        self.size = size
+    }
+
+    /// The keys an output may set, in the config's words (`[[output]]`), each one `[encoder]`'s or
+    /// `[video]`'s option: the same names, values and limits.
+    public static let keys = ["size", "video_bitrate", "rate_control", "crf", "preset", "profile", "keyframe_interval"]
+
+    /// Sets `key` (one of `keys`) from `text`, through the option's own parser.
+    public mutating func set(_ key: String, _ text: String) throws(OptionError) {
+        switch key {
+        case "size": size = try Options.size.parse(text)
+        case "video_bitrate": encoder.videoBitrate = try Options.videoBitrate.parse(text)
+        case "rate_control": encoder.rateControl = try Options.rateControl.parse(text)
+        case "crf": encoder.crf = try Options.crf.parse(text)
+        case "preset": encoder.preset = try Options.preset.parse(text)
+        case "profile": encoder.profile = try Options.profile.parse(text)
+        case "keyframe_interval": encoder.keyframeInterval = try Options.keyframeInterval.parse(text)
+        default: preconditionFailure("not an output encode key: \(key)")
+        }
     }
 }

@@ -23,13 +23,14 @@ public struct PipelineAssembly {
     ///   - liveTuning: rate control for a stream (cbr unless asked otherwise); nil: when one of
     ///     `outputs` is live. The daemon passes true: a reload may add a stream to a running encode.
     ///   - replayLimitsSet: the replay outputs whose memory limit was given (kept as is by the plan).
+    ///   - encodes: the outputs (by name) that ask for an encode of their own.
     public init(
         sources settings: SourceSettings, encoder: EncoderSettings, outputs: [OutputConfiguration],
-        liveTuning: Bool? = nil, budget: Int64, replayLimitsSet: Set<String>, logger: Logger
+        encodes: [String: OutputEncode] = [:], liveTuning: Bool? = nil, budget: Int64, replayLimitsSet: Set<String>, logger: Logger
     ) throws {
         let sources = try settings.makeSources(logger: logger)
         (configuration, plan) = try encoder.configuration(
-            for: sources, size: settings.outputSize(for: sources), frameRate: settings.frameRate, outputs: outputs,
+            for: sources, size: settings.outputSize(for: sources), frameRate: settings.frameRate, outputs: outputs, encodes: encodes,
             liveTuning: liveTuning ?? outputs.contains { $0.destination.isLive }, budget: budget,
             replayLimitsSet: replayLimitsSet)
         self.sources = sources

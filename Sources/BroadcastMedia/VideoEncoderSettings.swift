@@ -102,6 +102,15 @@ public struct VideoEncoderSettings: Sendable, Hashable {
         return codec.pointee.type == AVMEDIA_TYPE_VIDEO
     }
 
+    /// Whether `other` asks for the same encode: equal but for how it is run (threads, lookahead),
+    /// which the memory plan sets. Outputs that ask the same encode share it.
+    public func sameEncode(as other: VideoEncoderSettings?) -> Bool {
+        guard var other else { return false }
+        other.threads = threads
+        other.lookahead = lookahead
+        return other == self
+    }
+
     /// Frames between keyframes, at least 1.
     public var gopSize: Int {
         max(1, Int((keyframeIntervalSeconds * frameRate.framesPerSecond).rounded()))

@@ -165,6 +165,14 @@ public final class EncodingHandler: BroadcastSampleHandler {
     private var unmade: BroadcastError?
 
     private var videoEncoder: VideoEncoder?
+    /// Encodes of their own for outputs whose `video` settings differ from the broadcast's (one
+    /// per distinct settings, shared by the outputs that ask the same): each encodes every frame
+    /// from the captured picture, scaled once for it. Session thread; the status reads `encodes`.
+    private var extraEncodes: [ExtraVideoEncode] = []
+    /// The stream index the next encoder made gets (video, audio tracks, then any made later).
+    private var nextStreamIndex = 0
+    /// Each video encode and the outputs it feeds, for the status (any thread).
+    public let videoEncodes = VideoEncodeList()
     private var audioEncoder: AudioEncoder?
     /// Opus for WHIP outputs, beside the AAC the others get: made when the first WHIP output is.
     private var opusEncoder: AudioEncoder?
@@ -187,6 +195,8 @@ public final class EncodingHandler: BroadcastSampleHandler {
     private var streams: [StreamDescription] = []
     /// Whether the encoders were made with their headers apart (set at broadcastStarted).
     private var globalHeader = false
+    /// The broadcast's own video encode's figures (set at broadcastStarted).
+    private var defaultEncodeStatus: VideoEncodeStatus?
     /// Set by an output that needs a keyframe; taken before each video frame on the session's thread.
     private let keyframeRequest = ManagedAtomic<Bool>(false)
     private var bitrateWindowStart: Double?
@@ -244,7 +254,11 @@ public final class EncodingHandler: BroadcastSampleHandler {
     public func statistics() -> EncodingStatistics { counters.snapshot() }
 
     /// Makes the next video frame a keyframe. Session thread only; from elsewhere, `requestKeyframe()`.
-    public func forceKeyframe() { videoEncoder?.forceKeyframe() }
+    public func forceKeyframe() {
+        videoEncoder?.forceKeyframe()
+        for encode in extraEncodes { encode.encoder.forceKeyframe() }
+    }
+
 
     /// Asks for a keyframe from any thread: the next video frame the session hands over becomes one.
     public func requestKeyframe() { keyframeRequest.store(true, ordering: .releasing) }
@@ -289,6 +303,11 @@ public final class EncodingHandler: BroadcastSampleHandler {
         }
         for i in streams.indices { streams[i].streamIndex = i }
         self.streams = streams
+        nextStreamIndex = streams.count
+        if let video = configuration.video {
+            defaultEncodeStatus = VideoEncodeStatus(settings: video)
+            for output in outputs { try ensureEncode(for: output.configuration.video) }
+        }
         // Files are opened here, so a recording that cannot be created fails the start; live
         // outputs connect on their own threads (a server that is down must not stop the recording).
         var workers: [any OutputWorker] = []
@@ -300,6 +319,8 @@ public final class EncodingHandler: BroadcastSampleHandler {
         }
         for (output, worker) in zip(outputs, workers) { output.start(worker) }
         videoEncoder?.markMediaTimeZero()
+        for encode in extraEncodes { encode.encoder.markMediaTimeZero() }
+        publishEncodes(outputs)
         mediaClock.started()
     }
 
@@ -323,11 +344,12 @@ public final class EncodingHandler: BroadcastSampleHandler {
         else { return }
         let globalHeader = self.globalHeader || Self.needsGlobalHeader(destination)
         let encoder = try media { () throws(FFmpegError) in
-            try AudioEncoder(settings: audio, globalHeader: globalHeader, streamIndex: streams.count, logger: logger)
+            try AudioEncoder(settings: audio, globalHeader: globalHeader, streamIndex: nextStreamIndex, logger: logger)
         }
         var stream = encoder.stream
         stream.title = AudioTrackLayout.Track.mix.title(alone: false)
-        stream.streamIndex = streams.count
+        stream.streamIndex = nextStreamIndex
+        nextStreamIndex += 1
         streams.append(stream)
         mixTrackIndex = layout.addMix()
         audioLayout = layout
@@ -339,7 +361,10 @@ public final class EncodingHandler: BroadcastSampleHandler {
     /// The worker that feeds `output` its packets: a file is created now (so a path that cannot
     /// be written fails here), a live stream connects on its own thread.
     private func makeWorker(for output: Output, joining: Bool = false) throws(BroadcastError) -> any OutputWorker {
-        if joining { try addMixTrack(for: output.destination) }
+        if joining {
+            try addMixTrack(for: output.destination)
+            try ensureEncode(for: output.configuration.video)
+        }
         let streams = carriedStreams(of: output)
         output.carriedStreams = streams.reduce(0) { $0 | 1 << UInt64($1.streamIndex!) }
         switch output.destination {
@@ -374,8 +399,9 @@ public final class EncodingHandler: BroadcastSampleHandler {
         guard let audio = configuration.audio else { return nil }
         let settings = AudioEncoderSettings(encoder: "libopus", sampleRate: 48_000, channels: audio.channels, bitrate: audio.bitrate)
         let encoder = try media { () throws(FFmpegError) in
-            try AudioEncoder(settings: settings, globalHeader: false, streamIndex: streams.count, logger: logger)
+            try AudioEncoder(settings: settings, globalHeader: false, streamIndex: nextStreamIndex, logger: logger)
         }
+        nextStreamIndex += 1
         opusEncoder = encoder
         return encoder.stream
     }
@@ -383,10 +409,48 @@ public final class EncodingHandler: BroadcastSampleHandler {
     /// The streams `output` carries: the video, and the audio tracks its container holds (an
     /// FLV output one, the mix).
     private func carriedStreams(of output: Output) -> [StreamDescription] {
-        guard let layout = audioLayout else { return streams }
         let firstAudio = videoEncoder == nil ? 0 : 1
+        // The video of the encode the output asked for: its own, or the broadcast's.
+        var video = Array(streams[..<firstAudio])
+        if firstAudio == 1, let own = extraEncode(for: output.configuration.video) { video = [own.stream] }
+        guard let layout = audioLayout else { return video + streams[firstAudio...] }
         let audio = layout.carried(by: AudioTrackLayout.formatName(of: output.destination), mode: configuration.audioTracks)
-        return Array(streams[..<firstAudio]) + audio.map { streams[firstAudio + $0] }
+        return video + audio.map { streams[firstAudio + $0] }
+    }
+
+    /// The encode of its own an output with `settings` takes, nil for the broadcast's (nil, or
+    /// the same settings).
+    private func extraEncode(for settings: VideoEncoderSettings?) -> ExtraVideoEncode? {
+        guard let settings, !settings.sameEncode(as: configuration.video) else { return nil }
+        return extraEncodes.first { $0.asked.sameEncode(as: settings) }
+    }
+
+    /// Makes the encode an output with `settings` takes when none has them yet (session thread).
+    private func ensureEncode(for settings: VideoEncoderSettings?) throws(BroadcastError) {
+        guard let settings, videoEncoder != nil, !settings.sameEncode(as: configuration.video), extraEncode(for: settings) == nil else { return }
+        let index = nextStreamIndex
+        let globalHeader = self.globalHeader
+        let encoder = try media { () throws(FFmpegError) in
+            try VideoEncoder(settings: settings, globalHeader: globalHeader, streamIndex: index, logger: logger)
+        }
+        nextStreamIndex += 1
+        var stream = encoder.stream
+        stream.streamIndex = index
+        extraEncodes.append(ExtraVideoEncode(asked: settings, encoder: encoder, stream: stream))
+        logger.notice("video: an encode of its own at \(settings.width)x\(settings.height), \(settings.bitrate / 1000) kb/s")
+    }
+
+    /// Publishes each encode with the outputs it feeds, and lets go of the encodes no output takes
+    /// any more (a reload changed or removed them: their memory goes back). Session thread.
+    private func publishEncodes(_ outputs: [Output]) {
+        let taken = outputs.compactMap { extraEncode(for: $0.configuration.video) }
+        extraEncodes = extraEncodes.filter { encode in taken.contains { $0 === encode } }
+        guard let defaultEncodeStatus else { return }
+        var list = [defaultEncodeStatus.feeding(outputs.filter { extraEncode(for: $0.configuration.video) == nil }.map(\.name))]
+        for encode in extraEncodes {
+            list.append(encode.status.feeding(outputs.filter { extraEncode(for: $0.configuration.video) === encode }.map(\.name)))
+        }
+        videoEncodes.publish(list)
     }
 
     /// Applies the output set asked through `outputControl` (on the session's thread): outputs whose
@@ -443,9 +507,10 @@ public final class EncodingHandler: BroadcastSampleHandler {
             logger.notice("output \(output.name) \(desired.contains { $0.name == output.name } ? "ended for its replacement" : "removed") (\(output.target))")
         }
         outputControl.publish(next)
+        publishEncodes(next)
         // Opus is encoded only while a WHIP output takes it.
         if !next.contains(where: \.isWebRTC) { opusEncoder = nil }
-        videoEncoder?.forceKeyframe()
+        forceKeyframe()
         return changes
     }
 
@@ -496,6 +561,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 // between one and two periods after the last.
                 framesDroppedAfterResume += 1
                 videoEncoder.skippedFrame()
+                for encode in extraEncodes { encode.encoder.skippedFrame() }
                 return
             }
             if configuration.frameRateMode == .vfr, let settings = configuration.video {
@@ -510,16 +576,19 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 }
                 unsentRepeatTime = nil
                 if keyframeDue {
-                    videoEncoder.forceKeyframe()
+                    forceKeyframe()
                     lastKeyframeTime = time
                 }
             }
             resumedSinceVideo = false
             lastVideoTime = time
             if keyframeRequest.load(ordering: .relaxed), keyframeRequest.exchange(false, ordering: .acquiring) {
-                videoEncoder.forceKeyframe()
+                forceKeyframe()
             }
             try route(media { () throws(FFmpegError) in try videoEncoder.encode(buffer) })
+            for encode in extraEncodes {
+                try route(media { () throws(FFmpegError) in try encode.encoder.encode(buffer) }, encode: encode.status)
+            }
             if buffer.videoFormat?.pixelFormat == .mjpeg {
                 counters.undecodableFrames.store(videoEncoder.undecodableFrames, ordering: .relaxed)
             }
@@ -611,8 +680,12 @@ public final class EncodingHandler: BroadcastSampleHandler {
             if let videoEncoder {
                 if let time = unsentRepeatTime {
                     try route(videoEncoder.repeatLastPicture(at: MediaTime(nanoseconds: time)))
+                    for encode in extraEncodes {
+                        try route(encode.encoder.repeatLastPicture(at: MediaTime(nanoseconds: time)), encode: encode.status)
+                    }
                 }
                 try route(videoEncoder.flush())
+                for encode in extraEncodes { try route(encode.encoder.flush(), encode: encode.status) }
             }
         } catch {
             record(BroadcastError(.outputFailed, "flushing the encoders: \(error)"))
@@ -629,6 +702,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
         // goes back before the recordings are finalized, which builds a long file's whole index
         // in memory; the process's peak stays the recording's.
         videoEncoder = nil
+        extraEncodes = []
         audioEncoder = nil
         opusEncoder = nil
         sourceTracks = []
@@ -653,13 +727,22 @@ public final class EncodingHandler: BroadcastSampleHandler {
     /// the others go on; when every output has failed the broadcast cannot go on. Audio goes to
     /// the outputs of its codec: `opus` (the second encode of the same samples) to WHIP outputs
     /// only, counted there, AAC to the others.
-    private func route(_ packets: [EncodedPacket], opus: Bool = false) throws {
+    private func route(_ packets: [EncodedPacket], opus: Bool = false, encode: VideoEncodeStatus? = nil) throws {
         guard !packets.isEmpty else { return }
         if opus {
             for packet in packets { for output in outputs where output.isWebRTC { output.offer(packet) } }
             return
         }
+        if let encode {
+            // An output's own encode: counted apart (the broadcast's figures are its first encode's).
+            for packet in packets {
+                encode.count(packet)
+                for output in outputs where output.carries(packet.streamIndex) { output.offer(packet) }
+            }
+            return
+        }
         for packet in packets {
+            if packet.mediaType == .video { defaultEncodeStatus?.count(packet) }
             switch packet.mediaType {
             case .video: counters.videoFrames.wrappingIncrement(ordering: .relaxed)
             case .audio: counters.audioFrames.wrappingIncrement(ordering: .relaxed)

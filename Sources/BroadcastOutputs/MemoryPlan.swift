@@ -145,12 +145,18 @@ public struct MemoryPlan: Sendable, Hashable, CustomStringConvertible {
         let media = MediaRates(configuration)
         let replay = ReplayNeeds(outputs, limitsSet: replayLimitsSet, media: media)
         let encoder = X264Needs(video, cores: cores)
+        // Outputs' encodes of their own: each in full (its threads and lookahead as asked) and the
+        // frames its converter keeps; what does not fit is refused with the figures.
+        let extras = Self.extraEncodes(configuration)
+        let extraEncoders = extras.reduce(Int64(0)) { $0 + X264Needs($1, cores: cores).full }
+        let extraConverters = extras.reduce(Int64(0)) { $0 + Int64($1.width * $1.height * 3) }
         let pool = CaptureNeeds(capture, video: video, fps: media.fps)
         let queueCount = outputs.filter { $0.replay == nil }.count
         let queueMinimum = Int64(queueCount * media.minimumQueuePackets) * media.queueBytesPerPacket
 
         minimum = Parts(
-            base: Self.baseBytes, encoder: encoder.minimum, capture: pool.fixed + pool.minimum, queues: queueMinimum,
+            base: Self.baseBytes, encoder: encoder.minimum + extraEncoders, capture: pool.fixed + pool.minimum + extraConverters,
+            queues: queueMinimum,
             replay: replay.fixed + replay.eachMinimum * Int64(replay.unset))
         capturePoolBytes = Int(pool.minimum)
         fileQueueCapacity = media.minimumQueuePackets
@@ -160,7 +166,8 @@ public struct MemoryPlan: Sendable, Hashable, CustomStringConvertible {
         replayMaxBytes = replay.eachMinimum
         estimate = minimum
         if minimum.total > budget {
-            let what = video.map { "\($0.width)x\($0.height) at \($0.frameRate) fps" } ?? "this audio-only broadcast"
+            var what = video.map { "\($0.width)x\($0.height) at \($0.frameRate) fps" } ?? "this audio-only broadcast"
+            if !extras.isEmpty { what += " with \(extras.map { "\($0.width)x\($0.height)" }.joined(separator: ", ")) beside" }
             throw BroadcastError(
                 .invalidArgument,
                 "memory budget \(Self.mebibytes(budget)) is too small for \(what): it needs at least \(Self.mebibytes(minimum.total)) (\(minimum))"
@@ -171,7 +178,7 @@ public struct MemoryPlan: Sendable, Hashable, CustomStringConvertible {
         // capture pool (a late encoder thread drops fewer frames), the queues (a slow disk or
         // network waits longer before anything is lost), then the replay buffers.
         var spare = budget - minimum.total
-        if video != nil { spend(&spare, on: encoder) }
+        if video != nil { spend(&spare, on: encoder, alreadyCounted: extraEncoders) }
         spend(&spare, on: pool, frameBytes: capture?.poolFrameBytes ?? 1)
         if queueCount > 0 && media.queueBytesPerPacket > 0 { spend(&spare, onQueuesOf: outputs, count: queueCount, media: media) }
         if replay.unset > 0 {
@@ -180,6 +187,17 @@ public struct MemoryPlan: Sendable, Hashable, CustomStringConvertible {
             estimate.replay += (each - replayMaxBytes) * Int64(replay.unset)
             replayMaxBytes = each
         }
+    }
+
+    /// The distinct encodes of their own that outputs ask for (not the broadcast's).
+    static func extraEncodes(_ configuration: EncodingConfiguration) -> [VideoEncoderSettings] {
+        var extras: [VideoEncoderSettings] = []
+        for output in configuration.allOutputs {
+            guard let own = output.video, !own.sameEncode(as: configuration.video), !extras.contains(where: { $0.sameEncode(as: own) })
+            else { continue }
+            extras.append(own)
+        }
+        return extras
     }
 
     /// The media's peak rates, which size the queues and the replay buffers.
@@ -197,13 +215,16 @@ public struct MemoryPlan: Sendable, Hashable, CustomStringConvertible {
             fps = video?.frameRate.framesPerSecond ?? 0
             let audioTracks = Double(configuration.audioTrackCount)
             var bitsPerSecond = Double(configuration.audio?.bitrate ?? 0) * audioTracks
-            if let video {
-                switch video.rateControl {
-                case .cbr: bitsPerSecond += Double(video.bitrate)
-                case .vbr: bitsPerSecond += Double(video.bitrate) * 1.5
-                case .crf: bitsPerSecond += video.bitrate > 0 ? Double(video.bitrate) : Double(video.width * video.height) * fps * 0.15
+            // An output's queue holds one video stream: the most demanding encode's, to be safe.
+            let peaks = ([video] + MemoryPlan.extraEncodes(configuration)).compactMap { video -> Double? in
+                guard let video else { return nil }
+                return switch video.rateControl {
+                case .cbr: Double(video.bitrate)
+                case .vbr: Double(video.bitrate) * 1.5
+                case .crf: video.bitrate > 0 ? Double(video.bitrate) : Double(video.width * video.height) * video.frameRate.framesPerSecond * 0.15
                 }
             }
+            bitsPerSecond += peaks.max() ?? 0
             bytesPerSecond = bitsPerSecond / 8
             let packetsPerSecond = fps + (configuration.audio == nil ? 0 : MemoryPlan.audioPacketsPerSecond * audioTracks)
             let packetBytes = packetsPerSecond > 0 ? bytesPerSecond / packetsPerSecond : 0
@@ -300,10 +321,10 @@ public struct MemoryPlan: Sendable, Hashable, CustomStringConvertible {
     /// x264 as asked when it fits; else frame threads go first, down to 1 (each costs four frames;
     /// one thread encodes a picture the size a budget this tight allows in real time), then the
     /// lookahead, down to the B-frames it must see.
-    private mutating func spend(_ spare: inout Int64, on encoder: X264Needs) {
+    private mutating func spend(_ spare: inout Int64, on encoder: X264Needs, alreadyCounted: Int64) {
         let extra = encoder.full - encoder.minimum
         if extra <= spare {
-            estimate.encoder = encoder.full
+            estimate.encoder = encoder.full + alreadyCounted
             spare -= extra
             return
         }

@@ -1,4 +1,5 @@
 public import BroadcastKit
+public import BroadcastMedia
 
 #if canImport(Glibc)
     import Glibc
@@ -188,6 +189,10 @@ public struct OutputConfiguration: Sendable, Hashable {
     /// For a file destination: where the files it creates are noted (the daemon's record of what
     /// it may delete or repair later). nil: nothing is noted, and retention deletes nothing.
     public var manifest: RecordingManifest?
+    /// The video encode this output takes: nil (or the broadcast's own settings) for the
+    /// broadcast's encode; other settings for an encode of its own, shared with every output that
+    /// asks the same (its size at most the picture's: each encode scales the captured picture once).
+    public var video: VideoEncoderSettings?
 
     public init(
         name: String? = nil,

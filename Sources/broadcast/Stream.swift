@@ -56,6 +56,18 @@ struct Stream: ParsableCommand {
     @Option(name: .customLong("output"), help: ArgumentHelp("Another output, a URL or a file; repeatable.", valueName: "url-or-file"))
     var outputs: [String] = []
 
+    @Option(name: .customLong("record-size"), help: ArgumentHelp("The recording's own size (at most --size): any --record-* gives the recording an encode of its own, the stream keeps --size, --video-bitrate, ....", valueName: "WxH"))
+    var recordSize: String?
+
+    @Option(name: .customLong("record-video-bitrate"), help: ArgumentHelp("The recording's own video bitrate: 8M.", valueName: "rate"))
+    var recordVideoBitrate: String?
+
+    @Option(name: .customLong("record-rate-control"), help: ArgumentHelp("The recording's own rate control: cbr, vbr or crf (default for its own encode: vbr).", valueName: "mode"))
+    var recordRateControl: String?
+
+    @Option(name: .customLong("record-crf"), help: ArgumentHelp("The recording's own quality for crf, 0-51.", valueName: "n"))
+    var recordCRF: String?
+
     @Option(name: .customLong("whip-token"), help: ArgumentHelp("whip+https://: the bearer token the WHIP endpoint asks for (never printed).", valueName: "token"))
     var whipToken: String?
 
@@ -107,6 +119,31 @@ struct Stream: ParsableCommand {
         return live
     }
 
+    /// The recording's own encode when a --record-* option asks for one: the encoding options with
+    /// those applied. Without --record they are refused (exit 2): they would do nothing.
+    func recordingEncode(over settings: EncoderSettings) throws -> OutputEncode? {
+        let given: [(flag: String, key: String, text: String?)] = [
+            ("--record-size", "size", recordSize), ("--record-video-bitrate", "video_bitrate", recordVideoBitrate),
+            ("--record-rate-control", "rate_control", recordRateControl), ("--record-crf", "crf", recordCRF),
+        ]
+        let set = given.filter { $0.text != nil }
+        guard !set.isEmpty else { return nil }
+        guard record != nil else {
+            throw ValueError("\(set.map(\.flag).joined(separator: ", ")) \(set.count == 1 ? "applies" : "apply") to the recording: add --record FILE")
+        }
+        var encode = OutputEncode(encoder: settings)
+        for (flag, key, text) in set {
+            do {
+                try encode.set(key, text!)
+            } catch {
+                // The option's own message, in this flag's name.
+                let plain = "--" + key.replacing("_", with: "-")
+                throw ValueError(error.description.replacing(plain, with: flag, maxReplacements: 1))
+            }
+        }
+        return encode
+    }
+
     func run() throws {
         // Everything the user typed is checked before anything is created: exit 2 on bad input.
         let level = try runOptions.level()
@@ -120,6 +157,8 @@ struct Stream: ParsableCommand {
             throw ValueError("not a stream URL (not shown: it may hold a key): expected rtmp://HOST/APP/KEY, rtmps://... or srt://HOST:PORT")
         }
         let overwrite = runOptions.overwrite
+        let encoderSettings = try encoding.settings()
+        let recordEncode = try recordingEncode(over: encoderSettings)
         var configured = [OutputConfiguration(destination: try OutputDestination.parse(url), live: live)]
         if let record { configured.append(OutputConfiguration(destination: .file(record), live: live, overwrite: overwrite)) }
         for text in outputs {
@@ -145,7 +184,8 @@ struct Stream: ParsableCommand {
 
         let logger = Logging.bootstrap(level: level)
         let assembly = try PipelineAssembly(
-            sources: try sources.settings(), encoder: try encoding.settings(), outputs: configured,
+            sources: try sources.settings(), encoder: encoderSettings, outputs: configured,
+            encodes: record.flatMap { path in recordEncode.map { [OutputDestination.file(path).description: $0] } } ?? [:],
             budget: try memory.budget(), replayLimitsSet: replayOptions.replayMaxMemory != nil ? ["replay"] : [], logger: logger)
         let budget = assembly.plan.budget
         let setupInfo = try sources.setupInfo()

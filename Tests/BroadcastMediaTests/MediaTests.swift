@@ -83,12 +83,12 @@ struct EncoderSettingsTests {
 struct AudioMixerTests {
     func chunk(_ value: Float, _ count: Int) -> [[Float]] { [Array(repeating: value, count: count)] }
 
-    @Test("one input passes through unchanged")
+    @Test("one input passes through unchanged, but for what is past full scale (a gain of +20 dB: clipped)")
     func passThrough() {
         let mixer = AudioMixer(channelCount: 1, sampleRate: 1000, expectedInputs: 1)
-        mixer.append([[0.5, -0.25, 1.5]], at: 10, from: .audioMic)
+        mixer.append([[0.5, -0.25, 1.5, -1.25]], at: 10, from: .audioMic)
         let out = mixer.mix()
-        #expect(out == AudioChunk(startSample: 10, channels: [[0.5, -0.25, 1.5]]))
+        #expect(out == AudioChunk(startSample: 10, channels: [[0.5, -0.25, 1, -1]]))
         #expect(mixer.mix() == nil)
     }
 
