@@ -9,12 +9,13 @@ files), "joinandconfigure" as a publisher with the offer; the answer Janus sends
 body, with Location /whip/resource/SESSION. DELETE of that Location destroys the Janus session (which
 closes the recordings). Janus itself decides what it takes: this front-end forwards the SDP as it is,
 unless --strip-ssrc, which takes the offer's a=ssrc/a=ssrc-group lines out (Janus must then tell the
-streams apart by the RTP header extension urn:ietf:params:rtp-hdrext:sdes:mid).
+streams apart by the RTP header extension urn:ietf:params:rtp-hdrext:sdes:mid), or --refuse-mid,
+which takes that extension's a=extmap out of the answer (an endpoint that does not take it).
 
 GET /state answers JSON: posts, refused, deletes, sessions, the offers and answers, and Janus's
 events for each session (webrtcup, media, hangup, ...).
 
-Usage: janus-whip.py --port N --janus URL --room N --rec-dir DIR [--token T] [--strip-ssrc]
+Usage: janus-whip.py --port N --janus URL --room N --rec-dir DIR [--token T] [--strip-ssrc] [--refuse-mid]
 """
 import argparse
 import json
@@ -161,6 +162,8 @@ class Handler(BaseHTTPRequestHandler):
         except Exception as error:  # noqa: BLE001 - the reason goes back to the client
             self.reply(500, ("janus: %s\n" % error).encode(), [("Content-Type", "text/plain")])
             return
+        if args.refuse_mid:
+            answer = re.sub(r"a=extmap:[^\r\n]*urn:ietf:params:rtp-hdrext:sdes:mid[^\r\n]*\r?\n", "", answer)
         with lock:
             state["sessions"] += 1
             state["offers"].append(body)
@@ -205,6 +208,7 @@ parser.add_argument("--room", type=int, default=1234)
 parser.add_argument("--rec-dir", required=True)
 parser.add_argument("--token")
 parser.add_argument("--strip-ssrc", action="store_true")
+parser.add_argument("--refuse-mid", action="store_true")
 args = parser.parse_args()
 
 server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)

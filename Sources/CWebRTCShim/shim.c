@@ -253,6 +253,12 @@ static int reply_error(GstPromise *promise, char *error, size_t error_size, cons
     return 0;
 }
 
+/// The mid header extension of the branch that sends `media` (an m-line), if any.
+static GstRTPHeaderExtension *branch_mid(CBroadcastWHIPPeer *peer, const GstSDPMedia *media) {
+    const char *kind = gst_sdp_media_get_media(media);
+    return g_strcmp0(kind, "video") == 0 ? peer->video_mid : g_strcmp0(kind, "audio") == 0 ? peer->audio_mid : NULL;
+}
+
 char *CBroadcastWHIP_offer(CBroadcastWHIPPeer *peer, int64_t timeout_ms, char *error, size_t error_size) {
     GstPromise *promise = call(peer->webrtc, "create-offer", NULL);
     if (reply_error(promise, error, error_size, "creating the offer") != 0) {
@@ -270,11 +276,8 @@ char *CBroadcastWHIP_offer(CBroadcastWHIPPeer *peer, int64_t timeout_ms, char *e
     // The mid each m-line got is what the payloaders' mid header extension writes.
     for (guint i = 0; i < gst_sdp_message_medias_len(offer->sdp); i++) {
         const GstSDPMedia *media = gst_sdp_message_get_media(offer->sdp, i);
-        const char *kind = gst_sdp_media_get_media(media);
+        GstRTPHeaderExtension *extension = branch_mid(peer, media);
         const char *mid = gst_sdp_media_get_attribute_val(media, "mid");
-        GstRTPHeaderExtension *extension = g_strcmp0(kind, "video") == 0 ? peer->video_mid
-            : g_strcmp0(kind, "audio") == 0                              ? peer->audio_mid
-                                                                         : NULL;
         if (extension && mid) g_object_set(extension, "mid", mid, NULL);
     }
     promise = call(peer->webrtc, "set-local-description", offer);
@@ -315,6 +318,17 @@ int CBroadcastWHIP_answer(CBroadcastWHIPPeer *peer, const char *sdp, char *error
         gst_sdp_message_free(message);
         set_error(error, error_size, "the answer has no media");
         return -1;
+    }
+    // An m-line whose answer did not take the mid header extension gets packets without it.
+    for (guint i = 0; i < gst_sdp_message_medias_len(message); i++) {
+        const GstSDPMedia *media = gst_sdp_message_get_media(message, i);
+        GstRTPHeaderExtension *extension = branch_mid(peer, media);
+        int taken = 0;
+        for (guint j = 0; extension && j < gst_sdp_media_attributes_len(media); j++) {
+            const GstSDPAttribute *attribute = gst_sdp_media_get_attribute(media, j);
+            if (g_strcmp0(attribute->key, "extmap") == 0 && attribute->value && strstr(attribute->value, MID_EXTENSION_URI)) taken = 1;
+        }
+        if (extension && !taken) g_object_set(extension, "mid", NULL, NULL);
     }
     GstWebRTCSessionDescription *answer = gst_webrtc_session_description_new(GST_WEBRTC_SDP_TYPE_ANSWER, message);
     GstPromise *promise = call(peer->webrtc, "set-remote-description", answer);

@@ -24,9 +24,18 @@ final class JanusGateway {
     /// Janus's own log so far.
     var log: String { janus?.stdoutSoFar ?? "" }
 
-    /// `stripSSRC`: the front-end takes the offer's a=ssrc lines out before Janus sees it, so the
-    /// streams can only be told apart by the mid header extension.
-    init(token: String?, stripSSRC: Bool = false) throws {
+    /// What the front-end changes in the SDP it passes on.
+    enum Munging: String, CaseIterable, Sendable {
+        /// Nothing.
+        case none
+        /// The offer's a=ssrc lines are taken out before Janus sees it: the streams can only be
+        /// told apart by the mid header extension.
+        case ssrcTakenOut
+        /// The answer's a=extmap for the mid extension is taken out: an endpoint that does not take it.
+        case midRefused
+    }
+
+    init(token: String?, munging: Munging = .none) throws {
         directory = try TemporaryDirectory()
         apiPort = try freePort()
         whipPort = try freePort()
@@ -100,7 +109,8 @@ final class JanusGateway {
         var arguments = [packageRoot.appendingPathComponent("scripts/janus-whip.py").path, "--port", "\(whipPort)",
                          "--janus", "http://127.0.0.1:\(apiPort)/janus", "--rec-dir", recordDirectory]
         if let token { arguments += ["--token", token] }
-        if stripSSRC { arguments.append("--strip-ssrc") }
+        if munging == .ssrcTakenOut { arguments.append("--strip-ssrc") }
+        if munging == .midRefused { arguments.append("--refuse-mid") }
         frontEnd = try Child("/usr/bin/python3", arguments)
         while !frontEnd!.stdoutSoFar.contains("listening") {
             guard frontEnd!.process.isRunning, Date() < deadline else {
@@ -145,6 +155,34 @@ final class JanusGateway {
         return files
     }
 
+    /// The RTP packets Janus recorded of `kind` (mjr2pcap: Ethernet, IPv4, UDP), and how many of
+    /// them carry a header extension (the X bit).
+    func rtpPackets(_ kind: String) throws -> (packets: Int, extended: Int) {
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: recordDirectory)) ?? []
+        var packets = 0
+        var extended = 0
+        for name in names.sorted() where name.hasSuffix(".mjr") && name.contains("-\(kind)-") {
+            let pcap = directory.path(name.replacingOccurrences(of: ".mjr", with: ".pcap"))
+            let r = try run("/usr/bin/mjr2pcap", ["\(recordDirectory)/\(name)", pcap], timeout: 300)
+            guard r.status == 0, let data = FileManager.default.contents(atPath: pcap), data.count >= 24 else { continue }
+            let bytes = [UInt8](data)
+            func le32(_ at: Int) -> Int { Int(bytes[at]) | Int(bytes[at + 1]) << 8 | Int(bytes[at + 2]) << 16 | Int(bytes[at + 3]) << 24 }
+            try #require(le32(0) == 0xa1b2c3d4 && le32(20) == 1, "\(name): not a little-endian Ethernet pcap")
+            var offset = 24
+            while offset + 16 <= bytes.count {
+                let length = le32(offset + 8)
+                let frame = offset + 16
+                offset = frame + length
+                guard offset <= bytes.count, length > 14 + 20 + 8 + 12 else { continue }
+                let rtp = frame + 14 + Int(bytes[frame + 14] & 0x0f) * 4 + 8
+                guard rtp < offset else { continue }
+                packets += 1
+                if bytes[rtp] & 0x10 != 0 { extended += 1 }
+            }
+        }
+        return (packets, extended)
+    }
+
     func cleanup() {
         stop()
         directory.cleanup()
@@ -169,13 +207,13 @@ private func mediaSections(_ sdp: String) -> [String] {
 
 /// The WHIP output into Janus's VideoRoom: both media reach an SFU that maps RTP by the SSRCs the
 /// SDP announced (or, those lines taken out, by the mid header extension alone), seen in what Janus
-/// recorded.
+/// recorded; the extension goes only to an endpoint whose answer took it.
 @Suite(.serialized) struct JanusWHIPTests {
     static let token = "janus-test-token-51c2e8"
 
-    @Test(arguments: [false, true])
-    func mediaReachesJanus(stripSSRC: Bool) throws {
-        let gateway = try JanusGateway(token: Self.token, stripSSRC: stripSSRC)
+    @Test(arguments: JanusGateway.Munging.allCases)
+    func mediaReachesJanus(munging: JanusGateway.Munging) throws {
+        let gateway = try JanusGateway(token: Self.token, munging: munging)
         defer { gateway.cleanup() }
         let r = try broadcast(
             ["stream", gateway.url, "--whip-token", Self.token, "--duration", "12s", "--size", "320x240", "--quiet"], timeout: 180)
@@ -199,9 +237,16 @@ private func mediaSections(_ sdp: String) -> [String] {
         let audio = try gateway.media("audio")
         let videoFrames = try video.map { try probe($0).video?.frames ?? 0 }.reduce(0, +)
         let audioFrames = try audio.map { try probe($0).audio?.frames ?? 0 }.reduce(0, +)
-        print("Janus\(stripSSRC ? " (a=ssrc taken out)" : ""): recorded \(videoFrames) of \(sent.video) video frames, \(audioFrames) of \(sent.audio) Opus packets; \(unknown) 'Unknown SSRC' lines in its log")
+        print("Janus (\(munging)): recorded \(videoFrames) of \(sent.video) video frames, \(audioFrames) of \(sent.audio) Opus packets; \(unknown) 'Unknown SSRC' lines in its log")
         #expect(Double(videoFrames) >= 0.9 * Double(sent.video), "\(videoFrames) of \(sent.video) video frames reached Janus; \(log.suffix(3000))")
         #expect(Double(audioFrames) >= 0.9 * Double(sent.audio), "\(audioFrames) of \(sent.audio) audio packets reached Janus")
+        // Every packet carries the mid, unless the answer did not take the extension: then none.
+        for kind in ["video", "audio"] {
+            let rtp = try gateway.rtpPackets(kind)
+            print("Janus (\(munging)): \(rtp.extended) of \(rtp.packets) \(kind) RTP packets carry a header extension")
+            #expect(rtp.packets > 0)
+            #expect(rtp.extended == (munging == .midRefused ? 0 : rtp.packets), "\(kind): \(rtp.extended) of \(rtp.packets) packets extended")
+        }
         #expect(!r.stderr.contains(Self.token))
     }
 }
