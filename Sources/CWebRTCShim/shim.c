@@ -75,8 +75,8 @@ static void on_bye(GstElement *rtpbin, guint session, guint ssrc, gpointer data)
 /// peer's caps), so the offer announces it (a=ssrc), and offer the mid header extension (a=extmap),
 /// which the payloader writes on every packet (`mid`). SFUs map RTP to a stream by one or the other
 /// (Janus drops every packet of an SSRC it was not told of).
-static int add_branch(CBroadcastWHIPPeer *peer, GstElement **source, GstRTPHeaderExtension **mid, const char *source_caps,
-    const char *payloader, const char *rtp_caps, char *error, size_t error_size) {
+static int add_branch(CBroadcastWHIPPeer *peer, GstElement **source, GstRTPHeaderExtension **mid,
+    const char *source_caps, const char *payloader, const char *rtp_caps, char *error, size_t error_size) {
     GstElement *src = gst_element_factory_make("appsrc", NULL);
     GstElement *pay = gst_element_factory_make(payloader, NULL);
     GstElement *filter = gst_element_factory_make("capsfilter", NULL);
@@ -189,8 +189,8 @@ CBroadcastWHIPPeer *CBroadcastWHIP_new(const char *profile_level_id, int audio_c
             "packetization-mode=(string)1,profile-level-id=(string)%s,level-asymmetry-allowed=(string)1,"
             "rtcp-fb-nack-pli=(boolean)true,rtcp-fb-ccm-fir=(boolean)true",
             profile_level_id);
-        if (add_branch(peer, &peer->video, &peer->video_mid, "video/x-h264,stream-format=byte-stream,alignment=au", "rtph264pay", caps,
-                error, error_size) != 0) {
+        if (add_branch(peer, &peer->video, &peer->video_mid, "video/x-h264,stream-format=byte-stream,alignment=au",
+                "rtph264pay", caps, error, error_size) != 0) {
             CBroadcastWHIP_free(peer);
             return NULL;
         }
@@ -326,7 +326,8 @@ int CBroadcastWHIP_answer(CBroadcastWHIPPeer *peer, const char *sdp, char *error
         int taken = 0;
         for (guint j = 0; extension && j < gst_sdp_media_attributes_len(media); j++) {
             const GstSDPAttribute *attribute = gst_sdp_media_get_attribute(media, j);
-            if (g_strcmp0(attribute->key, "extmap") == 0 && attribute->value && strstr(attribute->value, MID_EXTENSION_URI)) taken = 1;
+            if (g_strcmp0(attribute->key, "extmap") == 0 && attribute->value
+                && strstr(attribute->value, MID_EXTENSION_URI)) taken = 1;
         }
         if (extension && !taken) g_object_set(extension, "mid", NULL, NULL);
     }

@@ -45,7 +45,9 @@ final class JanusGateway {
         // Debian's multiarch folder: /usr/lib/x86_64-linux-gnu/janus on amd64.
         let arches = (try? FileManager.default.contentsOfDirectory(atPath: "/usr/lib")) ?? []
         let lib = try #require(
-            arches.map { "/usr/lib/\($0)/janus" }.first { FileManager.default.fileExists(atPath: "\($0)/plugins/libjanus_videoroom.so") },
+            arches.map { "/usr/lib/\($0)/janus" }.first {
+                FileManager.default.fileExists(atPath: "\($0)/plugins/libjanus_videoroom.so")
+            },
             "Janus's VideoRoom plugin not found: install janus (make deps)")
         func others(_ folder: String, keeping: String) -> String {
             let names = (try? FileManager.default.contentsOfDirectory(atPath: "\(lib)/\(folder)")) ?? []
@@ -122,7 +124,8 @@ final class JanusGateway {
 
     func state() throws -> [String: Any] {
         let r = try run("/usr/bin/curl", ["-sf", "http://127.0.0.1:\(whipPort)/state"])
-        guard r.status == 0, let object = try JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any] else {
+        guard r.status == 0, let object = try JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any]
+        else {
             throw ProbeError(message: "GET /state: \(r.status) \(r.stderr)")
         }
         return object
@@ -149,7 +152,7 @@ final class JanusGateway {
         for name in names.sorted() where name.hasSuffix(".mjr") && name.contains("-\(kind)-") {
             let output = directory.path(name.replacingOccurrences(of: ".mjr", with: kind == "video" ? ".mp4" : ".opus"))
             let r = try run("/usr/bin/janus-pp-rec", ["\(recordDirectory)/\(name)", output], timeout: 300)
-            print("Janus: janus-pp-rec \(name): exit \(r.status); \(r.stderr.split(separator: "\n").suffix(3).joined(separator: " | "))")
+            if r.status != 0 { print("Janus: janus-pp-rec \(name): exit \(r.status): \(r.stderr.suffix(500))") }
             if r.status == 0, FileManager.default.fileExists(atPath: output) { files.append(output) }
         }
         return files
@@ -164,9 +167,14 @@ final class JanusGateway {
         for name in names.sorted() where name.hasSuffix(".mjr") && name.contains("-\(kind)-") {
             let pcap = directory.path(name.replacingOccurrences(of: ".mjr", with: ".pcap"))
             let r = try run("/usr/bin/mjr2pcap", ["\(recordDirectory)/\(name)", pcap], timeout: 300)
-            guard r.status == 0, let data = FileManager.default.contents(atPath: pcap), data.count >= 24 else { continue }
+            guard r.status == 0, let data = FileManager.default.contents(atPath: pcap), data.count >= 24 else {
+                print("Janus: mjr2pcap \(name): exit \(r.status): \(r.stderr.suffix(500))")
+                continue
+            }
             let bytes = [UInt8](data)
-            func le32(_ at: Int) -> Int { Int(bytes[at]) | Int(bytes[at + 1]) << 8 | Int(bytes[at + 2]) << 16 | Int(bytes[at + 3]) << 24 }
+            func le32(_ at: Int) -> Int {
+                Int(bytes[at]) | Int(bytes[at + 1]) << 8 | Int(bytes[at + 2]) << 16 | Int(bytes[at + 3]) << 24
+            }
             try #require(le32(0) == 0xa1b2c3d4 && le32(20) == 1, "\(name): not a little-endian Ethernet pcap")
             var offset = 24
             while offset + 16 <= bytes.count {
@@ -216,7 +224,8 @@ private func mediaSections(_ sdp: String) -> [String] {
         let gateway = try JanusGateway(token: Self.token, munging: munging)
         defer { gateway.cleanup() }
         let r = try broadcast(
-            ["stream", gateway.url, "--whip-token", Self.token, "--duration", "12s", "--size", "320x240", "--quiet"], timeout: 180)
+            ["stream", gateway.url, "--whip-token", Self.token, "--duration", "12s", "--size", "320x240", "--quiet"],
+            timeout: 180)
         #expect(r.status == 0, "\(r.stderr)")
         // One session, ended with a DELETE when the stream stopped.
         let state = try gateway.state()
@@ -237,15 +246,23 @@ private func mediaSections(_ sdp: String) -> [String] {
         let audio = try gateway.media("audio")
         let videoFrames = try video.map { try probe($0).video?.frames ?? 0 }.reduce(0, +)
         let audioFrames = try audio.map { try probe($0).audio?.frames ?? 0 }.reduce(0, +)
-        print("Janus (\(munging)): recorded \(videoFrames) of \(sent.video) video frames, \(audioFrames) of \(sent.audio) Opus packets; \(unknown) 'Unknown SSRC' lines in its log")
-        #expect(Double(videoFrames) >= 0.9 * Double(sent.video), "\(videoFrames) of \(sent.video) video frames reached Janus; \(log.suffix(3000))")
-        #expect(Double(audioFrames) >= 0.9 * Double(sent.audio), "\(audioFrames) of \(sent.audio) audio packets reached Janus")
+        print(
+            "Janus (\(munging)): recorded \(videoFrames) of \(sent.video) video frames, \(audioFrames) of \(sent.audio)"
+                + " Opus packets; \(unknown) 'Unknown SSRC' lines in its log")
+        #expect(
+            Double(videoFrames) >= 0.9 * Double(sent.video),
+            "\(videoFrames) of \(sent.video) video frames reached Janus; \(log.suffix(3000))")
+        #expect(
+            Double(audioFrames) >= 0.9 * Double(sent.audio),
+            "\(audioFrames) of \(sent.audio) audio packets reached Janus")
         // Every packet carries the mid, unless the answer did not take the extension: then none.
         for kind in ["video", "audio"] {
             let rtp = try gateway.rtpPackets(kind)
             print("Janus (\(munging)): \(rtp.extended) of \(rtp.packets) \(kind) RTP packets carry a header extension")
             #expect(rtp.packets > 0)
-            #expect(rtp.extended == (munging == .midRefused ? 0 : rtp.packets), "\(kind): \(rtp.extended) of \(rtp.packets) packets extended")
+            #expect(
+                rtp.extended == (munging == .midRefused ? 0 : rtp.packets),
+                "\(kind): \(rtp.extended) of \(rtp.packets) packets extended")
         }
         #expect(!r.stderr.contains(Self.token))
     }
