@@ -3,6 +3,7 @@
 #define GST_USE_UNSTABLE_API
 #include <gst/gst.h>
 #include <gst/app/gstappsrc.h>
+#include <gst/rtp/rtp.h>
 #include <gst/sdp/sdp.h>
 #include <gst/webrtc/webrtc.h>
 #include <curl/curl.h>
@@ -19,6 +20,9 @@ struct CBroadcastWHIPPeer {
     GstElement *webrtc;
     GstElement *video;
     GstElement *audio;
+    /// Each branch's sdes:mid header extension (on its payloader), told its mid after the offer.
+    GstRTPHeaderExtension *video_mid;
+    GstRTPHeaderExtension *audio_mid;
     GstBus *bus;
     /// Written by GStreamer's threads, read by the owner.
     atomic_uint_fast64_t keyframe_requests;
@@ -62,9 +66,17 @@ static void on_bye(GstElement *rtpbin, guint session, guint ssrc, gpointer data)
     atomic_fetch_add(&peer->byes, 1);
 }
 
+#define MID_EXTENSION_URI GST_RTP_HDREXT_BASE "sdes:mid"
+#define MID_EXTENSION_ID 1
+
 /// appsrc → payloader → capsfilter → webrtcbin's sink_%u, its transceiver send-only with `caps`.
-static int add_branch(CBroadcastWHIPPeer *peer, GstElement **source, const char *source_caps, const char *payloader,
-    const char *rtp_caps, char *error, size_t error_size) {
+/// The offer is made before any buffer has given the payloader caps, so webrtcbin knows only what
+/// the caps here say: they fix the branch's SSRC (a random one, which the payloader takes from its
+/// peer's caps), so the offer announces it (a=ssrc), and offer the mid header extension (a=extmap),
+/// which the payloader writes on every packet (`mid`). SFUs map RTP to a stream by one or the other
+/// (Janus drops every packet of an SSRC it was not told of).
+static int add_branch(CBroadcastWHIPPeer *peer, GstElement **source, GstRTPHeaderExtension **mid,
+    const char *source_caps, const char *payloader, const char *rtp_caps, char *error, size_t error_size) {
     GstElement *src = gst_element_factory_make("appsrc", NULL);
     GstElement *pay = gst_element_factory_make(payloader, NULL);
     GstElement *filter = gst_element_factory_make("capsfilter", NULL);
@@ -98,8 +110,17 @@ static int add_branch(CBroadcastWHIPPeer *peer, GstElement **source, const char 
     } else {
         g_object_set(pay, "pt", 111, "mtu", 1200, NULL);
     }
+    guint32 ssrc = g_random_int();
+    if (ssrc == 0) ssrc = 1;
     GstCaps *rtp = gst_caps_from_string(rtp_caps);
+    gst_caps_set_simple(rtp, "ssrc", G_TYPE_UINT, ssrc, "extmap-" G_STRINGIFY(MID_EXTENSION_ID), G_TYPE_STRING,
+        MID_EXTENSION_URI, NULL);
     g_object_set(filter, "caps", rtp, NULL);
+    *mid = gst_rtp_header_extension_create_from_uri(MID_EXTENSION_URI);
+    if (*mid) {
+        gst_rtp_header_extension_set_id(*mid, MID_EXTENSION_ID);
+        g_signal_emit_by_name(pay, "add-extension", *mid);
+    }
     gst_bin_add_many(GST_BIN(peer->pipeline), src, pay, filter, NULL);
     if (parse) gst_bin_add(GST_BIN(peer->pipeline), parse);
     if (parse ? !gst_element_link_many(src, parse, pay, filter, NULL) : !gst_element_link_many(src, pay, filter, NULL)) {
@@ -168,8 +189,8 @@ CBroadcastWHIPPeer *CBroadcastWHIP_new(const char *profile_level_id, int audio_c
             "packetization-mode=(string)1,profile-level-id=(string)%s,level-asymmetry-allowed=(string)1,"
             "rtcp-fb-nack-pli=(boolean)true,rtcp-fb-ccm-fir=(boolean)true",
             profile_level_id);
-        if (add_branch(peer, &peer->video, "video/x-h264,stream-format=byte-stream,alignment=au", "rtph264pay", caps,
-                error, error_size) != 0) {
+        if (add_branch(peer, &peer->video, &peer->video_mid, "video/x-h264,stream-format=byte-stream,alignment=au",
+                "rtph264pay", caps, error, error_size) != 0) {
             CBroadcastWHIP_free(peer);
             return NULL;
         }
@@ -181,7 +202,7 @@ CBroadcastWHIPPeer *CBroadcastWHIP_new(const char *profile_level_id, int audio_c
         char source[200];
         snprintf(source, sizeof source, "audio/x-opus,channel-mapping-family=(int)0,channels=(int)%d,rate=(int)48000",
             audio_channels);
-        if (add_branch(peer, &peer->audio, source, "rtpopuspay",
+        if (add_branch(peer, &peer->audio, &peer->audio_mid, source, "rtpopuspay",
                 "application/x-rtp,media=audio,encoding-name=OPUS,payload=111,clock-rate=48000,encoding-params=(string)2",
                 error, error_size) != 0) {
             CBroadcastWHIP_free(peer);
@@ -204,6 +225,8 @@ void CBroadcastWHIP_free(CBroadcastWHIPPeer *peer) {
         gst_object_unref(peer->pipeline);
     }
     if (peer->bus) gst_object_unref(peer->bus);
+    if (peer->video_mid) gst_object_unref(peer->video_mid);
+    if (peer->audio_mid) gst_object_unref(peer->audio_mid);
     free(peer);
 }
 
@@ -230,6 +253,12 @@ static int reply_error(GstPromise *promise, char *error, size_t error_size, cons
     return 0;
 }
 
+/// The mid header extension of the branch that sends `media` (an m-line), if any.
+static GstRTPHeaderExtension *branch_mid(CBroadcastWHIPPeer *peer, const GstSDPMedia *media) {
+    const char *kind = gst_sdp_media_get_media(media);
+    return g_strcmp0(kind, "video") == 0 ? peer->video_mid : g_strcmp0(kind, "audio") == 0 ? peer->audio_mid : NULL;
+}
+
 char *CBroadcastWHIP_offer(CBroadcastWHIPPeer *peer, int64_t timeout_ms, char *error, size_t error_size) {
     GstPromise *promise = call(peer->webrtc, "create-offer", NULL);
     if (reply_error(promise, error, error_size, "creating the offer") != 0) {
@@ -243,6 +272,13 @@ char *CBroadcastWHIP_offer(CBroadcastWHIPPeer *peer, int64_t timeout_ms, char *e
     if (!offer) {
         set_error(error, error_size, "webrtcbin made no offer");
         return NULL;
+    }
+    // The mid each m-line got is what the payloaders' mid header extension writes.
+    for (guint i = 0; i < gst_sdp_message_medias_len(offer->sdp); i++) {
+        const GstSDPMedia *media = gst_sdp_message_get_media(offer->sdp, i);
+        GstRTPHeaderExtension *extension = branch_mid(peer, media);
+        const char *mid = gst_sdp_media_get_attribute_val(media, "mid");
+        if (extension && mid) g_object_set(extension, "mid", mid, NULL);
     }
     promise = call(peer->webrtc, "set-local-description", offer);
     gst_webrtc_session_description_free(offer);
@@ -282,6 +318,18 @@ int CBroadcastWHIP_answer(CBroadcastWHIPPeer *peer, const char *sdp, char *error
         gst_sdp_message_free(message);
         set_error(error, error_size, "the answer has no media");
         return -1;
+    }
+    // An m-line whose answer did not take the mid header extension gets packets without it.
+    for (guint i = 0; i < gst_sdp_message_medias_len(message); i++) {
+        const GstSDPMedia *media = gst_sdp_message_get_media(message, i);
+        GstRTPHeaderExtension *extension = branch_mid(peer, media);
+        int taken = 0;
+        for (guint j = 0; extension && j < gst_sdp_media_attributes_len(media); j++) {
+            const GstSDPAttribute *attribute = gst_sdp_media_get_attribute(media, j);
+            if (g_strcmp0(attribute->key, "extmap") == 0 && attribute->value
+                && strstr(attribute->value, MID_EXTENSION_URI)) taken = 1;
+        }
+        if (extension && !taken) g_object_set(extension, "mid", NULL, NULL);
     }
     GstWebRTCSessionDescription *answer = gst_webrtc_session_description_new(GST_WEBRTC_SDP_TYPE_ANSWER, message);
     GstPromise *promise = call(peer->webrtc, "set-remote-description", answer);
