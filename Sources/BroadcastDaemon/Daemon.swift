@@ -726,9 +726,9 @@ final class BroadcastController: Sendable {
                     // An encode of its own, from the running picture: refused here (the output kept
                     // or not added) when it cannot be made from it (larger than the picture).
                     if let encode = entry.encode, let video = running.video {
-                        output.video = try EncoderSettings.resolve(
-                            encode, picture: VideoSize(width: video.width, height: video.height), frameRate: video.frameRate,
-                            live: output.destination.isLive, colour: video.colour)
+                        try EncoderSettings.apply(
+                            encode, to: &output, picture: VideoSize(width: video.width, height: video.height), frameRate: video.frameRate,
+                            colour: video.colour)
                     }
                     return output
                 }
@@ -993,6 +993,8 @@ final class BroadcastController: Sendable {
                 ("bitrate", .number(Double(o.bitrate))),
                 ("bytes", .number(Double(o.bytesSent))),
                 ("backlog_ms", .number(Double(o.backlogMilliseconds))),
+                ("target_bitrate", o.targetBitrate.map { .number(Double($0)) } ?? .null),
+                ("max_bitrate", o.maximumBitrate.map { .number(Double($0)) } ?? .null),
                 ("reconnects", .number(Double(o.reconnects))),
                 ("drops", .object(drops)),
                 ("error", o.lastError.map(JSONValue.string) ?? .null),

@@ -452,7 +452,8 @@ public struct DaemonConfiguration: Sendable {
         case "token":
             output.token = (try string(entry, key: dotted, environment: environment), entry.line)
         case _ where OutputEncode.keys.contains(key):
-            let text = try scalarText(entry, key: dotted, environment: environment)
+            let text: String
+            if case .boolean(let on) = entry.value { text = on ? "true" : "false" } else { text = try scalarText(entry, key: dotted, environment: environment) }
             // Checked now, at its line; applied over [encoder] (wherever that table stands) once read.
             var check = OutputEncode(encoder: EncoderSettings())
             do {
@@ -629,11 +630,13 @@ public struct DaemonConfiguration: Sendable {
             }
             if let encode = output.encode, sources.hasVideo {
                 do {
-                    configuration.video = try EncoderSettings.resolve(
-                        encode, picture: picture, frameRate: sources.frameRate, live: configuration.destination.isLive, colour: nil)
+                    try EncoderSettings.apply(encode, to: &configuration, picture: picture, frameRate: sources.frameRate, colour: nil)
                 } catch {
-                    // Named at the key that decides: the size when given, else the first encode key.
-                    let key = output.encodeLines["size"] != nil ? "size" : output.encodeLines.min { $0.value < $1.value }?.key ?? "size"
+                    // Named at the key that decides: the one the message names, else the size
+                    // when given, else the first encode key.
+                    let named = (error as? OptionError).map { String($0.option.key.split(separator: ".").last ?? "") }
+                    let key = named.flatMap { output.encodeLines[$0] != nil ? $0 : nil }
+                        ?? (output.encodeLines["size"] != nil ? "size" : output.encodeLines.min { $0.value < $1.value }?.key ?? "size")
                     let message = (error as? OptionError)?.configMessage ?? "\(error)"
                     throw self.error(output.encodeLines[key] ?? output.line, "output.\(key)", message)
                 }

@@ -79,6 +79,27 @@ public struct EncoderSettings: Sendable, Hashable {
     /// The video encode of an output that asks for one of its own (`size`, `video_bitrate`, ...):
     /// these settings at `encode.size` (nil: the picture's), at most the picture's size; rate
     /// control cbr for a stream and vbr for a file unless set; the broadcast's colour.
+    /// Gives `output` the encode `encode` asks for (`resolve`), and when it is adaptive, makes that
+    /// encode its own (never shared) with its range: `min_video_bitrate`, else a quarter of its bitrate.
+    static func apply(
+        _ encode: OutputEncode, to output: inout OutputConfiguration, picture: VideoSize, frameRate: FrameRate, colour: VideoColour?
+    ) throws {
+        var video = try resolve(encode, picture: picture, frameRate: frameRate, live: output.destination.isLive, colour: colour)
+        output.video = video
+        guard encode.adaptive else { return }
+        if let problem = OutputEncode.adaptiveProblem(output.destination) { throw OptionError(Options.adaptive.name, problem) }
+        let minimum = encode.minimumBitrate ?? max(Options.bitrateRange.lowerBound, video.bitrate / 4)
+        if minimum > video.bitrate {
+            throw OptionError(
+                Options.minVideoBitrate.name,
+                "invalid --min-video-bitrate \(minimum / 1000)k: above the output's video bitrate (\(video.bitrate / 1000)k)",
+                others: [Options.videoBitrate.name])
+        }
+        video.adaptiveFor = output.name
+        output.video = video
+        output.adaptiveMinimum = minimum
+    }
+
     static func resolve(
         _ encode: OutputEncode, picture: VideoSize, frameRate: FrameRate, live: Bool, colour: VideoColour?
     ) throws -> VideoEncoderSettings {
@@ -124,8 +145,7 @@ public struct EncoderSettings: Sendable, Hashable {
         if hasVideo {
             for i in outputs.indices {
                 guard let encode = encodes[outputs[i].name] else { continue }
-                outputs[i].video = try Self.resolve(
-                    encode, picture: size, frameRate: frameRate, live: outputs[i].destination.isLive, colour: colour)
+                try Self.apply(encode, to: &outputs[i], picture: size, frameRate: frameRate, colour: colour)
             }
         }
         var configuration = EncodingConfiguration(
@@ -152,15 +172,31 @@ public struct EncoderSettings: Sendable, Hashable {
 public struct OutputEncode: Sendable, Hashable {
     public var encoder: EncoderSettings
     public var size: VideoSize?
+    /// A live output whose video bitrate follows its network (`--adaptive`, `adaptive = true`),
+    /// from `minimumBitrate` (nil: a quarter of its bitrate) up to its bitrate.
+    public var adaptive = false
+    public var minimumBitrate: Int?
 
-    public init(encoder: EncoderSettings, size: VideoSize? = nil) {
+    public init(encoder: EncoderSettings, size: VideoSize? = nil, adaptive: Bool = false, minimumBitrate: Int? = nil) {
         self.encoder = encoder
         self.size = size
+        self.adaptive = adaptive
+        self.minimumBitrate = minimumBitrate
+    }
+
+    /// Why `destination` cannot adapt its bitrate, or nil.
+    public static func adaptiveProblem(_ destination: OutputDestination) -> String? {
+        switch destination {
+        case .file(let path): "adaptive is for live outputs (rtmp://, rtmps://, srt://), not the file \(path)"
+        case .live(let url) where url.scheme.isWHIP:
+            "adaptive is for rtmp://, rtmps:// and srt:// outputs; \(url.redacted) (WHIP) does not adapt yet"
+        case .live: nil
+        }
     }
 
     /// The keys an output may set, in the config's words (`[[output]]`), each one `[encoder]`'s or
     /// `[video]`'s option: the same names, values and limits.
-    public static let keys = ["size", "video_bitrate", "rate_control", "crf", "preset", "profile", "keyframe_interval"]
+    public static let keys = ["size", "video_bitrate", "rate_control", "crf", "preset", "profile", "keyframe_interval", "adaptive", "min_video_bitrate"]
 
     /// Sets `key` (one of `keys`) from `text`, through the option's own parser.
     public mutating func set(_ key: String, _ text: String) throws(OptionError) {
@@ -172,6 +208,8 @@ public struct OutputEncode: Sendable, Hashable {
         case "preset": encoder.preset = try Options.preset.parse(text)
         case "profile": encoder.profile = try Options.profile.parse(text)
         case "keyframe_interval": encoder.keyframeInterval = try Options.keyframeInterval.parse(text)
+        case "adaptive": adaptive = try Options.adaptive.parse(text)
+        case "min_video_bitrate": minimumBitrate = try Options.minVideoBitrate.parse(text)
         default: preconditionFailure("not an output encode key: \(key)")
         }
     }

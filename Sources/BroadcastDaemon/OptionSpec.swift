@@ -176,6 +176,16 @@ public enum Options {
     public static let videoBitrate = OptionSpec<Int>("--video-bitrate", "encoder.video_bitrate", default: "3M") { text in
         try Values.bitrate(text, option: "--video-bitrate")
     }
+    /// An adaptive live output's lowest video bitrate (default: a quarter of its bitrate).
+    public static let minVideoBitrate = OptionSpec<Int>("--min-video-bitrate", "output.min_video_bitrate") { text in
+        try Values.bitrate(text, option: "--min-video-bitrate")
+    }
+    /// A live output whose video bitrate follows its network.
+    public static let adaptive = OptionSpec<Bool>("--adaptive", "output.adaptive", default: "false") { text in
+        try flag(text, option: "--adaptive")
+    }
+    /// The lowest bitrate any bitrate option takes (`Values.bitrate`).
+    public static let bitrateRange = 8_000...500_000_000
     public static let audioBitrate = OptionSpec<Int>("--audio-bitrate", "encoder.audio_bitrate", default: "128k") { text in
         try Values.bitrate(text, option: "--audio-bitrate")
     }

@@ -145,7 +145,7 @@ public final class VideoEncoder {
             c.pointee.rc_min_rate = bitrate
             c.pointee.rc_max_rate = bitrate
             c.pointee.rc_buffer_size = Int32(clamping: bitrate)
-            if settings.encoder == "libx264" { options["nal-hrd"] = "cbr" }
+            if settings.encoder == "libx264", settings.adaptiveFor == nil { options["nal-hrd"] = "cbr" }
         case .vbr:
             c.pointee.bit_rate = bitrate
             c.pointee.rc_max_rate = bitrate * 3 / 2
@@ -177,6 +177,28 @@ public final class VideoEncoder {
 
     /// Makes the next frame a keyframe (an IDR with libx264): a new viewer or segment starts there.
     public func forceKeyframe() { keyframeRequested = true }
+
+    /// The bitrate from the next frame on (an adaptive output's encode): FFmpeg's libx264 wrapper
+    /// reconfigures x264 when the context's bitrate, maximum rate or buffer changed between two
+    /// frames, without a keyframe. CBR and VBR keep their shapes (a one-second buffer; 1.5x peaks
+    /// and a two-second buffer).
+    public func setBitrate(_ bitsPerSecond: Int) {
+        let c = context.pointer
+        let bitrate = Int64(bitsPerSecond)
+        switch settings.rateControl {
+        case .cbr:
+            c.pointee.bit_rate = bitrate
+            c.pointee.rc_max_rate = bitrate
+            c.pointee.rc_buffer_size = Int32(clamping: bitrate)
+        case .vbr:
+            c.pointee.bit_rate = bitrate
+            c.pointee.rc_max_rate = bitrate * 3 / 2
+            c.pointee.rc_buffer_size = Int32(clamping: bitrate * 2)
+        case .crf:
+            c.pointee.rc_max_rate = bitrate
+            c.pointee.rc_buffer_size = Int32(clamping: bitrate * 2)
+        }
+    }
 
     /// Encodes one video frame; returns the packets the encoder has ready (maybe none yet).
     ///

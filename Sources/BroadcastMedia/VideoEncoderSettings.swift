@@ -63,6 +63,10 @@ public struct VideoEncoderSettings: Sendable, Hashable {
     /// MJPEG camera, the test pattern): the stream is tagged with it. nil: the source is RGB and
     /// the encoder converts it to BT.709 from 720 lines, BT.601 below, limited range, and says so.
     public var colour: VideoColour? = nil
+    /// The adaptive live output (by name) this encode is for: never shared, and its bitrate moves
+    /// while it runs (`VideoEncoder.setBitrate`), so CBR goes without x264's NAL HRD, under which
+    /// x264 refuses a change of its VBV. nil: an encode like any other.
+    public var adaptiveFor: String? = nil
 
     public init(
         encoder: String = "libx264",

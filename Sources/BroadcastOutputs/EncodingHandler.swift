@@ -306,7 +306,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
         nextStreamIndex = streams.count
         if let video = configuration.video {
             defaultEncodeStatus = VideoEncodeStatus(settings: video)
-            for output in outputs { try ensureEncode(for: output.configuration.video) }
+            for output in outputs { try ensureEncode(for: output.configuration) }
         }
         // Files are opened here, so a recording that cannot be created fails the start; live
         // outputs connect on their own threads (a server that is down must not stop the recording).
@@ -363,7 +363,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
     private func makeWorker(for output: Output, joining: Bool = false) throws(BroadcastError) -> any OutputWorker {
         if joining {
             try addMixTrack(for: output.destination)
-            try ensureEncode(for: output.configuration.video)
+            try ensureEncode(for: output.configuration)
         }
         let streams = carriedStreams(of: output)
         output.carriedStreams = streams.reduce(0) { $0 | 1 << UInt64($1.streamIndex!) }
@@ -425,9 +425,11 @@ public final class EncodingHandler: BroadcastSampleHandler {
         return extraEncodes.first { $0.asked.sameEncode(as: settings) }
     }
 
-    /// Makes the encode an output with `settings` takes when none has them yet (session thread).
-    private func ensureEncode(for settings: VideoEncoderSettings?) throws(BroadcastError) {
-        guard let settings, videoEncoder != nil, !settings.sameEncode(as: configuration.video), extraEncode(for: settings) == nil else { return }
+    /// Makes the encode `output` takes when none has its settings yet (session thread).
+    private func ensureEncode(for output: OutputConfiguration) throws(BroadcastError) {
+        guard let settings = output.video, videoEncoder != nil, !settings.sameEncode(as: configuration.video),
+            extraEncode(for: settings) == nil
+        else { return }
         let index = nextStreamIndex
         let globalHeader = self.globalHeader
         let encoder = try media { () throws(FFmpegError) in
@@ -436,8 +438,24 @@ public final class EncodingHandler: BroadcastSampleHandler {
         nextStreamIndex += 1
         var stream = encoder.stream
         stream.streamIndex = index
-        extraEncodes.append(ExtraVideoEncode(asked: settings, encoder: encoder, stream: stream))
+        extraEncodes.append(ExtraVideoEncode(asked: settings, encoder: encoder, stream: stream, adaptiveMinimum: output.adaptiveMinimum))
         logger.notice("video: an encode of its own at \(settings.width)x\(settings.height), \(settings.bitrate / 1000) kb/s")
+    }
+
+    /// An adaptive output's encode follows its network: the controller sees the output's backlog
+    /// and send rate (atomics), and a new target goes to the encoder before this frame. Session thread.
+    private func adapt(_ encode: ExtraVideoEncode) {
+        guard let owner = encode.asked.adaptiveFor, var controller = encode.controller,
+            let output = outputs.first(where: { $0.name == owner })
+        else { return }
+        let (backlog, sent) = output.congestion
+        let audio = configuration.audio?.bitrate ?? 0
+        if let target = controller.observe(now: MonotonicClock().now(), backlog: backlog, sentBitsPerSecond: sent, audioBitsPerSecond: audio) {
+            encode.encoder.setBitrate(target)
+            logger.notice("stream \(output.target): adapting: video at \(target / 1000) of \(controller.maximum / 1000) kb/s (backlog \(backlog / 1_000_000) ms)")
+        }
+        output.adapted(to: controller.target, of: controller.maximum)
+        encode.controller = controller
     }
 
     /// Publishes each encode with the outputs it feeds, and lets go of the encodes no output takes
@@ -587,6 +605,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
             }
             try route(media { () throws(FFmpegError) in try videoEncoder.encode(buffer) })
             for encode in extraEncodes {
+                if encode.controller != nil { adapt(encode) }
                 try route(media { () throws(FFmpegError) in try encode.encoder.encode(buffer) }, encode: encode.status)
             }
             if buffer.videoFormat?.pixelFormat == .mjpeg {

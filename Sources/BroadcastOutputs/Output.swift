@@ -70,6 +70,9 @@ public struct OutputStatistics: Sendable, Hashable {
     public var packetsLost: Int? = nil
     public var fractionLost: Double? = nil
     public var keyframeRequests: Int? = nil
+    /// An adaptive output: the video bitrate its encode is asked for now, and its maximum. nil otherwise.
+    public var targetBitrate: Int? = nil
+    public var maximumBitrate: Int? = nil
 
     public var totalDrops: Int { drops.values.reduce(0, +) }
 }
@@ -99,6 +102,9 @@ final class OutputStatus: Sendable {
     let packetsLost = ManagedAtomic<Int>(-1)
     let fractionLostPPM = ManagedAtomic<Int>(-1)
     let keyframeRequests = ManagedAtomic<Int>(0)
+    /// An adaptive output's video bitrate asked of its encode now, and the most it may be (0: not adaptive).
+    let targetBitrate = ManagedAtomic<Int>(0)
+    let maximumBitrate = ManagedAtomic<Int>(0)
 
     var current: OutputState { OutputState(rawValue: state.load(ordering: .acquiring)) ?? .idle }
     func set(_ s: OutputState) { state.store(s.rawValue, ordering: .releasing) }
@@ -268,13 +274,27 @@ public final class Output: @unchecked Sendable {
             roundTripMilliseconds: Self.known(status.roundTripMicroseconds).map { Double($0) / 1000 },
             packetsLost: Self.known(status.packetsLost),
             fractionLost: Self.known(status.fractionLostPPM).map { Double($0) / 1e6 },
-            keyframeRequests: isWebRTC ? status.keyframeRequests.load(ordering: .relaxed) : nil
+            keyframeRequests: isWebRTC ? status.keyframeRequests.load(ordering: .relaxed) : nil,
+            targetBitrate: Self.known(status.targetBitrate, unset: 0),
+            maximumBitrate: Self.known(status.maximumBitrate, unset: 0)
         )
     }
 
-    private static func known(_ figure: ManagedAtomic<Int>) -> Int? {
+    private static func known(_ figure: ManagedAtomic<Int>, unset: Int = -1) -> Int? {
         let value = figure.load(ordering: .relaxed)
-        return value < 0 ? nil : value
+        return value <= unset ? nil : value
+    }
+
+    /// An adaptive output's encode moved its bitrate to `target` of `maximum` (session thread).
+    func adapted(to target: Int, of maximum: Int) {
+        status.maximumBitrate.store(maximum, ordering: .relaxed)
+        status.targetBitrate.store(target, ordering: .relaxed)
+    }
+
+    /// What an adaptive output's controller reads at each frame (session thread; atomics only):
+    /// the backlog (ns) and the bits per second the socket took over the last second.
+    var congestion: (backlog: Int64, sentBitsPerSecond: Int) {
+        (status.backlog.load(ordering: .relaxed), status.bitrate.load(ordering: .relaxed))
     }
 
 

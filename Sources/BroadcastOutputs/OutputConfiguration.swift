@@ -193,6 +193,9 @@ public struct OutputConfiguration: Sendable, Hashable {
     /// broadcast's encode; other settings for an encode of its own, shared with every output that
     /// asks the same (its size at most the picture's: each encode scales the captured picture once).
     public var video: VideoEncoderSettings?
+    /// A live output whose bitrate follows its network (`adaptive`): between this minimum and its
+    /// encode's bitrate (`video`, which is then its own: `adaptiveFor` names this output). nil: fixed.
+    public var adaptiveMinimum: Int?
 
     public init(
         name: String? = nil,

@@ -10,12 +10,17 @@ final class ExtraVideoEncode {
     /// With its stream index: what the outputs taking this encode are opened with.
     let stream: StreamDescription
     let status: VideoEncodeStatus
+    /// An adaptive output's encode: its bitrate's controller.
+    var controller: AdaptiveBitrateController?
 
-    init(asked: VideoEncoderSettings, encoder: VideoEncoder, stream: StreamDescription) {
+    init(asked: VideoEncoderSettings, encoder: VideoEncoder, stream: StreamDescription, adaptiveMinimum: Int?) {
         self.asked = asked
         self.encoder = encoder
         self.stream = stream
         status = VideoEncodeStatus(settings: encoder.settings)
+        if asked.adaptiveFor != nil, let minimum = adaptiveMinimum {
+            controller = AdaptiveBitrateController(minimum: min(minimum, asked.bitrate), maximum: asked.bitrate)
+        }
     }
 }
 

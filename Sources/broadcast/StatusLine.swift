@@ -91,9 +91,18 @@ final class StatusLine: Sendable {
         if o.state == .reconnecting, o.attempt > 0 { part += " \(o.attempt)" }
         if o.isLive {
             part += " \(o.bitrate / 1000)kbit/s backlog=\(o.backlogMilliseconds)ms"
+            if let target = o.targetBitrate, let maximum = o.maximumBitrate, target < maximum {
+                part += " adapting: \(Self.megabits(target)) of \(Self.megabits(maximum)) Mb/s"
+            }
         }
         if !o.drops.isEmpty { part += " drops=" + dropList(o.drops) }
         return part
+    }
+
+    /// 1100000 → "1.1".
+    static func megabits(_ bitsPerSecond: Int) -> String {
+        let tenths = (bitsPerSecond + 50_000) / 100_000
+        return "\(tenths / 10).\(tenths % 10)"
     }
 
     static func dropList(_ drops: [DropReason: Int]) -> String {

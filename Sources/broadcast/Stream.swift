@@ -56,6 +56,12 @@ struct Stream: ParsableCommand {
     @Option(name: .customLong("output"), help: ArgumentHelp("Another output, a URL or a file; repeatable.", valueName: "url-or-file"))
     var outputs: [String] = []
 
+    @Flag(help: "Live outputs follow their network: each gets an encode of its own whose video bitrate goes down within about a second when the send backlog grows (to a little under what the path takes) and back up in steps while it stays empty, between --min-video-bitrate and --video-bitrate. The recording keeps its full bitrate.")
+    var adaptive = false
+
+    @Option(name: .customLong("min-video-bitrate"), help: ArgumentHelp("With --adaptive: the lowest video bitrate (default: a quarter of --video-bitrate).", valueName: "rate"))
+    var minVideoBitrate: String?
+
     @Option(name: .customLong("record-size"), help: ArgumentHelp("The recording's own size (at most --size): any --record-* gives the recording an encode of its own, the stream keeps --size, --video-bitrate, ....", valueName: "WxH"))
     var recordSize: String?
 
@@ -165,6 +171,16 @@ struct Stream: ParsableCommand {
             configured.append(OutputConfiguration(destination: try OutputDestination.parse(text), live: live, overwrite: overwrite))
         }
         if let replay = try replayOptions.output(beside: record) { configured.append(replay) }
+        var encodes: [String: OutputEncode] = [:]
+        if let record, let recordEncode { encodes[OutputDestination.file(record).description] = recordEncode }
+        if minVideoBitrate != nil, !adaptive { throw ValueError("--min-video-bitrate applies to --adaptive streams: add --adaptive") }
+        if adaptive {
+            let minimum = try minVideoBitrate.map { try Options.minVideoBitrate.parse($0) }
+            for output in configured where output.destination.isLive {
+                if let problem = OutputEncode.adaptiveProblem(output.destination) { throw ValueError("--adaptive: \(problem)") }
+                encodes[output.name] = OutputEncode(encoder: encoderSettings, adaptive: true, minimumBitrate: minimum)
+            }
+        }
         if let whipToken {
             guard configured.contains(where: \.destination.isWHIP) else {
                 throw ValueError("--whip-token applies to whip+https:// (whip+http://) outputs, and none is given")
@@ -185,7 +201,7 @@ struct Stream: ParsableCommand {
         let logger = Logging.bootstrap(level: level)
         let assembly = try PipelineAssembly(
             sources: try sources.settings(), encoder: encoderSettings, outputs: configured,
-            encodes: record.flatMap { path in recordEncode.map { [OutputDestination.file(path).description: $0] } } ?? [:],
+            encodes: encodes,
             budget: try memory.budget(), replayLimitsSet: replayOptions.replayMaxMemory != nil ? ["replay"] : [], logger: logger)
         let budget = assembly.plan.budget
         let setupInfo = try sources.setupInfo()

@@ -64,6 +64,10 @@ import Testing
         (["--record", "R", "--record-size", "0x0"], "invalid --record-size '0x0'"),
         (["--record", "R", "--record-video-bitrate", "5"], "invalid --record-video-bitrate '5'"),
         (["--record", "R", "--record-rate-control", "fast"], "invalid --record-rate-control 'fast'"),
+        (["--min-video-bitrate", "500k"], "--min-video-bitrate applies to --adaptive streams: add --adaptive"),
+        (["--adaptive", "--min-video-bitrate", "5M"], "invalid --min-video-bitrate 5000k: above the output's video bitrate (3000k)"),
+        (["--adaptive", "--min-video-bitrate", "fast"], "invalid --min-video-bitrate 'fast'"),
+        (["--adaptive", "--output", "whip+http://127.0.0.1:9/whip"], "(WHIP) does not adapt yet"),
     ] as [([String], String)])
     func badEncodesExit2WithOneLine(arguments: [String], message: String) throws {
         let dir = try TemporaryDirectory()
@@ -130,6 +134,7 @@ import Testing
         ("size = \"321x180\"", "output.size", "even"),
         ("video_bitrate = \"5\"", "output.video_bitrate", "from 8k"),
         ("crf = 99", "output.crf", "99"),
+        ("adaptive = true", "output.adaptive", "adaptive is for live outputs"),
     ])
     func daemonConfigErrorsNameTheOutputsKey(key: String, name: String, message: String) throws {
         let dir = try TemporaryDirectory()

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 
 /// A free TCP port on 127.0.0.1 (bound to port 0, read back, released).
@@ -157,12 +158,15 @@ final class ThrottlingProxy: @unchecked Sendable {
     let port: Int
     private let listener: Int32
     private let target: Int
-    private let bytesPerSecond: Int
+    private let initialRate: Int
+    /// The rate the client-to-server direction is held to now; changed by `setRate` (a dip).
+    private let rate: Mutex<Int>
     private var running = true
 
     init(target: Int, bytesPerSecond: Int) throws {
         self.target = target
-        self.bytesPerSecond = bytesPerSecond
+        initialRate = bytesPerSecond
+        rate = Mutex(bytesPerSecond)
         port = try freePort()
         listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         var one: Int32 = 1
@@ -195,11 +199,14 @@ final class ThrottlingProxy: @unchecked Sendable {
         }
     }
 
+    /// From now on the path takes `bytesPerSecond` (a token bucket: each chunk waits for its bytes
+    /// at the rate in force when it was read).
+    func setRate(_ bytesPerSecond: Int) { rate.withLock { $0 = bytesPerSecond } }
+
     private func pump(from source: Int32, to destination: Int32, throttled: Bool) {
-        let chunk = throttled ? max(512, bytesPerSecond / 20) : 64 * 1024
+        let chunk = throttled ? max(512, initialRate / 20) : 64 * 1024
         var buffer = [UInt8](repeating: 0, count: chunk)
-        let start = Date()
-        var total = 0
+        var due = Date()
         while true {
             let n = read(source, &buffer, chunk)
             if n <= 0 { break }
@@ -209,12 +216,13 @@ final class ThrottlingProxy: @unchecked Sendable {
                 if w <= 0 { break }
                 offset += w
             }
-            total += n
             if throttled {
-                // Sleep until the bytes so far fit the rate.
-                let due = Double(total) / Double(bytesPerSecond)
-                let elapsed = Date().timeIntervalSince(start)
-                if due > elapsed { usleep(useconds_t((due - elapsed) * 1e6)) }
+                // Sleep until these bytes fit the rate (never banking more than a moment of idle time).
+                let now = Date()
+                if due < now.addingTimeInterval(-0.05) { due = now.addingTimeInterval(-0.05) }
+                due = due.addingTimeInterval(Double(n) / Double(rate.withLock { $0 }))
+                let wait = due.timeIntervalSince(Date())
+                if wait > 0 { usleep(useconds_t(wait * 1e6)) }
             }
         }
         shutdown(destination, Int32(SHUT_WR))

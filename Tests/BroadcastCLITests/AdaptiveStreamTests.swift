@@ -1,0 +1,61 @@
+import Foundation
+import Testing
+
+/// Adaptive live outputs (issue 36 item 2): a stream to nginx-rtmp through a throttling proxy of
+/// our own whose rate the test lowers for a while, with a recording beside it. With `--adaptive`
+/// the stream's bitrate goes down and the server keeps getting the picture; without it the same
+/// dip costs frames (the control: the dip is real). The recording keeps its bitrate either way.
+@Suite(.serialized) struct AdaptiveStreamTests {
+    /// Frames the encoder made for the recording (its summary) and what reached the server.
+    @Test(arguments: [true, false])
+    func aDipLowersTheBitrateInsteadOfFreezingThePicture(adaptive: Bool) throws {
+        let server = try RTMPServer()
+        defer { server.cleanup() }
+        // 2 MB/s: far more than the stream needs; the dip: 16 KB/s, 128 kbit/s. The test pattern at
+        // 320x180 needs about 215 kbit/s when nothing pads it, and CBR pads it to 1 Mbit/s.
+        let proxy = try ThrottlingProxy(target: server.port, bytesPerSecond: 2_000_000)
+        defer { proxy.stop() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let local = dir.path("local.mkv")
+        let child = try Child(
+            broadcastBinary,
+            ["stream", "rtmp://127.0.0.1:\(proxy.port)/live/adaptive", "--record", local, "--size", "320x180", "--preset", "ultrafast",
+             "--video-bitrate", "1M", "--rate-control", "cbr", "--audio-bitrate", "32k", "--duration", "26s"]
+                + (adaptive ? ["--adaptive", "--min-video-bitrate", "40k"] : []))
+        defer { child.signal(SIGKILL) }
+        #expect(child.waitForStderr { $0.contains(": live") }, "the stream never went live: \(child.stderrSoFar)")
+        usleep(5_000_000)
+        proxy.setRate(16_000)
+        usleep(13_000_000)
+        proxy.setRate(2_000_000)
+        let r = child.wait(timeout: 120)
+        #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(3000))")
+        server.stop()
+        let summary = try #require(outputSummary(r.stderr, target: "rtmp://"), "\(r.stderr)")
+        #expect(summary.contains("reconnects=0"), "\(summary)")
+        let drops = dropCounts(summary).filter { $0.key.hasPrefix("backlog") }.values.reduce(0, +)
+        let copy = try #require(server.recordings.first, "nginx recorded nothing")
+        let delivered = try #require(try probe(copy).video?.frames)
+        let recorded = try probe(local)
+        let encoded = try #require(EncodesTests.videoPacketsSent(r.stderr, output: local), "\(r.stderr)")
+        // The recording: every frame, at its full bitrate whatever the stream did.
+        #expect(recorded.video?.frames == encoded, "the recording has \(recorded.video?.frames ?? 0) of \(encoded) frames")
+        let recordingRate = try EncodesTests.videoBitrate(local)
+        #expect(recordingRate > 0.7 * 1_000_000, "the recording's video: \(Int(recordingRate)) b/s")
+        if adaptive {
+            let lowered = r.stderr.split(separator: "\n").compactMap { line -> Int? in
+                guard let range = line.range(of: "adapting: video at ") else { return nil }
+                return Int(line[range.upperBound...].prefix { $0.isNumber })
+            }
+            #expect(lowered.contains { $0 < 128 }, "the target never went under the path's 128 kbit/s: \(lowered)")
+            #expect(lowered.last.map { $0 > 128 } == true, "the target did not come back after the dip: \(lowered)")
+            // The picture kept moving: at most a few frames lost to the backlog, the server got the rest.
+            #expect(drops <= encoded / 20, "\(drops) frames dropped by backlog of \(encoded): \(summary)")
+            #expect(delivered >= encoded * 85 / 100, "the server got \(delivered) of \(encoded) frames: \(summary)")
+        } else {
+            // The control: at a fixed 1 Mbit/s the same dip drops frames by backlog.
+            #expect(drops > encoded / 20, "a fixed bitrate lost only \(drops) frames in the dip: is the dip real? \(summary)")
+        }
+    }
+}

@@ -1,0 +1,76 @@
+import BroadcastOutputs
+import Testing
+
+/// The adaptive bitrate's rules on a simulated path (a mock clock, no network): down fast when the
+/// backlog grows, never below the minimum, up in steps while the backlog stays empty.
+@Suite struct AdaptiveBitrateTests {
+    static let second: Int64 = 1_000_000_000
+    static let frame: Int64 = second / 30
+
+    /// A path taking `capacity` b/s fed at the controller's target: the backlog it builds (ns of
+    /// media), frame by frame for `seconds`; returns the targets seen, one per frame, and adds each
+    /// frame's backlog (seconds of media) to `backlogs`.
+    static func simulate(
+        _ controller: inout AdaptiveBitrateController, from start: Int64, seconds: Double, capacity: (Int64) -> Int, backlog: inout Double,
+        backlogs: inout [Double]
+    ) -> [Int] {
+        var targets: [Int] = []
+        var now = start
+        while Double(now - start) < seconds * Double(second) {
+            now += frame
+            // Bits made this frame at the target; bits the path takes this frame.
+            let made = Double(controller.target) / 30
+            let taken = Double(capacity(now)) / 30
+            // Backlog in bits, reported as media time at the target's rate.
+            backlog = max(0, backlog + made - taken)
+            let backlogNanoseconds = Int64(backlog / Double(controller.target) * 1e9)
+            let sent = min(capacity(now), controller.target)
+            _ = controller.observe(now: now, backlog: backlogNanoseconds, sentBitsPerSecond: sent)
+            targets.append(controller.target)
+            backlogs.append(Double(backlogNanoseconds) / 1e9)
+        }
+        return targets
+    }
+
+    @Test func aDipLowersTheTargetWithinASecondAndItComesBackAfter() {
+        var controller = AdaptiveBitrateController(minimum: 750_000, maximum: 3_000_000)
+        var backlog = 0.0
+        let dipStart = 5 * Self.second, dipEnd = 25 * Self.second
+        let capacity: (Int64) -> Int = { now in now >= dipStart && now < dipEnd ? 1_200_000 : 10_000_000 }
+        var backlogs: [Double] = []
+        let targets = Self.simulate(&controller, from: 0, seconds: 45, capacity: capacity, backlog: &backlog, backlogs: &backlogs)
+        // Before the dip: the maximum.
+        #expect(targets[Int(4.5 * 30)] == 3_000_000)
+        // Within about a second of the dip: below what the path takes.
+        let afterOneSecond = targets[Int(6.2 * 30)]
+        #expect(afterOneSecond <= 1_200_000, "1.2 s into the dip the target is \(afterOneSecond)")
+        // During the dip: never below the minimum, and from 3 s in the backlog stays under the drop
+        // policy's first threshold (0.7 s): nothing is dropped, the picture moves.
+        let during = targets[(8 * 30)..<(25 * 30)]
+        #expect(during.allSatisfy { $0 >= 750_000 })
+        let worst = backlogs[(8 * 30)..<(25 * 30)].max() ?? 0
+        #expect(worst < 0.7, "the backlog reached \(worst) s during the dip")
+        let average = Double(during.reduce(0, +)) / Double(during.count)
+        #expect(average > 0.7 * 1_200_000, "the dip's average target \(Int(average)) leaves the path idle")
+        // Within 15 s after the dip: at least 80 %.
+        let back = targets[(40 * 30)...]
+        #expect(back.allSatisfy { $0 >= 2_400_000 }, "15 s after the dip: \(back.min() ?? 0)")
+    }
+
+    @Test func aPathNarrowerThanTheMinimumStaysAtTheMinimum() {
+        var controller = AdaptiveBitrateController(minimum: 500_000, maximum: 2_000_000)
+        var backlog = 0.0
+        var backlogs: [Double] = []
+        let targets = Self.simulate(&controller, from: 0, seconds: 20, capacity: { _ in 200_000 }, backlog: &backlog, backlogs: &backlogs)
+        #expect(targets.last == 500_000)
+        #expect(targets.allSatisfy { $0 >= 500_000 })
+    }
+
+    @Test func aCalmPathNeverMovesIt() {
+        var controller = AdaptiveBitrateController(minimum: 500_000, maximum: 2_000_000)
+        var backlog = 0.0
+        var backlogs: [Double] = []
+        let targets = Self.simulate(&controller, from: 0, seconds: 20, capacity: { _ in 5_000_000 }, backlog: &backlog, backlogs: &backlogs)
+        #expect(targets.allSatisfy { $0 == 2_000_000 })
+    }
+}
