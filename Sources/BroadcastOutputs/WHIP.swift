@@ -99,8 +99,9 @@ public struct WebRTCFigures: Sendable, Hashable {
 /// One send-only WebRTC peer connection. Used by one thread (the output's) from creation to
 /// release, which closes it.
 public protocol WebRTCPeer: AnyObject {
-    /// The offer with every ICE candidate gathered (at most `timeout`).
-    func offer(timeout: Duration) throws(BroadcastError) -> String
+    /// The offer with every ICE candidate gathered (at most `timeout`, or until `abandon` says
+    /// true: it is asked about ten times a second on the caller's thread).
+    func offer(timeout: Duration, abandon: () -> Bool) throws(BroadcastError) -> String
     func accept(answer: String) throws(BroadcastError)
     /// Hands one packet to the peer (`prefix` first: SPS/PPS before a keyframe); never blocks.
     /// `newest`: the newest media time encoded (ns), what "now" is when the peer maps the
@@ -135,11 +136,63 @@ public struct HTTPAnswer: Sendable, Hashable {
 /// WebRTC and HTTP for WHIP outputs: BroadcastWebRTC's `GStreamerWebRTC`.
 public protocol WebRTCEngine: Sendable {
     func makePeer(_ media: WebRTCMedia) throws(BroadcastError) -> any WebRTCPeer
-    /// One request; `.failure` when no answer came (refused connection, timeout, TLS).
+    /// One request; `.failure` when no answer came (refused connection, timeout, TLS, or
+    /// `abandon` said true: it is asked about ten times a second on the caller's thread).
     func request(
         method: String, url: String, token: String?, contentType: String?, body: String?, timeout: Duration,
-        tls: TLSVerification
+        tls: TLSVerification, abandon: () -> Bool
     ) -> Result<HTTPAnswer, BroadcastError>
+}
+
+/// An http(s) URL's origin (RFC 6454): scheme, host and port, the default port filled in.
+struct Origin: Hashable, CustomStringConvertible {
+    var scheme: String
+    var host: String
+    var port: Int
+
+    /// nil when `url` is not an absolute http:// or https:// URL.
+    init?(_ url: String) {
+        guard let separator = url.firstRange(of: "://") else { return nil }
+        let scheme = url[..<separator.lowerBound].lowercased()
+        guard scheme == "http" || scheme == "https" else { return nil }
+        var authority = url[separator.upperBound...].prefix { $0 != "/" && $0 != "?" && $0 != "#" }
+        if let at = authority.lastIndex(of: "@") { authority = authority[authority.index(after: at)...] }
+        var host = authority
+        var port = scheme == "https" ? 443 : 80
+        if let colon = authority.lastIndex(of: ":"), !authority.hasSuffix("]") {
+            host = authority[..<colon]
+            guard let p = Int(authority[authority.index(after: colon)...]), (1...65535).contains(p) else { return nil }
+            port = p
+        }
+        guard !host.isEmpty else { return nil }
+        self.scheme = scheme
+        self.host = host.lowercased()
+        self.port = port
+    }
+
+    var description: String { "\(scheme)://\(host):\(port)" }
+}
+
+/// What may go to the session's URL (the 201's `Location`, RFC 9725 §4.2), judged against the
+/// endpoint's own URL: the token goes to the endpoint's origin only, and nothing goes over plain
+/// http:// when the endpoint is https://.
+enum SessionTarget: Equatable {
+    /// The endpoint's own origin: requests carry the token.
+    case endpointOrigin
+    /// Another host, port or scheme (not a downgrade): requests go without the token.
+    case otherOrigin(Origin)
+    /// Nothing is sent there; why.
+    case refused(String)
+
+    static func judge(location: String, endpoint: String) -> SessionTarget {
+        guard let origin = Origin(location) else { return .refused("its Location is not an http(s) URL") }
+        guard let own = Origin(endpoint) else { return .refused("the endpoint's URL has no origin") }
+        if origin == own { return .endpointOrigin }
+        if own.scheme == "https", origin.scheme != "https" {
+            return .refused("its Location (\(origin)) is plain http:// while the endpoint is https://")
+        }
+        return .otherOrigin(origin)
+    }
 }
 
 /// H.264 parameter sets as SDP needs them.
@@ -283,17 +336,17 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
         do {
             let made = try engine.makePeer(media)
             peer = made
-            offer = try made.offer(timeout: remaining(until: deadline))
+            offer = try made.offer(timeout: remaining(until: deadline), abandon: stopping)
         } catch {
-            return connectFailed(error.message, refused: false)
+            return connectFailed(url.mask(error.message), refused: false)
         }
         let answer: HTTPAnswer
         switch engine.request(
             method: "POST", url: url.endpoint, token: url.token, contentType: "application/sdp", body: offer,
-            timeout: remaining(until: deadline), tls: settings.tls)
+            timeout: remaining(until: deadline), tls: settings.tls, abandon: stopping)
         {
         case .failure(let error):
-            return connectFailed("POST \(url.redacted): \(error.message)", refused: false)
+            return connectFailed("POST \(url.redacted): \(url.mask(error.message))", refused: false)
         case .success(let a):
             answer = a
         }
@@ -310,7 +363,7 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
             let why = answer.status == 404 ? "no such endpoint" : "wrong or missing token (--whip-token, token)"
             return connectFailed("the endpoint refused the session: HTTP \(answer.status) (\(why))", refused: true)
         default:
-            let detail = answer.body.split(separator: "\n").first.map { ": \(String($0).prefix(200))" } ?? ""
+            let detail = answer.body.split(separator: "\n").first.map { ": \(url.mask(String($0.prefix(200))))" } ?? ""
             return connectFailed("POST \(url.redacted): HTTP \(answer.status)\(detail)", refused: false)
         }
         session = answer.location
@@ -319,7 +372,7 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
             try peer!.accept(answer: answer.body)
         } catch {
             endSession(by: deadline)
-            return connectFailed("the endpoint's answer: \(error.message)", refused: true)
+            return connectFailed("the endpoint's answer: \(url.mask(error.message))", refused: true)
         }
         // ICE checks and the DTLS handshake run on GStreamer's threads; packets keep coming off
         // the encoder's queue meanwhile (queued, or dropped by the state machine's policy).
@@ -329,7 +382,7 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
                 return connected()
             case .failed(let why):
                 endSession(by: .now() + LiveStreamStateMachine<EncodedPacket>.lostCloseTimeout)
-                return connectFailed(why, refused: false)
+                return connectFailed(url.mask(why), refused: false)
             case .connecting:
                 let now = MonotonicInstant.now()
                 let finishing = machine.finishDeadline.map { now > $0 } ?? false
@@ -367,26 +420,58 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
         lost(machine.connectFailed(isNetworkFailure: !refused, now: .now()), message, sending: false)
     }
 
+    /// A stop came and its deadline (`finishTimeout` after it) passed: a wait for the offer or the
+    /// endpoint's answer ends there, not after the whole `--timeout`.
+    private func stopping() -> Bool {
+        if machine.finishDeadline == nil, feed.ended.load(ordering: .acquiring) {
+            machine.finishRequested(by: output.finishBy.instant ?? .now())
+        }
+        return machine.finishDeadline.map { MonotonicInstant.now() > $0 } ?? false
+    }
+
     private func remaining(until deadline: MonotonicInstant) -> Duration {
         var end = deadline
         if let finish = machine.finishDeadline, finish < end { end = finish }
         return max(.milliseconds(1), MonotonicInstant.now().duration(to: end))
     }
 
-    /// DELETE of the session (RFC 9725 §4.3), then the peer closes.
+    /// DELETE of the session (RFC 9725 §4.3), then the peer closes. The token goes with it only to
+    /// the endpoint's own origin, and nothing goes to plain http:// from an https:// endpoint.
     private func endSession(by deadline: MonotonicInstant) {
         if let session {
             self.session = nil
+            var token = url.token
+            switch SessionTarget.judge(location: session, endpoint: url.endpoint) {
+            case .endpointOrigin:
+                break
+            case .otherOrigin(let origin):
+                if token != nil {
+                    logger.warning("stream \(url.redacted): the session is at \(origin), not the endpoint's origin: its DELETE goes without the token")
+                }
+                token = nil
+            case .refused(let why):
+                logger.warning("stream \(url.redacted): the session's DELETE is not sent (nor the token): \(why)")
+                closePeer()
+                return
+            }
             let timeout = max(.milliseconds(200), MonotonicInstant.now().duration(to: deadline))
-            switch engine.request(method: "DELETE", url: session, token: url.token, contentType: nil, body: nil, timeout: timeout, tls: settings.tls) {
+            // A DELETE is the stop's own last request: bounded by its deadline, never abandoned.
+            switch engine.request(
+                method: "DELETE", url: session, token: token, contentType: nil, body: nil, timeout: timeout, tls: settings.tls,
+                abandon: { false })
+            {
             case .success(let answer) where (200..<300).contains(answer.status):
                 logger.info("stream \(url.redacted): session ended (DELETE: HTTP \(answer.status))")
             case .success(let answer):
                 logger.info("stream \(url.redacted): DELETE of the session: HTTP \(answer.status)")
             case .failure(let error):
-                logger.info("stream \(url.redacted): DELETE of the session: \(url.scrub(error.message))")
+                logger.info("stream \(url.redacted): DELETE of the session: \(url.mask(error.message))")
             }
         }
+        closePeer()
+    }
+
+    private func closePeer() {
         if peer != nil {
             bytesBefore += peer!.figures()?.bytesSent ?? 0
             peer = nil
@@ -415,7 +500,7 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
     /// from it for the timeout (a send-only peer hears of a vanished endpoint no other way).
     private func lostReason(now: MonotonicInstant) -> String? {
         guard let peer else { return "no session" }
-        if case .failed(let why) = peer.state { return why }
+        if case .failed(let why) = peer.state { return url.mask(why) }
         let rtcp = peer.rtcpReceived
         if rtcp.byes > 0 { return "the endpoint ended the session (RTCP BYE)" }
         if rtcp.packets != rtcpSeen {
@@ -458,7 +543,9 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
     private func lost(_ action: LiveStreamReport.LossAction, _ text: String, sending: Bool) {
         peer = nil
         machine.closed()
-        report.lost(action, message: url.scrub(text), failures: machine.failures, state: machine.outputState, sending: sending) {
+        // `text` is ours, with what others wrote already masked: a secret that is also a word
+        // ("endpoint" in the path, a token "wrong") leaves the message's own words alone.
+        report.lost(action, message: text, failures: machine.failures, state: machine.outputState, sending: sending) {
             "the endpoint refused the session \($0) times in a row"
         }
     }

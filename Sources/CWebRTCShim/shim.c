@@ -230,7 +230,8 @@ static int reply_error(GstPromise *promise, char *error, size_t error_size, cons
     return 0;
 }
 
-char *CBroadcastWHIP_offer(CBroadcastWHIPPeer *peer, int64_t timeout_ms, char *error, size_t error_size) {
+char *CBroadcastWHIP_offer(CBroadcastWHIPPeer *peer, int64_t timeout_ms, CBroadcastAbandonCheck abandon,
+    void *abandon_context, char *error, size_t error_size) {
     GstPromise *promise = call(peer->webrtc, "create-offer", NULL);
     if (reply_error(promise, error, error_size, "creating the offer") != 0) {
         gst_promise_unref(promise);
@@ -257,6 +258,10 @@ char *CBroadcastWHIP_offer(CBroadcastWHIPPeer *peer, int64_t timeout_ms, char *e
         if (state == GST_WEBRTC_ICE_GATHERING_STATE_COMPLETE) break;
         if (g_get_monotonic_time() > deadline) {
             set_error(error, error_size, "ICE gathering did not complete in time");
+            return NULL;
+        }
+        if (abandon && abandon(abandon_context)) {
+            set_error(error, error_size, "ICE gathering abandoned: the output is stopping");
             return NULL;
         }
         g_usleep(10000);
@@ -482,7 +487,8 @@ static char *resolve(const char *base, const char *location) {
 }
 
 int CBroadcastHTTP_request(const char *method, const char *url, const char *token, const char *content_type,
-    const char *body, int64_t timeout_ms, const char *ca_file, int verify, CBroadcastHTTPResult *result) {
+    const char *body, int64_t timeout_ms, const char *ca_file, int verify, CBroadcastAbandonCheck abandon,
+    void *abandon_context, CBroadcastHTTPResult *result) {
     pthread_once(&init_once, init_libraries);
     memset(result, 0, sizeof *result);
     CURL *curl = curl_easy_init();
@@ -526,7 +532,40 @@ int CBroadcastHTTP_request(const char *method, const char *url, const char *toke
     curl_easy_setopt(curl, CURLOPT_SSL_VERIFYPEER, verify ? 1L : 0L);
     curl_easy_setopt(curl, CURLOPT_SSL_VERIFYHOST, verify ? 2L : 0L);
     if (ca_file) curl_easy_setopt(curl, CURLOPT_CAINFO, ca_file);
-    CURLcode code = curl_easy_perform(curl);
+    // The multi interface, so the wait can be abandoned: curl_easy_perform would hold a stop for
+    // the whole timeout while an endpoint takes the connection and never answers.
+    CURLcode code = CURLE_FAILED_INIT;
+    CURLM *multi = curl_multi_init();
+    if (multi && curl_multi_add_handle(multi, curl) == CURLM_OK) {
+        int running = 1;
+        int abandoned = 0;
+        CURLMcode mc = CURLM_OK;
+        for (;;) {
+            mc = curl_multi_perform(multi, &running);
+            if (mc != CURLM_OK || !running) break;
+            if (abandon && abandon(abandon_context)) {
+                abandoned = 1;
+                break;
+            }
+            mc = curl_multi_poll(multi, NULL, 0, 100, NULL);
+            if (mc != CURLM_OK) break;
+        }
+        if (abandoned) {
+            set_error(result->error, sizeof result->error, "abandoned: the output is stopping");
+        } else if (mc != CURLM_OK) {
+            set_error(result->error, sizeof result->error, curl_multi_strerror(mc));
+        } else {
+            int left = 0;
+            CURLMsg *message;
+            while ((message = curl_multi_info_read(multi, &left)) != NULL) {
+                if (message->msg == CURLMSG_DONE && message->easy_handle == curl) code = message->data.result;
+            }
+        }
+        curl_multi_remove_handle(multi, curl);
+    } else {
+        set_error(result->error, sizeof result->error, "libcurl could not start a transfer");
+    }
+    if (multi) curl_multi_cleanup(multi);
     int rc = -1;
     if (code == CURLE_OK) {
         curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &result->status);

@@ -80,6 +80,9 @@ struct Stream: ParsableCommand {
     @Flag(name: .customLong("tls-insecure"), help: "rtmps://: do not check the server's certificate (a warning says so): whoever answers at the address receives the stream and its key.")
     var tlsInsecure = false
 
+    @Flag(name: .customLong("whip-allow-http"), help: "whip+http:// to a host other than this machine: send the token and the session's keys in clear (refused without this).")
+    var whipAllowHTTP = false
+
     @OptionGroup(title: "Sources") var sources: SourceOptions
     @OptionGroup(title: "Encoding") var encoding: EncoderOptions
     @OptionGroup(title: "Run") var runOptions: RunOptions
@@ -104,6 +107,7 @@ struct Stream: ParsableCommand {
             if let problem = TLSVerification.problem(withAuthorityFile: tlsCA) { throw ValueError("invalid --tls-ca '\(tlsCA)': \(problem)") }
         }
         live.tls = TLSVerification(verify: !tlsInsecure, authorityFile: tlsCA)
+        live.allowPlainHTTP = whipAllowHTTP
         return live
     }
 
@@ -137,6 +141,12 @@ struct Stream: ParsableCommand {
             return false
         }) {
             throw ValueError("\(tlsCA != nil ? "--tls-ca" : "--tls-insecure") applies to rtmps:// outputs, and none is given")
+        }
+        if whipAllowHTTP, !configured.contains(where: {
+            if case .live(let u) = $0.destination { return u.scheme == .whipHTTP }
+            return false
+        }) {
+            throw ValueError("--whip-allow-http applies to whip+http:// outputs, and none is given")
         }
         let secrets = configured.flatMap { output -> [String] in
             if case .live(let u) = output.destination { return u.secrets }

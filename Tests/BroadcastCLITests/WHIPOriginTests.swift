@@ -1,0 +1,200 @@
+import Foundation
+import Testing
+
+/// A plain HTTP server of the tests' own on loopback (python3's http.server), standing in for a
+/// WHIP endpoint where what matters is what reaches it, not WebRTC: two ports, every request
+/// recorded (port, method, path, Authorization) as a JSON line in `log`.
+///
+/// Modes: `elsewhere` answers the POST 201 with a `Location` on the second port (and a body that
+/// is no SDP: the session is DELETEd at once); `refuse` answers 401; `silent` takes the request
+/// and never answers.
+final class LoopbackHTTP {
+    static let script = #"""
+        import http.server, json, sys, threading, time
+        mode, log_path = sys.argv[1], sys.argv[2]
+        log = open(log_path, "a", buffering=1)
+        servers = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def record(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                log.write(json.dumps({"port": self.server.server_address[1], "method": self.command, "path": self.path,
+                                      "authorization": self.headers.get("Authorization")}) + "\n")
+
+            def answer(self, status, body=b"", headers=()):
+                self.send_response(status)
+                for name, value in headers:
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self):
+                self.record()
+                if mode == "silent":
+                    while True:
+                        time.sleep(3600)
+                if mode == "refuse":
+                    return self.answer(401, b"wrong token")
+                location = "http://127.0.0.1:%d/session/1" % servers[1].server_address[1]
+                self.answer(201, b"no SDP here", [("Location", location), ("Content-Type", "application/sdp")])
+
+            def do_DELETE(self):
+                self.record()
+                self.answer(200)
+
+            def log_message(self, *arguments):
+                pass
+
+        for _ in range(2):
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+            server.daemon_threads = True
+            servers.append(server)
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+        print("listening", *(s.server_address[1] for s in servers), flush=True)
+        threading.Event().wait()
+        """#
+
+    struct Request {
+        var port: Int
+        var method: String
+        var path: String
+        var authorization: String?
+    }
+
+    let directory: TemporaryDirectory
+    let child: Child
+    /// The endpoint's port, and the other one.
+    let ports: [Int]
+
+    init(mode: String) throws {
+        directory = try TemporaryDirectory()
+        try Self.script.write(toFile: directory.path("server.py"), atomically: true, encoding: .utf8)
+        child = try Child("/usr/bin/python3", [directory.path("server.py"), mode, directory.path("requests.log")])
+        let deadline = Date().addingTimeInterval(60)
+        while !child.stdoutSoFar.contains("\n") {
+            guard child.process.isRunning, Date() < deadline else {
+                throw ProbeError(message: "the HTTP server did not start: \(child.stderrSoFar)")
+            }
+            usleep(50_000)
+        }
+        ports = child.stdoutSoFar.split(whereSeparator: \.isWhitespace).dropFirst().compactMap { Int($0) }
+        guard ports.count == 2 else { throw ProbeError(message: "the HTTP server said \(child.stdoutSoFar)") }
+    }
+
+    var endpoint: String { "whip+http://127.0.0.1:\(ports[0])/whip/cam" }
+
+    var requests: [Request] {
+        let text = (try? String(contentsOfFile: directory.path("requests.log"), encoding: .utf8)) ?? ""
+        return text.split(separator: "\n").compactMap { line in
+            guard let json = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] else { return nil }
+            return Request(
+                port: json["port"] as? Int ?? 0, method: json["method"] as? String ?? "", path: json["path"] as? String ?? "",
+                authorization: json["authorization"] as? String)
+        }
+    }
+
+    func stop() {
+        child.signal(SIGKILL)
+        _ = child.wait(timeout: 10)
+        directory.cleanup()
+    }
+}
+
+/// What a WHIP endpoint, or whatever answers in its place, gets to see (issue 35).
+@Suite(.serialized) struct WHIPOriginTests {
+    static let token = "whip-origin-token-5c2e81"
+
+    /// A 201 whose Location is on another port: the session's DELETE goes there without the
+    /// token (seen before: `Authorization: Bearer TOKEN` on the other port, once per attempt), and
+    /// the log says so. The POSTs to the endpoint itself carry it.
+    @Test func theTokenGoesToTheEndpointsOriginOnly() throws {
+        let server = try LoopbackHTTP(mode: "elsewhere")
+        defer { server.stop() }
+        let r = try broadcast(
+            ["stream", server.endpoint, "--whip-token", Self.token, "--duration", "60s", "--size", "320x240", "--quiet"], timeout: 120)
+        #expect(r.status == 1, "\(r.stderr)")
+        let requests = server.requests
+        let posts = requests.filter { $0.port == server.ports[0] }
+        let elsewhere = requests.filter { $0.port == server.ports[1] }
+        #expect(posts.count == 3 && posts.allSatisfy { $0.method == "POST" && $0.authorization == "Bearer \(Self.token)" }, "\(posts)")
+        #expect(!elsewhere.isEmpty && elsewhere.allSatisfy { $0.method == "DELETE" && $0.path == "/session/1" }, "\(elsewhere)")
+        #expect(elsewhere.allSatisfy { $0.authorization == nil }, "the token went to another port: \(elsewhere)")
+        #expect(r.stderr.contains("the session is at http://127.0.0.1:\(server.ports[1]), not the endpoint's origin: its DELETE goes without the token"), "\(r.stderr)")
+        #expect(!r.stderr.contains(Self.token))
+    }
+
+    /// A token that is also a word, and a path whose elements are words: the refusal reads as it
+    /// was written ("the **** refused the session: HTTP 401 (**** or missing token" before); the
+    /// URL is shown redacted.
+    @Test func aSecretThatIsAWordLeavesTheMessageAlone() throws {
+        let server = try LoopbackHTTP(mode: "refuse")
+        defer { server.stop() }
+        let url = "whip+http://127.0.0.1:\(server.ports[0])/whip/endpoint/broadcast"
+        let r = try broadcast(["stream", url, "--whip-token", "wrong", "--duration", "60s", "--size", "320x240", "--quiet"], timeout: 120)
+        #expect(r.status == 1, "\(r.stderr)")
+        #expect(server.requests.count == 3 && server.requests.allSatisfy { $0.authorization == "Bearer wrong" }, "\(server.requests)")
+        #expect(r.stderr.contains("the endpoint refused the session: HTTP 401 (wrong or missing token"), "\(r.stderr)")
+        #expect(r.stderr.contains("whip+http://127.0.0.1:\(server.ports[0])/whip/****"), "\(r.stderr)")
+        #expect(!r.stderr.contains("/whip/endpoint") && !r.stderr.contains("broadcast/"), "\(r.stderr)")
+    }
+
+    /// whip+http:// to a host other than this machine is refused before anything starts (exit 2,
+    /// one line) unless --whip-allow-http says so; loopback needs nothing.
+    @Test func plainHTTPToAnotherHostIsRefused() throws {
+        let url = "whip+http://192.0.2.7:8080/whip/cam"
+        let r = try broadcast(["stream", url, "--whip-token", Self.token, "--duration", "1s", "--size", "320x240"], timeout: 60)
+        #expect(r.status == 2, "\(r.stderr)")
+        #expect(r.stderr.contains("whip+http:// to a host other than this machine sends the token and the session's keys in clear"), "\(r.stderr)")
+        #expect(r.stderr.split(separator: "\n").count == 1, "\(r.stderr)")
+        #expect(!r.stderr.contains(Self.token))
+        // Allowed: it starts, and fails only to reach the address (TEST-NET-1, routed nowhere).
+        let allowed = try broadcast(
+            ["stream", url, "--whip-token", Self.token, "--whip-allow-http", "--duration", "2s", "--timeout", "2s", "--size", "320x240", "--quiet"],
+            timeout: 120)
+        #expect(allowed.status != 2 && !allowed.stderr.contains("in clear"), "\(allowed.stderr)")
+        let flagAlone = try broadcast(["stream", "whip+https://192.0.2.7/whip/cam", "--whip-allow-http", "--duration", "1s"], timeout: 60)
+        #expect(flagAlone.status == 2 && flagAlone.stderr.contains("--whip-allow-http applies to whip+http:// outputs"), "\(flagAlone.stderr)")
+    }
+
+    /// The daemon: the same refusal at the url's line, and allow_http only on whip+http://.
+    @Test(arguments: [
+        ("url = \"whip+http://192.0.2.7/whip/cam\"", "5: output.url: whip+http://192.0.2.7/whip/****: whip+http:// to a host other than this machine"),
+        ("url = \"whip+https://192.0.2.7/whip/cam\"\nallow_http = true", "6: output.allow_http: applies to whip+http:// outputs"),
+        ("url = \"whip+http://192.0.2.7/whip/cam\"\nallow_http = \"yes\"", "6: output.allow_http: expected true or false"),
+    ] as [(String, String)])
+    func daemonRefusesPlainHTTPToAnotherHost(output: String, expected: String) throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let file = dir.path("bad.toml")
+        try "[control]\nsocket = \"\(dir.path("c.sock"))\"\n[[output]]\nname = \"live\"\n\(output)\n"
+            .write(toFile: file, atomically: true, encoding: .utf8)
+        let r = try broadcast(["daemon", "--config", file], timeout: 30)
+        #expect(r.status == 2, "exit \(r.status): \(r.stderr)")
+        #expect(r.stderr.contains("\(file):\(expected)"), "expected '\(file):\(expected)' in: \(r.stderr)")
+        #expect(r.stderr.split(separator: "\n").count == 1, "one line: \(r.stderr)")
+    }
+
+    /// SIGINT while the endpoint took the POST and never answers: broadcast ends within the stop's
+    /// own deadline, not after the request's --timeout (90 s here; it waited for all of it before).
+    /// The bound is logical: the exit must come before that timeout could have fired.
+    @Test func aStopDoesNotWaitForAnEndpointThatNeverAnswers() throws {
+        let server = try LoopbackHTTP(mode: "silent")
+        defer { server.stop() }
+        let stream = try Child(
+            broadcastBinary, ["stream", server.endpoint, "--whip-token", Self.token, "--timeout", "90s", "--size", "320x240", "--quiet"])
+        let deadline = Date().addingTimeInterval(60)
+        while server.requests.isEmpty, stream.process.isRunning, Date() < deadline { usleep(100_000) }
+        try #require(server.requests.count == 1, "no POST came: \(stream.stderrSoFar)")
+        stream.signal(SIGINT)
+        // Killed after 60 s, which the reason then shows: less than the 90 s the POST may take.
+        let r = stream.wait(timeout: 60)
+        #expect(r.reason == .exit, "still waiting for the answer 60 s after SIGINT: \(r.stderr)")
+        #expect(r.status == 1, "\(r.stderr)")
+        #expect(server.requests.count == 1, "\(server.requests)")
+    }
+}
