@@ -6,6 +6,9 @@
 #include <gst/sdp/sdp.h>
 #include <gst/webrtc/webrtc.h>
 #include <curl/curl.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -28,6 +31,10 @@ struct CBroadcastWHIPPeer {
     int has_base;
     int64_t base;
     char pipeline_error[256];
+    /// The DTLS certificate and its key (PEM), ECDSA P-256: g_free'd with the peer.
+    gchar *certificate;
+    /// DTLS decoders given the certificate (by webrtcbin's thread).
+    atomic_int certificates_given;
 };
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
@@ -38,6 +45,121 @@ static void init_libraries(void) {
 
 static void set_error(char *error, size_t size, const char *text) {
     if (error && size > 0) snprintf(error, size, "%s", text);
+}
+
+/// A self-signed ECDSA P-256 certificate and its private key, PEM, for DTLS (g_free), or NULL.
+/// webrtcbin's own is RSA, which a DTLS client offering only ECDSA suites (aiortc's, in the
+/// setup:active answer that is its default) cannot complete a handshake with; browsers use
+/// ECDSA P-256 too.
+static gchar *make_certificate(void) {
+    gchar *pem = NULL;
+    EVP_PKEY *key = EVP_EC_gen("P-256");
+    X509 *certificate = X509_new();
+    BIO *out = BIO_new(BIO_s_mem());
+    if (key && certificate && out) {
+        X509_set_version(certificate, 2);
+        ASN1_INTEGER_set_int64(X509_get_serialNumber(certificate), (int64_t)g_random_int() << 16 | g_random_int_range(1, 1 << 16));
+        X509_gmtime_adj(X509_getm_notBefore(certificate), -24 * 3600);
+        X509_gmtime_adj(X509_getm_notAfter(certificate), 30L * 24 * 3600);
+        X509_NAME *name = X509_get_subject_name(certificate);
+        X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, (const unsigned char *)"broadcast", -1, -1, 0);
+        X509_set_issuer_name(certificate, name);
+        char *data = NULL;
+        long size = 0;
+        if (X509_set_pubkey(certificate, key) == 1 && X509_sign(certificate, key, EVP_sha256()) > 0
+            && PEM_write_bio_X509(out, certificate) == 1 && PEM_write_bio_PrivateKey(out, key, NULL, NULL, 0, NULL, NULL) == 1
+            && (size = BIO_get_mem_data(out, &data)) > 0) {
+            pem = g_strndup(data, (gsize)size);
+        }
+    }
+    if (out) BIO_free(out);
+    if (certificate) X509_free(certificate);
+    if (key) EVP_PKEY_free(key);
+    return pem;
+}
+
+/// Gives every DTLS decoder in `element` (itself, or inside it when a bin) the peer's certificate.
+/// webrtcbin makes a transport's bins during its offer and adds them to itself before it brings
+/// them up: dtlssrtpdec makes its DTLS connection (with its certificate) when given one, and
+/// dtlssrtpenc takes that connection when it comes up. Given later, the decoder would already
+/// listen to its first connection and refuse the peer's certificate.
+static void give_certificate(CBroadcastWHIPPeer *peer, GstElement *element) {
+    GstElementFactory *factory = gst_element_get_factory(element);
+    if (factory && strcmp(GST_OBJECT_NAME(factory), "dtlssrtpdec") == 0) {
+        if (!g_object_get_data(G_OBJECT(element), "broadcast-certificate")) {
+            g_object_set(element, "pem", peer->certificate, NULL);
+            g_object_set_data(G_OBJECT(element), "broadcast-certificate", GINT_TO_POINTER(1));
+            atomic_fetch_add(&peer->certificates_given, 1);
+        }
+        return;
+    }
+    if (!GST_IS_BIN(element)) return;
+    GstIterator *children = gst_bin_iterate_recurse(GST_BIN(element));
+    GValue item = G_VALUE_INIT;
+    gboolean done = FALSE;
+    while (!done) {
+        switch (gst_iterator_next(children, &item)) {
+        case GST_ITERATOR_OK:
+            give_certificate(peer, GST_ELEMENT(g_value_get_object(&item)));
+            g_value_reset(&item);
+            break;
+        case GST_ITERATOR_RESYNC:
+            gst_iterator_resync(children);
+            break;
+        default:
+            done = TRUE;
+        }
+    }
+    g_value_unset(&item);
+    gst_iterator_free(children);
+}
+
+/// Runs on webrtcbin's thread, inside its gst_bin_add.
+static void on_deep_element_added(GstBin *bin, GstBin *sub_bin, GstElement *element, gpointer data) {
+    (void)bin; (void)sub_bin;
+    give_certificate(data, element);
+}
+
+/// Every a=fingerprint of `sdp` replaced by `fingerprint`; how many there were.
+static int name_certificate(GstSDPMessage *sdp, const gchar *fingerprint) {
+    int named = 0;
+    for (guint i = 0; i < gst_sdp_message_medias_len(sdp); i++) {
+        GstSDPMedia *media = (GstSDPMedia *)gst_sdp_message_get_media(sdp, i);
+        for (guint a = 0; a < gst_sdp_media_attributes_len(media); a++) {
+            const GstSDPAttribute *attribute = gst_sdp_media_get_attribute(media, a);
+            if (g_strcmp0(attribute->key, "fingerprint") != 0) continue;
+            GstSDPAttribute replacement;
+            gst_sdp_attribute_set(&replacement, "fingerprint", fingerprint);
+            gst_sdp_media_replace_attribute(media, a, &replacement);
+            named++;
+        }
+    }
+    for (guint a = 0; a < gst_sdp_message_attributes_len(sdp); a++) {
+        const GstSDPAttribute *attribute = gst_sdp_message_get_attribute(sdp, a);
+        if (g_strcmp0(attribute->key, "fingerprint") != 0) continue;
+        GstSDPAttribute replacement;
+        gst_sdp_attribute_set(&replacement, "fingerprint", fingerprint);
+        gst_sdp_message_replace_attribute(sdp, a, &replacement);
+        named++;
+    }
+    return named;
+}
+
+/// "sha-256 AB:CD:..." of the peer's certificate, as SDP's a=fingerprint names it (g_free).
+static gchar *certificate_fingerprint(const gchar *pem) {
+    BIO *in = BIO_new_mem_buf(pem, -1);
+    X509 *certificate = in ? PEM_read_bio_X509(in, NULL, NULL, NULL) : NULL;
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int size = 0;
+    gchar *text = NULL;
+    if (certificate && X509_digest(certificate, EVP_sha256(), digest, &size) == 1) {
+        GString *out = g_string_new("sha-256 ");
+        for (unsigned int i = 0; i < size; i++) g_string_append_printf(out, i ? ":%02X" : "%02X", digest[i]);
+        text = g_string_free(out, FALSE);
+    }
+    if (certificate) X509_free(certificate);
+    if (in) BIO_free(in);
+    return text;
 }
 
 static GstPadProbeReturn on_upstream_event(GstPad *pad, GstPadProbeInfo *info, gpointer data) {
@@ -140,11 +262,20 @@ CBroadcastWHIPPeer *CBroadcastWHIP_new(const char *profile_level_id, int audio_c
     atomic_init(&peer->keyframe_requests, 0);
     atomic_init(&peer->rtcp_received, 0);
     atomic_init(&peer->byes, 0);
+    atomic_init(&peer->certificates_given, 0);
+    peer->certificate = make_certificate();
+    if (!peer->certificate) {
+        set_error(error, error_size, "could not make the DTLS certificate (ECDSA P-256, OpenSSL)");
+        free(peer);
+        return NULL;
+    }
     peer->pipeline = gst_pipeline_new(NULL);
+    g_signal_connect(peer->pipeline, "deep-element-added", G_CALLBACK(on_deep_element_added), peer);
     peer->webrtc = gst_element_factory_make("webrtcbin", NULL);
     if (!peer->webrtc) {
         set_error(error, error_size, "GStreamer's webrtcbin not found: install gstreamer1.0-plugins-bad and gstreamer1.0-nice");
         gst_object_unref(peer->pipeline);
+        g_free(peer->certificate);
         free(peer);
         return NULL;
     }
@@ -204,6 +335,7 @@ void CBroadcastWHIP_free(CBroadcastWHIPPeer *peer) {
         gst_object_unref(peer->pipeline);
     }
     if (peer->bus) gst_object_unref(peer->bus);
+    g_free(peer->certificate);
     free(peer);
 }
 
@@ -243,6 +375,19 @@ char *CBroadcastWHIP_offer(CBroadcastWHIPPeer *peer, int64_t timeout_ms, CBroadc
     gst_promise_unref(promise);
     if (!offer) {
         set_error(error, error_size, "webrtcbin made no offer");
+        return NULL;
+    }
+    // The offer made the transports, which took the ECDSA certificate (on_deep_element_added);
+    // the fingerprint webrtcbin wrote is its own certificate's: the offer names ours (another
+    // fingerprint has the endpoint drop the handshake once it completed: no media, no error here).
+    gchar *fingerprint = certificate_fingerprint(peer->certificate);
+    int given = atomic_load(&peer->certificates_given);
+    int named = fingerprint ? name_certificate(offer->sdp, fingerprint) : 0;
+    g_free(fingerprint);
+    if (given == 0 || named == 0) {
+        gst_webrtc_session_description_free(offer);
+        set_error(error, error_size, given == 0 ? "webrtcbin made no DTLS transport to give the certificate to"
+                                                : "webrtcbin's offer names no DTLS fingerprint");
         return NULL;
     }
     promise = call(peer->webrtc, "set-local-description", offer);
