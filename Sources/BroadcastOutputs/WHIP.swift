@@ -260,12 +260,24 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
     private var bytesBefore: Int64 = 0
     private var windowBytes: Int64 = 0
     private var windowStart = MonotonicInstant.now()
+    /// When the peer's state and RTCP were last looked at (on the tick, not per packet: the state
+    /// empties GStreamer's bus and reads webrtcbin's property under its lock).
+    private var livenessCheckedAt: MonotonicInstant?
+    /// What "now" is for every decision (the tests' own clock in unit tests).
+    private let clock: @Sendable () -> MonotonicInstant
+
+    /// How often a live session's peer is asked whether it still stands.
+    static var livenessInterval: Duration { .milliseconds(100) }
 
     /// A viewer asks for keyframes as often as it likes; the encoder (which every output shares)
     /// makes at most one a second for them.
     static var keyframeRequestInterval: Duration { .seconds(1) }
 
-    init(output: Output, url: StreamURL, streams: [StreamDescription], engine: any WebRTCEngine, logger: Logger) {
+    init(
+        output: Output, url: StreamURL, streams: [StreamDescription], engine: any WebRTCEngine, logger: Logger,
+        clock: @escaping @Sendable () -> MonotonicInstant = { .now() }
+    ) {
+        self.clock = clock
         self.output = output
         self.url = url
         self.settings = output.configuration.live
@@ -278,7 +290,7 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
         let extradata = video?.parameters.extradata ?? []
         self.parameterSets = extradata.first == 0 ? extradata : []
         self.profileLevelID = H264ParameterSets.profileLevelID(extradata)
-        self.machine = LiveStreamStateMachine(settings: settings, hasVideo: video != nil, now: .now())
+        self.machine = LiveStreamStateMachine(settings: settings, hasVideo: video != nil, now: clock())
     }
 
     private var status: OutputStatus { output.status }
@@ -289,7 +301,7 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
         loop: while true {
             intake()
             if feed.ended.load(ordering: .acquiring) {
-                machine.finishRequested(by: output.finishBy.instant ?? .now())
+                machine.finishRequested(by: output.finishBy.instant ?? clock())
             }
             publishState()
             // The offer names the H.264 profile: wait for the first keyframe's SPS when the
@@ -298,7 +310,7 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
                 feed.waitForPackets(timeout: .milliseconds(200))
                 continue
             }
-            let now = MonotonicInstant.now()
+            let now = clock()
             switch machine.nextAction(now: now) {
             case .wait(let until):
                 if machine.isConnected {
@@ -321,7 +333,7 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
                 break loop
             }
         }
-        endSession(by: .now() + LiveStreamStateMachine<EncodedPacket>.lostCloseTimeout)
+        endSession(by: clock() + LiveStreamStateMachine<EncodedPacket>.lostCloseTimeout)
         status.setBacklog(0)
         if status.current != .failed { status.set(.finished) }
         feed.close()
@@ -381,10 +393,10 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
             case .connected:
                 return connected()
             case .failed(let why):
-                endSession(by: .now() + LiveStreamStateMachine<EncodedPacket>.lostCloseTimeout)
+                endSession(by: clock() + LiveStreamStateMachine<EncodedPacket>.lostCloseTimeout)
                 return connectFailed(url.mask(why), refused: false)
             case .connecting:
-                let now = MonotonicInstant.now()
+                let now = clock()
                 let finishing = machine.finishDeadline.map { now > $0 } ?? false
                 if now > deadline || finishing {
                     endSession(by: now + LiveStreamStateMachine<EncodedPacket>.lostCloseTimeout)
@@ -392,20 +404,21 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
                 }
                 feed.waitForPackets(timeout: .milliseconds(20))
                 intake()
-                if feed.ended.load(ordering: .acquiring) { machine.finishRequested(by: output.finishBy.instant ?? .now()) }
+                if feed.ended.load(ordering: .acquiring) { machine.finishRequested(by: output.finishBy.instant ?? clock()) }
             }
         }
     }
 
     private func connected() {
-        let connected = machine.connected(now: .now())
+        let connected = machine.connected(now: clock())
         if connected.isReconnect { status.reconnects.wrappingIncrement(ordering: .relaxed) }
         status.attempt.store(0, ordering: .relaxed)
         status.everDelivered.store(true, ordering: .releasing)
-        let now = MonotonicInstant.now()
+        let now = clock()
         rtcpSeen = peer!.rtcpReceived.packets
         rtcpAt = now
         keyframeRequestsSeen = peer!.keyframeRequests
+        livenessCheckedAt = nil
         figuresAt = now
         windowStart = now
         windowBytes = 0
@@ -417,22 +430,22 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
 
     private func connectFailed(_ message: String, refused: Bool) {
         peer = nil
-        lost(machine.connectFailed(isNetworkFailure: !refused, now: .now()), message, sending: false)
+        lost(machine.connectFailed(isNetworkFailure: !refused, now: clock()), message, sending: false)
     }
 
     /// A stop came and its deadline (`finishTimeout` after it) passed: a wait for the offer or the
     /// endpoint's answer ends there, not after the whole `--timeout`.
     private func stopping() -> Bool {
         if machine.finishDeadline == nil, feed.ended.load(ordering: .acquiring) {
-            machine.finishRequested(by: output.finishBy.instant ?? .now())
+            machine.finishRequested(by: output.finishBy.instant ?? clock())
         }
-        return machine.finishDeadline.map { MonotonicInstant.now() > $0 } ?? false
+        return machine.finishDeadline.map { clock() > $0 } ?? false
     }
 
     private func remaining(until deadline: MonotonicInstant) -> Duration {
         var end = deadline
         if let finish = machine.finishDeadline, finish < end { end = finish }
-        return max(.milliseconds(1), MonotonicInstant.now().duration(to: end))
+        return max(.milliseconds(1), clock().duration(to: end))
     }
 
     /// DELETE of the session (RFC 9725 §4.3), then the peer closes. The token goes with it only to
@@ -454,7 +467,7 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
                 closePeer()
                 return
             }
-            let timeout = max(.milliseconds(200), MonotonicInstant.now().duration(to: deadline))
+            let timeout = max(.milliseconds(200), clock().duration(to: deadline))
             // A DELETE is the stop's own last request: bounded by its deadline, never abandoned.
             switch engine.request(
                 method: "DELETE", url: session, token: token, contentType: nil, body: nil, timeout: timeout, tls: settings.tls,
@@ -481,19 +494,26 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
     // MARK: Sending
 
     private func send(_ packet: EncodedPacket) {
-        if let why = lostReason(now: .now()) {
-            let action = machine.writeFailed(isNetworkFailure: true, now: .now())
-            endSession(by: .now() + LiveStreamStateMachine<EncodedPacket>.lostCloseTimeout)
+        if let why = livenessDue(now: clock()) ? lostReason(now: clock()) : nil {
+            let action = machine.writeFailed(isNetworkFailure: true, now: clock())
+            endSession(by: clock() + LiveStreamStateMachine<EncodedPacket>.lostCloseTimeout)
             lost(action, why, sending: true)
             return
         }
         let prefix = packet.mediaType == .video && packet.isKeyframe ? parameterSets : []
         if !peer!.push(packet, prefix: prefix, newest: feed.newestDTS.load(ordering: .relaxed)) { drop(.queueFull) }
-        _ = machine.written(now: .now())
+        _ = machine.written(now: clock())
         status.sent(packet)
         windowBytes += Int64(packet.size)
         status.setBacklog(max(0, feed.newestDTS.load(ordering: .relaxed) - packet.dtsNanoseconds))
-        watchFigures(now: .now())
+        watchFigures(now: clock())
+    }
+
+    /// The liveness tick: true at most once per `livenessInterval`.
+    private func livenessDue(now: MonotonicInstant) -> Bool {
+        if let last = livenessCheckedAt, last.duration(to: now) < Self.livenessInterval { return false }
+        livenessCheckedAt = now
+        return true
     }
 
     /// Why the session is lost, or nil: ICE/DTLS failed, the viewer said BYE, or no RTCP came
