@@ -298,6 +298,10 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
 
     func run() {
         status.set(.connecting)
+        if url.scheme == .whipHTTPS, !settings.tls.verify {
+            let who = "whoever answers at \(url.host) receives the offer and the token"
+            logger.warning("stream \(url.redacted): the endpoint's certificate is not checked (--tls-insecure, tls_verify = false): \(who)")
+        }
         loop: while true {
             intake()
             if feed.ended.load(ordering: .acquiring) {

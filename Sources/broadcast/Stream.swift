@@ -74,10 +74,10 @@ struct Stream: ParsableCommand {
     @Option(name: .customLong("drop-threshold-ref"), help: ArgumentHelp("Backlog past which every video frame but keyframes is dropped.", valueName: "duration"))
     var dropThresholdReference: String = "900ms"
 
-    @Option(name: .customLong("tls-ca"), help: ArgumentHelp("rtmps://: trust the certificate authorities in this PEM file (a private CA) instead of the system's.", valueName: "file"))
+    @Option(name: .customLong("tls-ca"), help: ArgumentHelp("rtmps://, whip+https://: trust the certificate authorities in this PEM file (a private CA) instead of the system's.", valueName: "file"))
     var tlsCA: String?
 
-    @Flag(name: .customLong("tls-insecure"), help: "rtmps://: do not check the server's certificate (a warning says so): whoever answers at the address receives the stream and its key.")
+    @Flag(name: .customLong("tls-insecure"), help: "rtmps://, whip+https://: do not check the server's certificate (a warning says so): whoever answers at the address receives the stream and its key (or token).")
     var tlsInsecure = false
 
     @Flag(name: .customLong("whip-allow-http"), help: "whip+http:// to a host other than this machine: send the token and the session's keys in clear (refused without this).")
@@ -137,10 +137,10 @@ struct Stream: ParsableCommand {
             for i in configured.indices { configured[i].destination = configured[i].destination.withWHIPToken(whipToken) }
         }
         if tlsCA != nil || tlsInsecure, !configured.contains(where: {
-            if case .live(let u) = $0.destination { return u.scheme == .rtmps }
+            if case .live(let u) = $0.destination { return u.scheme == .rtmps || u.scheme == .whipHTTPS }
             return false
         }) {
-            throw ValueError("\(tlsCA != nil ? "--tls-ca" : "--tls-insecure") applies to rtmps:// outputs, and none is given")
+            throw ValueError("\(tlsCA != nil ? "--tls-ca" : "--tls-insecure") applies to rtmps:// and whip+https:// outputs, and none is given")
         }
         if whipAllowHTTP, !configured.contains(where: {
             if case .live(let u) = $0.destination { return u.scheme == .whipHTTP }

@@ -10,8 +10,10 @@ import Testing
 /// and never answers.
 final class LoopbackHTTP {
     static let script = #"""
-        import http.server, json, sys, threading, time
+        import http.server, json, ssl, sys, threading, time
         mode, log_path = sys.argv[1], sys.argv[2]
+        # With a certificate and key: the endpoint's port speaks HTTPS; the other stays plain HTTP.
+        tls = sys.argv[3:5]
         log = open(log_path, "a", buffering=1)
         servers = []
 
@@ -50,9 +52,13 @@ final class LoopbackHTTP {
             def log_message(self, *arguments):
                 pass
 
-        for _ in range(2):
+        for index in range(2):
             server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
             server.daemon_threads = True
+            if index == 0 and tls:
+                context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+                context.load_cert_chain(tls[0], tls[1])
+                server.socket = context.wrap_socket(server.socket, server_side=True)
             servers.append(server)
             threading.Thread(target=server.serve_forever, daemon=True).start()
         print("listening", *(s.server_address[1] for s in servers), flush=True)
@@ -71,10 +77,32 @@ final class LoopbackHTTP {
     /// The endpoint's port, and the other one.
     let ports: [Int]
 
-    init(mode: String) throws {
+    /// With `tls`: the endpoint's port speaks HTTPS with a certificate for 127.0.0.1 signed by a
+    /// private CA made here with openssl (`caFile`).
+    let tls: Bool
+    var caFile: String { directory.path("ca.pem") }
+
+    init(mode: String, tls: Bool = false) throws {
         directory = try TemporaryDirectory()
+        self.tls = tls
         try Self.script.write(toFile: directory.path("server.py"), atomically: true, encoding: .utf8)
-        child = try Child("/usr/bin/python3", [directory.path("server.py"), mode, directory.path("requests.log")])
+        var arguments = [directory.path("server.py"), mode, directory.path("requests.log")]
+        if tls {
+            try "subjectAltName=IP:127.0.0.1\n".write(toFile: directory.path("san.cnf"), atomically: true, encoding: .utf8)
+            for step in [
+                ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=broadcast test CA",
+                 "-keyout", directory.path("ca-key.pem"), "-out", directory.path("ca.pem")],
+                ["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=broadcast test endpoint",
+                 "-keyout", directory.path("key.pem"), "-out", directory.path("cert.csr")],
+                ["x509", "-req", "-in", directory.path("cert.csr"), "-CA", directory.path("ca.pem"), "-CAkey", directory.path("ca-key.pem"),
+                 "-CAcreateserial", "-days", "1", "-extfile", directory.path("san.cnf"), "-out", directory.path("cert.pem")],
+            ] {
+                let made = try run("/usr/bin/openssl", step)
+                guard made.status == 0 else { throw ProbeError(message: "openssl \(step[0]): \(made.stderr)") }
+            }
+            arguments += [directory.path("cert.pem"), directory.path("key.pem")]
+        }
+        child = try Child("/usr/bin/python3", arguments)
         let deadline = Date().addingTimeInterval(60)
         while !child.stdoutSoFar.contains("\n") {
             guard child.process.isRunning, Date() < deadline else {
@@ -86,7 +114,7 @@ final class LoopbackHTTP {
         guard ports.count == 2 else { throw ProbeError(message: "the HTTP server said \(child.stdoutSoFar)") }
     }
 
-    var endpoint: String { "whip+http://127.0.0.1:\(ports[0])/whip/cam" }
+    var endpoint: String { "whip+\(tls ? "https" : "http")://127.0.0.1:\(ports[0])/whip/cam" }
 
     var requests: [Request] {
         let text = (try? String(contentsOfFile: directory.path("requests.log"), encoding: .utf8)) ?? ""
@@ -126,6 +154,33 @@ final class LoopbackHTTP {
         #expect(elsewhere.allSatisfy { $0.authorization == nil }, "the token went to another port: \(elsewhere)")
         #expect(r.stderr.contains("the session is at http://127.0.0.1:\(server.ports[1]), not the endpoint's origin: its DELETE goes without the token"), "\(r.stderr)")
         #expect(!r.stderr.contains(Self.token))
+    }
+
+    /// From an https:// endpoint to a plain http:// Location nothing is sent: not the token, not
+    /// even the DELETE (before: the DELETE went in clear to the other port with the token, once
+    /// per attempt). The endpoint's private CA is trusted with --tls-ca, as for rtmps://.
+    @Test func nothingGoesFromHTTPSToAPlainHTTPLocation() throws {
+        let server = try LoopbackHTTP(mode: "elsewhere", tls: true)
+        defer { server.stop() }
+        let r = try broadcast(
+            ["stream", server.endpoint, "--whip-token", Self.token, "--tls-ca", server.caFile, "--duration", "60s", "--size", "320x240",
+             "--quiet"], timeout: 120)
+        #expect(r.status == 1, "\(r.stderr)")
+        let requests = server.requests
+        let posts = requests.filter { $0.port == server.ports[0] }
+        #expect(posts.count == 3 && posts.allSatisfy { $0.method == "POST" && $0.authorization == "Bearer \(Self.token)" }, "\(posts)")
+        #expect(requests.allSatisfy { $0.port == server.ports[0] }, "something went to the plain port: \(requests)")
+        #expect(r.stderr.contains(
+            "the session's DELETE is not sent (nor the token): its Location (http://127.0.0.1:\(server.ports[1])) is plain http:// while the endpoint is https://"),
+            "\(r.stderr)")
+        #expect(!r.stderr.contains(Self.token))
+        // --tls-insecure takes whip+https:// too, and says so.
+        let insecure = try broadcast(
+            ["stream", server.endpoint, "--whip-token", Self.token, "--tls-insecure", "--duration", "60s", "--size", "320x240", "--quiet"],
+            timeout: 120)
+        #expect(insecure.status == 1, "\(insecure.stderr)")
+        #expect(insecure.stderr.contains("the endpoint's certificate is not checked (--tls-insecure, tls_verify = false)"), "\(insecure.stderr)")
+        #expect(server.requests.filter { $0.port == server.ports[0] }.count == 6, "\(server.requests)")
     }
 
     /// A token that is also a word, and a path whose elements are words: the refusal reads as it
