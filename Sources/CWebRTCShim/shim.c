@@ -269,6 +269,16 @@ CBroadcastWHIPPeer *CBroadcastWHIP_new(const char *profile_level_id, int audio_c
         free(peer);
         return NULL;
     }
+    // webrtcbin makes an rtpbin inside it and, without one, goes on with NULL (criticals, then a
+    // crash at the offer): asked first.
+    GstElementFactory *rtpbin_factory = gst_element_factory_find("rtpbin");
+    if (!rtpbin_factory) {
+        set_error(error, error_size, "GStreamer's rtpbin not found (webrtcbin sends RTP through it): install gstreamer1.0-plugins-good");
+        g_free(peer->certificate);
+        free(peer);
+        return NULL;
+    }
+    gst_object_unref(rtpbin_factory);
     peer->pipeline = gst_pipeline_new(NULL);
     g_signal_connect(peer->pipeline, "deep-element-added", G_CALLBACK(on_deep_element_added), peer);
     peer->webrtc = gst_element_factory_make("webrtcbin", NULL);
@@ -286,12 +296,25 @@ CBroadcastWHIPPeer *CBroadcastWHIP_new(const char *profile_level_id, int audio_c
         g_signal_emit_by_name(peer->webrtc, "add-turn-server", turns[i], &added);
     }
     gst_bin_add(GST_BIN(peer->pipeline), peer->webrtc);
-    GstElement *rtpbin = gst_bin_get_by_name(GST_BIN(peer->webrtc), "rtpbin");
-    if (rtpbin) {
-        g_signal_connect(rtpbin, "on-ssrc-active", G_CALLBACK(on_ssrc_active), peer);
-        g_signal_connect(rtpbin, "on-bye-ssrc", G_CALLBACK(on_bye), peer);
-        gst_object_unref(rtpbin);
+    // The endpoint's RTCP is what tells a live session from a dead one: without rtpbin's signals
+    // every session would end after --timeout and reconnect forever. Found by what it is, not by
+    // webrtcbin's internal name for it.
+    GstElement *rtpbin = NULL;
+    GstIterator *found = gst_bin_iterate_all_by_element_factory_name(GST_BIN(peer->webrtc), "rtpbin");
+    GValue item = G_VALUE_INIT;
+    if (found && gst_iterator_next(found, &item) == GST_ITERATOR_OK) {
+        rtpbin = GST_ELEMENT(g_value_dup_object(&item));
+        g_value_unset(&item);
     }
+    if (found) gst_iterator_free(found);
+    if (!rtpbin) {
+        set_error(error, error_size, "webrtcbin has no rtpbin: the endpoint's RTCP could not be counted");
+        CBroadcastWHIP_free(peer);
+        return NULL;
+    }
+    g_signal_connect(rtpbin, "on-ssrc-active", G_CALLBACK(on_ssrc_active), peer);
+    g_signal_connect(rtpbin, "on-bye-ssrc", G_CALLBACK(on_bye), peer);
+    gst_object_unref(rtpbin);
     if (profile_level_id) {
         char caps[512];
         snprintf(caps, sizeof caps,

@@ -183,6 +183,30 @@ final class LoopbackHTTP {
         #expect(server.requests.filter { $0.port == server.ports[0] }.count == 6, "\(server.requests)")
     }
 
+    /// A GStreamer without rtpbin (gstreamer1.0-plugins-good's rtpmanager left out of the plugin
+    /// path): webrtcbin goes on without one, and broadcast crashed at the offer (SIGSEGV, after
+    /// GStreamer's criticals). Now each attempt says what is missing and the stream fails (exit 1).
+    @Test func aGStreamerWithoutRTPBinIsSaidNotCrashedOn() throws {
+        let server = try LoopbackHTTP(mode: "refuse")
+        defer { server.stop() }
+        let plugins = try TemporaryDirectory()
+        defer { plugins.cleanup() }
+        let dir = try run("/usr/bin/pkg-config", ["--variable=pluginsdir", "gstreamer-1.0"]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        let all = try FileManager.default.contentsOfDirectory(atPath: dir).filter { $0.hasSuffix(".so") }
+        try #require(all.contains("libgstrtpmanager.so") && all.contains("libgstwebrtc.so"), "\(dir): \(all)")
+        for name in all where name != "libgstrtpmanager.so" {
+            try FileManager.default.createSymbolicLink(atPath: plugins.path(name), withDestinationPath: "\(dir)/\(name)")
+        }
+        let stream = try Child(
+            broadcastBinary, ["stream", server.endpoint, "--duration", "3s", "--size", "320x240", "--quiet"],
+            environment: ["GST_PLUGIN_SYSTEM_PATH_1_0": plugins.path(""), "GST_REGISTRY_1_0": plugins.path("registry.bin")])
+        let r = stream.wait(timeout: 120)
+        #expect(r.reason == .exit && r.status == 1, "\(r.reason) \(r.status): \(r.stderr.suffix(3000))")
+        #expect(r.stderr.contains("GStreamer's rtpbin not found (webrtcbin sends RTP through it): install gstreamer1.0-plugins-good"),
+            "\(r.stderr.suffix(3000))")
+        #expect(server.requests.isEmpty, "\(server.requests)")
+    }
+
     /// A token that is also a word, and a path whose elements are words: the refusal reads as it
     /// was written ("the **** refused the session: HTTP 401 (**** or missing token" before); the
     /// URL is shown redacted.
