@@ -184,35 +184,43 @@ static void on_bye(GstElement *rtpbin, guint session, guint ssrc, gpointer data)
     atomic_fetch_add(&peer->byes, 1);
 }
 
+/// A new element of `factory` held by the caller (its floating reference sunk), or NULL: every
+/// way out of add_branch drops it, and a bin it was added to keeps its own.
+static GstElement *make_owned(const char *factory) {
+    GstElement *element = gst_element_factory_make(factory, NULL);
+    return element ? GST_ELEMENT(gst_object_ref_sink(element)) : NULL;
+}
+
 /// appsrc → payloader → capsfilter → webrtcbin's sink_%u, its transceiver send-only with `caps`.
 static int add_branch(CBroadcastWHIPPeer *peer, GstElement **source, const char *source_caps, const char *payloader,
     const char *rtp_caps, char *error, size_t error_size) {
-    GstElement *src = gst_element_factory_make("appsrc", NULL);
-    GstElement *pay = gst_element_factory_make(payloader, NULL);
-    GstElement *filter = gst_element_factory_make("capsfilter", NULL);
+    int result = -1;
+    int h264 = strcmp(payloader, "rtph264pay") == 0;
+    GstElement *src = make_owned("appsrc");
+    GstElement *pay = make_owned(payloader);
+    GstElement *filter = make_owned("capsfilter");
     // H.264: h264parse puts the SPS's profile and level in the caps, which the payloader's caps
     // (the offer's profile-level-id) must match.
-    GstElement *parse = strcmp(payloader, "rtph264pay") == 0 ? gst_element_factory_make("h264parse", NULL) : NULL;
-    if (strcmp(payloader, "rtph264pay") == 0 && !parse) {
+    GstElement *parse = h264 ? make_owned("h264parse") : NULL;
+    GstCaps *rtp = NULL;
+    GstPad *sink = NULL;
+    if (h264 && !parse) {
         set_error(error, error_size, "GStreamer element h264parse not found: install gstreamer1.0-plugins-bad");
-        return -1;
+        goto done;
     }
     if (!src || !pay || !filter) {
         char text[200];
         snprintf(text, sizeof text, "GStreamer element %s not found: install gstreamer1.0-plugins-base and -good",
             !src ? "appsrc" : !pay ? payloader : "capsfilter");
         set_error(error, error_size, text);
-        if (src) gst_object_unref(src);
-        if (pay) gst_object_unref(pay);
-        if (filter) gst_object_unref(filter);
-        return -1;
+        goto done;
     }
     GstCaps *caps = gst_caps_from_string(source_caps);
     g_object_set(src, "caps", caps, "is-live", TRUE, "format", GST_FORMAT_TIME, "do-timestamp", FALSE,
         "max-bytes", (guint64)0, "max-buffers", (guint64)256, "block", FALSE, NULL);
     gst_util_set_object_arg(G_OBJECT(src), "leaky-type", "downstream");
     gst_caps_unref(caps);
-    if (strcmp(payloader, "rtph264pay") == 0) {
+    if (h264) {
         // SPS/PPS before every IDR (a viewer that joins or asked with PLI can decode it), one
         // packet per NAL unit as soon as it is there.
         g_object_set(pay, "config-interval", -1, "pt", 96, "mtu", 1200, NULL);
@@ -220,35 +228,40 @@ static int add_branch(CBroadcastWHIPPeer *peer, GstElement **source, const char 
     } else {
         g_object_set(pay, "pt", 111, "mtu", 1200, NULL);
     }
-    GstCaps *rtp = gst_caps_from_string(rtp_caps);
+    rtp = gst_caps_from_string(rtp_caps);
     g_object_set(filter, "caps", rtp, NULL);
+    // The pipeline takes its own references (freed with it from here on, whatever happens).
     gst_bin_add_many(GST_BIN(peer->pipeline), src, pay, filter, NULL);
     if (parse) gst_bin_add(GST_BIN(peer->pipeline), parse);
     if (parse ? !gst_element_link_many(src, parse, pay, filter, NULL) : !gst_element_link_many(src, pay, filter, NULL)) {
-        gst_caps_unref(rtp);
         set_error(error, error_size, "could not link appsrc to the RTP payloader");
-        return -1;
+        goto done;
     }
-    GstPad *sink = gst_element_request_pad_simple(peer->webrtc, "sink_%u");
+    sink = gst_element_request_pad_simple(peer->webrtc, "sink_%u");
     GstPad *out = gst_element_get_static_pad(filter, "src");
-    int linked = sink && gst_pad_link(out, sink) == GST_PAD_LINK_OK;
-    gst_object_unref(out);
-    if (linked) {
-        GstWebRTCRTPTransceiver *transceiver = NULL;
-        g_object_get(sink, "transceiver", &transceiver, NULL);
-        if (transceiver) {
-            g_object_set(transceiver, "direction", GST_WEBRTC_RTP_TRANSCEIVER_DIRECTION_SENDONLY, "codec-preferences", rtp, NULL);
-            gst_object_unref(transceiver);
-        }
-    }
-    if (sink) gst_object_unref(sink);
-    gst_caps_unref(rtp);
+    int linked = sink && out && gst_pad_link(out, sink) == GST_PAD_LINK_OK;
+    if (out) gst_object_unref(out);
     if (!linked) {
+        if (sink) gst_element_release_request_pad(peer->webrtc, sink);
         set_error(error, error_size, "could not link the RTP payloader to webrtcbin");
-        return -1;
+        goto done;
+    }
+    GstWebRTCRTPTransceiver *transceiver = NULL;
+    g_object_get(sink, "transceiver", &transceiver, NULL);
+    if (transceiver) {
+        g_object_set(transceiver, "direction", GST_WEBRTC_RTP_TRANSCEIVER_DIRECTION_SENDONLY, "codec-preferences", rtp, NULL);
+        gst_object_unref(transceiver);
     }
     *source = src;
-    return 0;
+    result = 0;
+done:
+    if (sink) gst_object_unref(sink);
+    if (rtp) gst_caps_unref(rtp);
+    if (parse) gst_object_unref(parse);
+    if (filter) gst_object_unref(filter);
+    if (pay) gst_object_unref(pay);
+    if (src) gst_object_unref(src);
+    return result;
 }
 
 CBroadcastWHIPPeer *CBroadcastWHIP_new(const char *profile_level_id, int audio_channels, const char *stun,

@@ -189,14 +189,8 @@ final class LoopbackHTTP {
     @Test func aGStreamerWithoutRTPBinIsSaidNotCrashedOn() throws {
         let server = try LoopbackHTTP(mode: "refuse")
         defer { server.stop() }
-        let plugins = try TemporaryDirectory()
+        let plugins = try Self.pluginsWithout("libgstrtpmanager.so")
         defer { plugins.cleanup() }
-        let dir = try run("/usr/bin/pkg-config", ["--variable=pluginsdir", "gstreamer-1.0"]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
-        let all = try FileManager.default.contentsOfDirectory(atPath: dir).filter { $0.hasSuffix(".so") }
-        try #require(all.contains("libgstrtpmanager.so") && all.contains("libgstwebrtc.so"), "\(dir): \(all)")
-        for name in all where name != "libgstrtpmanager.so" {
-            try FileManager.default.createSymbolicLink(atPath: plugins.path(name), withDestinationPath: "\(dir)/\(name)")
-        }
         let stream = try Child(
             broadcastBinary, ["stream", server.endpoint, "--duration", "3s", "--size", "320x240", "--quiet"],
             environment: ["GST_PLUGIN_SYSTEM_PATH_1_0": plugins.path(""), "GST_REGISTRY_1_0": plugins.path("registry.bin")])
@@ -205,6 +199,43 @@ final class LoopbackHTTP {
         #expect(r.stderr.contains("GStreamer's rtpbin not found (webrtcbin sends RTP through it): install gstreamer1.0-plugins-good"),
             "\(r.stderr.suffix(3000))")
         #expect(server.requests.isEmpty, "\(server.requests)")
+    }
+
+    /// A plugin directory of links to every installed GStreamer plugin but `left`.
+    static func pluginsWithout(_ left: String) throws -> TemporaryDirectory {
+        let plugins = try TemporaryDirectory()
+        let dir = try run("/usr/bin/pkg-config", ["--variable=pluginsdir", "gstreamer-1.0"]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        let all = try FileManager.default.contentsOfDirectory(atPath: dir).filter { $0.hasSuffix(".so") }
+        try #require(all.contains(left) && all.contains("libgstwebrtc.so"), "\(dir): \(all)")
+        for name in all where name != left {
+            try FileManager.default.createSymbolicLink(atPath: plugins.path(name), withDestinationPath: "\(dir)/\(name)")
+        }
+        return plugins
+    }
+
+    /// A GStreamer without h264parse: each attempt fails to make the video branch, and every
+    /// element it made is freed (GStreamer's own refcount log: appsrc, rtph264pay and capsfilter
+    /// were made at every attempt and never finalized before).
+    @Test func aFailedPeerLeavesNoElementBehind() throws {
+        let plugins = try Self.pluginsWithout("libgstvideoparsersbad.so")
+        defer { plugins.cleanup() }
+        let log = plugins.path("gst.log")
+        let r = try Child(
+            broadcastBinary, ["stream", "whip+http://127.0.0.1:9/whip/x", "--duration", "3s", "--size", "320x240", "--quiet"],
+            environment: [
+                "GST_PLUGIN_SYSTEM_PATH_1_0": plugins.path(""), "GST_REGISTRY_1_0": plugins.path("registry.bin"),
+                "GST_DEBUG": "GST_REFCOUNTING:7,GST_ELEMENT_FACTORY:5", "GST_DEBUG_NO_COLOR": "1", "GST_DEBUG_FILE": log,
+            ]
+        ).wait(timeout: 120)
+        #expect(r.reason == .exit && r.status == 1, "\(r.reason) \(r.status): \(r.stderr.suffix(3000))")
+        #expect(r.stderr.contains("GStreamer element h264parse not found"), "\(r.stderr.suffix(3000))")
+        let lines = try String(contentsOfFile: log, encoding: .utf8).split(separator: "\n")
+        for factory in ["appsrc", "rtph264pay", "capsfilter"] {
+            let made = lines.filter { $0.contains("created element \"\(factory)\"") }.count
+            let finalized = try Regex("gst_object_finalize:<\(factory)[0-9]+>")
+            let freed = lines.filter { $0.contains(finalized) }.count
+            #expect(made > 0 && freed == made, "\(factory): \(made) made, \(freed) finalized")
+        }
     }
 
     /// A token that is also a word, and a path whose elements are words: the refusal reads as it
