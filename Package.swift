@@ -84,7 +84,7 @@ let package = Package(
         systemLibrary("CCurl", pkgConfig: "libcurl", apt: ["libcurl4-gnutls-dev"]),
         .target(
             name: "CWebRTCShim", dependencies: ["CGStreamerWebRTC", "CCurl"], path: "Sources/CWebRTCShim",
-            linkerSettings: ["gstwebrtc-1.0", "gstapp-1.0", "gstsdp-1.0", "gstrtp-1.0", "gstbase-1.0", "gstreamer-1.0", "gobject-2.0", "glib-2.0", "curl"]
+            linkerSettings: ["gstwebrtc-1.0", "gstapp-1.0", "gstsdp-1.0", "gstrtp-1.0", "gstbase-1.0", "gstreamer-1.0", "gobject-2.0", "glib-2.0", "curl", "crypto"]
                 .map { .linkedLibrary($0) }
         ),
 

@@ -8,7 +8,10 @@ payload), and A/V sync: each white frame of the test pattern against the tone's 
 both placed on the sender's clock by its RTCP sender reports (what a player's lip sync uses).
 POST /pli sends a Picture Loss Indication on the current video track.
 
-Usage: whip-endpoint.py --port N [--token T] [--link 'stun:host:port'] [--status-after-post N]
+The answer takes the DTLS role aiortc chooses (setup:active: it is the DTLS client, the publisher
+the server) unless --setup passive makes it the server; GET /state says which ("setup").
+
+Usage: whip-endpoint.py --port N [--token T] [--link 'stun:host:port'] [--status-after-post N] [--setup active|passive]
 """
 import argparse
 import array
@@ -175,16 +178,16 @@ async def post(request):
         logging.error("offer refused (%s):\n%s", error, offer.sdp)
         await pc.close()
         return web.Response(status=400, text=str(error))
-    for transceiver in pc.getTransceivers():
-        # The answer takes DTLS's server side (setup:passive, an answerer's choice): aiortc offers
-        # only ECDSA cipher suites, and GStreamer 1.22's webrtcbin certificate is RSA, which a
-        # client may present but a server could not use with them.
-        transceiver.receiver.transport._set_role("server")
+    if args.setup == "passive":
+        for transceiver in pc.getTransceivers():
+            transceiver.receiver.transport._set_role("server")
     answer = await pc.createAnswer()
     await pc.setLocalDescription(answer)
     # The codec each m-section settled on: the answer's first rtpmap.
     kind = None
     for line in pc.localDescription.sdp.splitlines():
+        if line.startswith("a=setup:"):
+            state["setup"] = line[len("a=setup:"):]
         if line.startswith("m="):
             kind = line[2:].split()[0]
         elif line.startswith("a=rtpmap:") and kind and not state.get(kind + "_codec_set"):
@@ -261,6 +264,8 @@ parser.add_argument("--port", type=int, required=True)
 parser.add_argument("--token")
 parser.add_argument("--link")
 parser.add_argument("--status-after-post", type=int, default=0)
+parser.add_argument("--setup", choices=["active", "passive"], default="active",
+                    help="the answer's DTLS role: active (aiortc's own choice: the endpoint is the DTLS client) or passive")
 parser.add_argument("--band-out", help="write each decoded frame's top rows (grey) to this file, for benchmarks/glass.py")
 parser.add_argument("--band-rows", type=int, default=96)
 args = parser.parse_args()

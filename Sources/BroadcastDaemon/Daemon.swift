@@ -640,6 +640,7 @@ final class BroadcastController: Sendable {
                 guard destination.isLive else { throw BroadcastError(.invalidArgument, "output \(output.name): url is not a stream URL (no scheme)") }
                 var live = LiveStreamSettings()
                 live.tls = output.tls
+                live.allowPlainHTTP = output.allowPlainHTTP
                 return OutputConfiguration(name: output.name, destination: destination, live: live)
             }
         }

@@ -69,6 +69,8 @@ public struct DaemonConfiguration: Sendable {
         public var encode: OutputEncode? = nil
         /// The lines its encode keys were set on, by key ("size"): errors found later name them.
         public var encodeLines: [String: Int] = [:]
+        /// whip+http:// to a host other than this machine (`allow_http = true`): token and keys in clear.
+        public var allowPlainHTTP = false
     }
 
     public var file: String
@@ -152,7 +154,7 @@ public struct DaemonConfiguration: Sendable {
     }
     static let controlKeys = ["socket", "socket_mode", "socket_group", "tcp", "token"]
     static let daemonKeys = ["autostart"]
-    static let outputKeys = ["name", "path", "url", "segment", "retain_for", "retain_bytes", "overwrite", "replay", "max_memory", "on_file_finished", "hook_timeout", "tls_ca", "tls_verify", "token"]
+    static let outputKeys = ["name", "path", "url", "segment", "retain_for", "retain_bytes", "overwrite", "replay", "max_memory", "on_file_finished", "hook_timeout", "tls_ca", "tls_verify", "token", "allow_http"]
         + OutputEncode.keys
     static let tables = ["video", "audio", "encoder", "setup", "control", "daemon", "limits", "output", "scenes"]
 
@@ -418,6 +420,7 @@ public struct DaemonConfiguration: Sendable {
         var token: (value: String, line: Int)?
         /// Encode keys as written (applied over [encoder] once the whole document is read).
         var encode: [(key: String, text: String, line: Int)] = []
+        var allowHTTP: (value: Bool, line: Int)?
     }
 
     private func readOutputKey(_ key: String, _ entry: TOMLDocument.Entry, into output: inout OutputKeys, environment: [String: String]) throws {
@@ -462,6 +465,9 @@ public struct DaemonConfiguration: Sendable {
                 throw self.error(entry.line, dotted, error.configMessage)
             }
             output.encode.append((key, text, entry.line))
+        case "allow_http":
+            guard case .boolean(let b) = entry.value else { throw error(entry.line, dotted, "expected true or false, got \(entry.value.typeName)") }
+            output.allowHTTP = (b, entry.line)
         default:
             throw unknownKey(dotted, entry.line, known: Self.outputKeys, table: "[output]")
         }
@@ -529,6 +535,19 @@ public struct DaemonConfiguration: Sendable {
                 throw error(token.line, "output.token", "token applies to whip+https:// (whip+http://) outputs, not to \"\(name)\"")
             }
             made.token = token.value
+        }
+        let plainHTTP: StreamURL? = {
+            guard case .live(let url) = kind, case .live(let parsed)? = try? OutputDestination.parse(url), parsed.scheme == .whipHTTP else { return nil }
+            return parsed
+        }()
+        if let allow = output.allowHTTP {
+            guard plainHTTP != nil else {
+                throw error(allow.line, "output.allow_http", "applies to whip+http:// outputs, not to \"\(name)\"")
+            }
+            made.allowPlainHTTP = allow.value
+        }
+        if let problem = plainHTTP?.plainHTTPProblem, !made.allowPlainHTTP {
+            throw error(table.entries["url"]?.line ?? table.line, "output.url", problem)
         }
         outputs.append(made)
     }

@@ -2,7 +2,7 @@ import BroadcastKit
 import BroadcastOutputs
 import BroadcastService
 
-/// The [[output]] keys of an rtmps:// output's certificate check:
+/// The [[output]] keys of an rtmps:// (or whip+https://) output's certificate check:
 ///   tls_ca = "/etc/broadcast/ca.pem"   trust these authorities (a private CA) instead of the system's
 ///   tls_verify = false                 check no certificate (a warning at each start says so)
 struct TLSKeys {
@@ -25,10 +25,12 @@ extension DaemonConfiguration {
     }
 
     func applyTLSKeys(_ keys: TLSKeys, to output: inout Output) throws {
-        var rtmps = false
-        if case .live(let url) = output.kind, case .live(let parsed)? = try? OutputDestination.parse(url) { rtmps = parsed.scheme == .rtmps }
+        var tls = false
+        if case .live(let url) = output.kind, case .live(let parsed)? = try? OutputDestination.parse(url) {
+            tls = parsed.scheme == .rtmps || parsed.scheme == .whipHTTPS
+        }
         for (key, line) in [("tls_ca", keys.authorityFile?.line), ("tls_verify", keys.verify?.line)] {
-            if let line, !rtmps { throw error(line, "output.\(key)", "applies to rtmps:// outputs, not to \"\(output.name)\"") }
+            if let line, !tls { throw error(line, "output.\(key)", "applies to rtmps:// and whip+https:// outputs, not to \"\(output.name)\"") }
         }
         if let file = keys.authorityFile, keys.verify?.value == false {
             throw error(file.line, "output.tls_ca", "tls_ca and tls_verify = false contradict each other: choose one")

@@ -1,6 +1,6 @@
 import Atomics
 public import BroadcastKit
-public import BroadcastMedia
+import BroadcastMedia
 import Logging
 
 #if canImport(Glibc)

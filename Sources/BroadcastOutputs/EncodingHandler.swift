@@ -63,7 +63,7 @@ public struct EncodingConfiguration: Sendable {
                 "frame rate mode vfr is for files only: the live output \(live.destination) needs a constant frame rate (cfr)")
         }
         for output in allOutputs {
-            if let problem = webRTCProblem(output.destination) { throw BroadcastError(.invalidArgument, problem) }
+            if let problem = webRTCProblem(output) { throw BroadcastError(.invalidArgument, problem) }
             if case .file(let path) = output.destination {
                 guard output.replay != nil else {
                     try Recording.validate(path: path, overwrite: output.overwrite)
@@ -82,10 +82,11 @@ public struct EncodingConfiguration: Sendable {
         try OutputConfiguration.checkDistinctFiles(allOutputs)
     }
 
-    /// Why a WHIP output cannot take this encode, or nil (also nil for other outputs): WebRTC
-    /// needs H.264 without B-frames (zerolatency) and 48 kHz audio for Opus.
-    func webRTCProblem(_ destination: OutputDestination) -> String? {
-        guard case .live(let url) = destination, url.scheme.isWHIP else { return nil }
+    /// Why a WHIP output cannot take this encode, or nil (also nil for other outputs): plain
+    /// http:// goes to this machine only unless allowed; WebRTC needs H.264 without B-frames (zerolatency) and 48 kHz audio for Opus.
+    func webRTCProblem(_ output: OutputConfiguration) -> String? {
+        guard case .live(let url) = output.destination, url.scheme.isWHIP else { return nil }
+        if let problem = url.plainHTTPProblem, !output.live.allowPlainHTTP { return problem }
         if webRTC == nil { return "\(url.redacted): this build has no WebRTC (GStreamer's webrtcbin) for WHIP outputs" }
         if let video {
             if !video.encoder.contains("264") { return "\(url.redacted): WHIP sends H.264, not \(video.encoder)" }
@@ -381,7 +382,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 segments: output.configuration.segments, manifest: output.configuration.manifest,
                 joinsRunningBroadcast: joining, logger: logger)
         case .live(let url) where url.scheme.isWHIP:
-            if let problem = configuration.webRTCProblem(output.destination) { throw BroadcastError(.outputFailed, problem) }
+            if let problem = configuration.webRTCProblem(output.configuration) { throw BroadcastError(.outputFailed, problem) }
             var whipStreams = streams.filter { $0.parameters.mediaType == .video }
             if let opus = try opusStream() { whipStreams.append(opus) }
             return WHIPWorker(output: output, url: url, streams: whipStreams, engine: configuration.webRTC!, logger: logger)

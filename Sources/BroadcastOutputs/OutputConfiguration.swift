@@ -99,6 +99,10 @@ public struct LiveStreamSettings: Sendable, Hashable {
     public var finishTimeout: Double = 5
     /// How an rtmps:// output checks the server's certificate.
     public var tls = TLSVerification()
+    /// whip+http:// to a host other than this machine: the token and the session's keys (the
+    /// SDP's DTLS fingerprints) cross the network in clear. Refused unless the user said so
+    /// (`--whip-allow-http`, `allow_http = true`).
+    public var allowPlainHTTP = false
 
     public init() {}
 }

@@ -1,6 +1,10 @@
 import Atomics
 public import BroadcastKit
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// A live destination: rtmp://, rtmps:// (FLV), srt:// (MPEG-TS) or whip+https:// / whip+http://
 /// (WebRTC through a WHIP endpoint, RFC 9725), parsed once, with the form that may be printed.
 ///
@@ -57,10 +61,47 @@ public struct StreamURL: Sendable, Hashable, CustomStringConvertible {
     public func withToken(_ token: String?) -> StreamURL {
         var copy = self
         copy.token = token
-        if let token, !token.isEmpty {
+        if let token, token.count >= Self.shortestScrubbed {
             copy.secrets = Array(Set(secrets + [token])).sorted { $0.count > $1.count }
         }
         return copy
+    }
+
+    /// Secrets shorter than this are not looked for in text others wrote: "ab" would mask every
+    /// "about". Where they stand (the URL, the header) they are masked whatever their length.
+    static let shortestScrubbed = 3
+
+    /// `text` (an error from libcurl, GStreamer or the endpoint) with this URL and the token masked
+    /// where they stand: the URL as given or as the endpoint's https:// (http://) URL becomes
+    /// `redacted`, `Bearer TOKEN` becomes `Bearer ****`. The secrets' words elsewhere are left as
+    /// they are: a token "wrong" leaves "wrong or missing token" alone.
+    public func mask(_ text: String) -> String {
+        var result = text
+        for form in Set([url, endpoint]).sorted(by: { $0.count > $1.count }) where !form.isEmpty {
+            result = result.replacing(form, with: redacted)
+        }
+        if let token, !token.isEmpty { result = result.replacing("Bearer \(token)", with: "Bearer ****") }
+        return result
+    }
+
+    /// whip+http:// to a host other than this machine: why that is refused unless the user allows
+    /// it (`--whip-allow-http`, `allow_http = true`); nil otherwise.
+    public var plainHTTPProblem: String? {
+        guard scheme == .whipHTTP, !isLoopback else { return nil }
+        return "\(redacted): whip+http:// to a host other than this machine sends the token and the session's keys in clear: "
+            + "use whip+https://, or allow it with --whip-allow-http (daemon: allow_http = true)"
+    }
+
+    /// The host is this machine: `localhost`, 127.0.0.0/8, ::1 (or ::ffff:127.x.y.z).
+    public var isLoopback: Bool {
+        if host.lowercased() == "localhost" || host.lowercased().hasSuffix(".localhost") { return true }
+        var v4 = in_addr()
+        if inet_pton(AF_INET, host, &v4) == 1 { return UInt32(bigEndian: v4.s_addr) >> 24 == 127 }
+        var v6 = in6_addr()
+        guard inet_pton(AF_INET6, host, &v6) == 1 else { return false }
+        let bytes = withUnsafeBytes(of: v6) { Array($0) }
+        if bytes[..<15].allSatisfy({ $0 == 0 }) && bytes[15] == 1 { return true }
+        return bytes[..<10].allSatisfy({ $0 == 0 }) && bytes[10] == 0xFF && bytes[11] == 0xFF && bytes[12] == 127
     }
 
     /// Query keys whose values are settings, not secrets.
@@ -172,7 +213,7 @@ public struct StreamURL: Sendable, Hashable, CustomStringConvertible {
         self.redacted = redacted
         // Longest first, so a secret containing another is replaced whole; tiny ones would
         // mangle unrelated text and are not worth hiding.
-        self.secrets = Array(Set(secrets.filter { $0.count >= 3 })).sorted { $0.count > $1.count }
+        self.secrets = Array(Set(secrets.filter { $0.count >= Self.shortestScrubbed })).sorted { $0.count > $1.count }
     }
 
     /// True when `text` looks like a URL (has a scheme), so a file path is not mistaken for one.
@@ -183,7 +224,9 @@ public struct StreamURL: Sendable, Hashable, CustomStringConvertible {
         return scheme.allSatisfy { (c: Character) -> Bool in c.isLetter || c.isNumber || c == "+" || c == "-" || c == "." }
     }
 
-    /// `text` with every occurrence of this URL's secrets replaced by `****`.
+    /// `text` with every occurrence of this URL's secrets replaced by `****`: for text that may
+    /// name a secret alone (FFmpeg's "Sending publish command for 'KEY'"), never for our own
+    /// messages, whose words a secret may share.
     public func scrub(_ text: String) -> String {
         Self.scrub(text, secrets: secrets)
     }
@@ -191,7 +234,7 @@ public struct StreamURL: Sendable, Hashable, CustomStringConvertible {
     /// `text` with every stream URL in it redacted and every one of `secrets` replaced by `****`.
     public static func scrub(_ text: String, secrets: [String]) -> String {
         var result = text
-        for secret in secrets where result.contains(secret) {
+        for secret in secrets where !secret.isEmpty && result.contains(secret) {
             result = result.replacing(secret, with: "****")
         }
         return result

@@ -99,8 +99,9 @@ public struct WebRTCFigures: Sendable, Hashable {
 /// One send-only WebRTC peer connection. Used by one thread (the output's) from creation to
 /// release, which closes it.
 public protocol WebRTCPeer: AnyObject {
-    /// The offer with every ICE candidate gathered (at most `timeout`).
-    func offer(timeout: Duration) throws(BroadcastError) -> String
+    /// The offer with every ICE candidate gathered (at most `timeout`, or until `abandon` says
+    /// true: it is asked about ten times a second on the caller's thread).
+    func offer(timeout: Duration, abandon: () -> Bool) throws(BroadcastError) -> String
     func accept(answer: String) throws(BroadcastError)
     /// Hands one packet to the peer (`prefix` first: SPS/PPS before a keyframe); never blocks.
     /// `newest`: the newest media time encoded (ns), what "now" is when the peer maps the
@@ -135,11 +136,63 @@ public struct HTTPAnswer: Sendable, Hashable {
 /// WebRTC and HTTP for WHIP outputs: BroadcastWebRTC's `GStreamerWebRTC`.
 public protocol WebRTCEngine: Sendable {
     func makePeer(_ media: WebRTCMedia) throws(BroadcastError) -> any WebRTCPeer
-    /// One request; `.failure` when no answer came (refused connection, timeout, TLS).
+    /// One request; `.failure` when no answer came (refused connection, timeout, TLS, or
+    /// `abandon` said true: it is asked about ten times a second on the caller's thread).
     func request(
         method: String, url: String, token: String?, contentType: String?, body: String?, timeout: Duration,
-        tls: TLSVerification
+        tls: TLSVerification, abandon: () -> Bool
     ) -> Result<HTTPAnswer, BroadcastError>
+}
+
+/// An http(s) URL's origin (RFC 6454): scheme, host and port, the default port filled in.
+struct Origin: Hashable, CustomStringConvertible {
+    var scheme: String
+    var host: String
+    var port: Int
+
+    /// nil when `url` is not an absolute http:// or https:// URL.
+    init?(_ url: String) {
+        guard let separator = url.firstRange(of: "://") else { return nil }
+        let scheme = url[..<separator.lowerBound].lowercased()
+        guard scheme == "http" || scheme == "https" else { return nil }
+        var authority = url[separator.upperBound...].prefix { $0 != "/" && $0 != "?" && $0 != "#" }
+        if let at = authority.lastIndex(of: "@") { authority = authority[authority.index(after: at)...] }
+        var host = authority
+        var port = scheme == "https" ? 443 : 80
+        if let colon = authority.lastIndex(of: ":"), !authority.hasSuffix("]") {
+            host = authority[..<colon]
+            guard let p = Int(authority[authority.index(after: colon)...]), (1...65535).contains(p) else { return nil }
+            port = p
+        }
+        guard !host.isEmpty else { return nil }
+        self.scheme = scheme
+        self.host = host.lowercased()
+        self.port = port
+    }
+
+    var description: String { "\(scheme)://\(host):\(port)" }
+}
+
+/// What may go to the session's URL (the 201's `Location`, RFC 9725 §4.2), judged against the
+/// endpoint's own URL: the token goes to the endpoint's origin only, and nothing goes over plain
+/// http:// when the endpoint is https://.
+enum SessionTarget: Equatable {
+    /// The endpoint's own origin: requests carry the token.
+    case endpointOrigin
+    /// Another host, port or scheme (not a downgrade): requests go without the token.
+    case otherOrigin(Origin)
+    /// Nothing is sent there; why.
+    case refused(String)
+
+    static func judge(location: String, endpoint: String) -> SessionTarget {
+        guard let origin = Origin(location) else { return .refused("its Location is not an http(s) URL") }
+        guard let own = Origin(endpoint) else { return .refused("the endpoint's URL has no origin") }
+        if origin == own { return .endpointOrigin }
+        if own.scheme == "https", origin.scheme != "https" {
+            return .refused("its Location (\(origin)) is plain http:// while the endpoint is https://")
+        }
+        return .otherOrigin(origin)
+    }
 }
 
 /// H.264 parameter sets as SDP needs them.
@@ -207,12 +260,24 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
     private var bytesBefore: Int64 = 0
     private var windowBytes: Int64 = 0
     private var windowStart = MonotonicInstant.now()
+    /// When the peer's state and RTCP were last looked at (on the tick, not per packet: the state
+    /// empties GStreamer's bus and reads webrtcbin's property under its lock).
+    private var livenessCheckedAt: MonotonicInstant?
+    /// What "now" is for every decision (the tests' own clock in unit tests).
+    private let clock: @Sendable () -> MonotonicInstant
+
+    /// How often a live session's peer is asked whether it still stands.
+    static var livenessInterval: Duration { .milliseconds(100) }
 
     /// A viewer asks for keyframes as often as it likes; the encoder (which every output shares)
     /// makes at most one a second for them.
     static var keyframeRequestInterval: Duration { .seconds(1) }
 
-    init(output: Output, url: StreamURL, streams: [StreamDescription], engine: any WebRTCEngine, logger: Logger) {
+    init(
+        output: Output, url: StreamURL, streams: [StreamDescription], engine: any WebRTCEngine, logger: Logger,
+        clock: @escaping @Sendable () -> MonotonicInstant = { .now() }
+    ) {
+        self.clock = clock
         self.output = output
         self.url = url
         self.settings = output.configuration.live
@@ -225,7 +290,7 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
         let extradata = video?.parameters.extradata ?? []
         self.parameterSets = extradata.first == 0 ? extradata : []
         self.profileLevelID = H264ParameterSets.profileLevelID(extradata)
-        self.machine = LiveStreamStateMachine(settings: settings, hasVideo: video != nil, now: .now())
+        self.machine = LiveStreamStateMachine(settings: settings, hasVideo: video != nil, now: clock())
     }
 
     private var status: OutputStatus { output.status }
@@ -233,10 +298,14 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
 
     func run() {
         status.set(.connecting)
+        if url.scheme == .whipHTTPS, !settings.tls.verify {
+            let who = "whoever answers at \(url.host) receives the offer and the token"
+            logger.warning("stream \(url.redacted): the endpoint's certificate is not checked (--tls-insecure, tls_verify = false): \(who)")
+        }
         loop: while true {
             intake()
             if feed.ended.load(ordering: .acquiring) {
-                machine.finishRequested(by: output.finishBy.instant ?? .now())
+                machine.finishRequested(by: output.finishBy.instant ?? clock())
             }
             publishState()
             // The offer names the H.264 profile: wait for the first keyframe's SPS when the
@@ -245,7 +314,7 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
                 feed.waitForPackets(timeout: .milliseconds(200))
                 continue
             }
-            let now = MonotonicInstant.now()
+            let now = clock()
             switch machine.nextAction(now: now) {
             case .wait(let until):
                 if machine.isConnected {
@@ -268,7 +337,7 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
                 break loop
             }
         }
-        endSession(by: .now() + LiveStreamStateMachine<EncodedPacket>.lostCloseTimeout)
+        endSession(by: clock() + LiveStreamStateMachine<EncodedPacket>.lostCloseTimeout)
         status.setBacklog(0)
         if status.current != .failed { status.set(.finished) }
         feed.close()
@@ -283,17 +352,17 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
         do {
             let made = try engine.makePeer(media)
             peer = made
-            offer = try made.offer(timeout: remaining(until: deadline))
+            offer = try made.offer(timeout: remaining(until: deadline), abandon: stopping)
         } catch {
-            return connectFailed(error.message, refused: false)
+            return connectFailed(url.mask(error.message), refused: false)
         }
         let answer: HTTPAnswer
         switch engine.request(
             method: "POST", url: url.endpoint, token: url.token, contentType: "application/sdp", body: offer,
-            timeout: remaining(until: deadline), tls: settings.tls)
+            timeout: remaining(until: deadline), tls: settings.tls, abandon: stopping)
         {
         case .failure(let error):
-            return connectFailed("POST \(url.redacted): \(error.message)", refused: false)
+            return connectFailed("POST \(url.redacted): \(url.mask(error.message))", refused: false)
         case .success(let a):
             answer = a
         }
@@ -310,7 +379,7 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
             let why = answer.status == 404 ? "no such endpoint" : "wrong or missing token (--whip-token, token)"
             return connectFailed("the endpoint refused the session: HTTP \(answer.status) (\(why))", refused: true)
         default:
-            let detail = answer.body.split(separator: "\n").first.map { ": \(String($0).prefix(200))" } ?? ""
+            let detail = answer.body.split(separator: "\n").first.map { ": \(url.mask(String($0.prefix(200))))" } ?? ""
             return connectFailed("POST \(url.redacted): HTTP \(answer.status)\(detail)", refused: false)
         }
         session = answer.location
@@ -319,7 +388,7 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
             try peer!.accept(answer: answer.body)
         } catch {
             endSession(by: deadline)
-            return connectFailed("the endpoint's answer: \(error.message)", refused: true)
+            return connectFailed("the endpoint's answer: \(url.mask(error.message))", refused: true)
         }
         // ICE checks and the DTLS handshake run on GStreamer's threads; packets keep coming off
         // the encoder's queue meanwhile (queued, or dropped by the state machine's policy).
@@ -328,10 +397,10 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
             case .connected:
                 return connected()
             case .failed(let why):
-                endSession(by: .now() + LiveStreamStateMachine<EncodedPacket>.lostCloseTimeout)
-                return connectFailed(why, refused: false)
+                endSession(by: clock() + LiveStreamStateMachine<EncodedPacket>.lostCloseTimeout)
+                return connectFailed(url.mask(why), refused: false)
             case .connecting:
-                let now = MonotonicInstant.now()
+                let now = clock()
                 let finishing = machine.finishDeadline.map { now > $0 } ?? false
                 if now > deadline || finishing {
                     endSession(by: now + LiveStreamStateMachine<EncodedPacket>.lostCloseTimeout)
@@ -339,20 +408,21 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
                 }
                 feed.waitForPackets(timeout: .milliseconds(20))
                 intake()
-                if feed.ended.load(ordering: .acquiring) { machine.finishRequested(by: output.finishBy.instant ?? .now()) }
+                if feed.ended.load(ordering: .acquiring) { machine.finishRequested(by: output.finishBy.instant ?? clock()) }
             }
         }
     }
 
     private func connected() {
-        let connected = machine.connected(now: .now())
+        let connected = machine.connected(now: clock())
         if connected.isReconnect { status.reconnects.wrappingIncrement(ordering: .relaxed) }
         status.attempt.store(0, ordering: .relaxed)
         status.everDelivered.store(true, ordering: .releasing)
-        let now = MonotonicInstant.now()
+        let now = clock()
         rtcpSeen = peer!.rtcpReceived.packets
         rtcpAt = now
         keyframeRequestsSeen = peer!.keyframeRequests
+        livenessCheckedAt = nil
         figuresAt = now
         windowStart = now
         windowBytes = 0
@@ -364,29 +434,61 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
 
     private func connectFailed(_ message: String, refused: Bool) {
         peer = nil
-        lost(machine.connectFailed(isNetworkFailure: !refused, now: .now()), message, sending: false)
+        lost(machine.connectFailed(isNetworkFailure: !refused, now: clock()), message, sending: false)
+    }
+
+    /// A stop came and its deadline (`finishTimeout` after it) passed: a wait for the offer or the
+    /// endpoint's answer ends there, not after the whole `--timeout`.
+    private func stopping() -> Bool {
+        if machine.finishDeadline == nil, feed.ended.load(ordering: .acquiring) {
+            machine.finishRequested(by: output.finishBy.instant ?? clock())
+        }
+        return machine.finishDeadline.map { clock() > $0 } ?? false
     }
 
     private func remaining(until deadline: MonotonicInstant) -> Duration {
         var end = deadline
         if let finish = machine.finishDeadline, finish < end { end = finish }
-        return max(.milliseconds(1), MonotonicInstant.now().duration(to: end))
+        return max(.milliseconds(1), clock().duration(to: end))
     }
 
-    /// DELETE of the session (RFC 9725 §4.3), then the peer closes.
+    /// DELETE of the session (RFC 9725 §4.3), then the peer closes. The token goes with it only to
+    /// the endpoint's own origin, and nothing goes to plain http:// from an https:// endpoint.
     private func endSession(by deadline: MonotonicInstant) {
         if let session {
             self.session = nil
-            let timeout = max(.milliseconds(200), MonotonicInstant.now().duration(to: deadline))
-            switch engine.request(method: "DELETE", url: session, token: url.token, contentType: nil, body: nil, timeout: timeout, tls: settings.tls) {
+            var token = url.token
+            switch SessionTarget.judge(location: session, endpoint: url.endpoint) {
+            case .endpointOrigin:
+                break
+            case .otherOrigin(let origin):
+                if token != nil {
+                    logger.warning("stream \(url.redacted): the session is at \(origin), not the endpoint's origin: its DELETE goes without the token")
+                }
+                token = nil
+            case .refused(let why):
+                logger.warning("stream \(url.redacted): the session's DELETE is not sent (nor the token): \(why)")
+                closePeer()
+                return
+            }
+            let timeout = max(.milliseconds(200), clock().duration(to: deadline))
+            // A DELETE is the stop's own last request: bounded by its deadline, never abandoned.
+            switch engine.request(
+                method: "DELETE", url: session, token: token, contentType: nil, body: nil, timeout: timeout, tls: settings.tls,
+                abandon: { false })
+            {
             case .success(let answer) where (200..<300).contains(answer.status):
                 logger.info("stream \(url.redacted): session ended (DELETE: HTTP \(answer.status))")
             case .success(let answer):
                 logger.info("stream \(url.redacted): DELETE of the session: HTTP \(answer.status)")
             case .failure(let error):
-                logger.info("stream \(url.redacted): DELETE of the session: \(url.scrub(error.message))")
+                logger.info("stream \(url.redacted): DELETE of the session: \(url.mask(error.message))")
             }
         }
+        closePeer()
+    }
+
+    private func closePeer() {
         if peer != nil {
             bytesBefore += peer!.figures()?.bytesSent ?? 0
             peer = nil
@@ -396,26 +498,33 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
     // MARK: Sending
 
     private func send(_ packet: EncodedPacket) {
-        if let why = lostReason(now: .now()) {
-            let action = machine.writeFailed(isNetworkFailure: true, now: .now())
-            endSession(by: .now() + LiveStreamStateMachine<EncodedPacket>.lostCloseTimeout)
+        if let why = livenessDue(now: clock()) ? lostReason(now: clock()) : nil {
+            let action = machine.writeFailed(isNetworkFailure: true, now: clock())
+            endSession(by: clock() + LiveStreamStateMachine<EncodedPacket>.lostCloseTimeout)
             lost(action, why, sending: true)
             return
         }
         let prefix = packet.mediaType == .video && packet.isKeyframe ? parameterSets : []
         if !peer!.push(packet, prefix: prefix, newest: feed.newestDTS.load(ordering: .relaxed)) { drop(.queueFull) }
-        _ = machine.written(now: .now())
+        _ = machine.written(now: clock())
         status.sent(packet)
         windowBytes += Int64(packet.size)
         status.setBacklog(max(0, feed.newestDTS.load(ordering: .relaxed) - packet.dtsNanoseconds))
-        watchFigures(now: .now())
+        watchFigures(now: clock())
+    }
+
+    /// The liveness tick: true at most once per `livenessInterval`.
+    private func livenessDue(now: MonotonicInstant) -> Bool {
+        if let last = livenessCheckedAt, last.duration(to: now) < Self.livenessInterval { return false }
+        livenessCheckedAt = now
+        return true
     }
 
     /// Why the session is lost, or nil: ICE/DTLS failed, the viewer said BYE, or no RTCP came
     /// from it for the timeout (a send-only peer hears of a vanished endpoint no other way).
     private func lostReason(now: MonotonicInstant) -> String? {
         guard let peer else { return "no session" }
-        if case .failed(let why) = peer.state { return why }
+        if case .failed(let why) = peer.state { return url.mask(why) }
         let rtcp = peer.rtcpReceived
         if rtcp.byes > 0 { return "the endpoint ended the session (RTCP BYE)" }
         if rtcp.packets != rtcpSeen {
@@ -458,7 +567,9 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
     private func lost(_ action: LiveStreamReport.LossAction, _ text: String, sending: Bool) {
         peer = nil
         machine.closed()
-        report.lost(action, message: url.scrub(text), failures: machine.failures, state: machine.outputState, sending: sending) {
+        // `text` is ours, with what others wrote already masked: a secret that is also a word
+        // ("endpoint" in the path, a token "wrong") leaves the message's own words alone.
+        report.lost(action, message: text, failures: machine.failures, state: machine.outputState, sending: sending) {
             "the endpoint refused the session \($0) times in a row"
         }
     }

@@ -19,13 +19,15 @@ public struct GStreamerWebRTC: WebRTCEngine {
 
     public func request(
         method: String, url: String, token: String?, contentType: String?, body: String?, timeout: Duration,
-        tls: TLSVerification
+        tls: TLSVerification, abandon: () -> Bool
     ) -> Result<HTTPAnswer, BroadcastError> {
         var result = CBroadcastHTTPResult()
         let (seconds, attoseconds) = timeout.components
         let milliseconds = max(1, seconds * 1000 + attoseconds / 1_000_000_000_000_000)
-        let rc = CBroadcastHTTP_request(
-            method, url, token, contentType, body, milliseconds, tls.authorityFile, tls.verify ? 1 : 0, &result)
+        let rc = AbandonCheck.with(abandon) { check, context in
+            CBroadcastHTTP_request(
+                method, url, token, contentType, body, milliseconds, tls.authorityFile, tls.verify ? 1 : 0, check, context, &result)
+        }
         defer { CBroadcastHTTP_free(&result) }
         guard rc == 0 else {
             let error = withUnsafeBytes(of: result.error) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
@@ -68,10 +70,13 @@ final class GStreamerPeer: WebRTCPeer {
 
     deinit { CBroadcastWHIP_free(peer) }
 
-    func offer(timeout: Duration) throws(BroadcastError) -> String {
+    func offer(timeout: Duration, abandon: () -> Bool) throws(BroadcastError) -> String {
         var error = [CChar](repeating: 0, count: 256)
         let (seconds, attoseconds) = timeout.components
-        guard let sdp = CBroadcastWHIP_offer(peer, seconds * 1000 + attoseconds / 1_000_000_000_000_000, &error, error.count) else {
+        let sdp = AbandonCheck.with(abandon) { check, context in
+            CBroadcastWHIP_offer(peer, seconds * 1000 + attoseconds / 1_000_000_000_000_000, check, context, &error, error.count)
+        }
+        guard let sdp else {
             throw BroadcastError(.outputFailed, Self.text(error))
         }
         defer { CBroadcastWHIP_freeString(sdp) }
@@ -148,6 +153,21 @@ final class GStreamerPeer: WebRTCPeer {
         defer { for p in pointers { free(p) } }
         let constant = pointers.map { UnsafePointer($0) }
         return constant.withUnsafeBufferPointer { body($0.baseAddress) }
+    }
+}
+
+/// A Swift closure as the shim's CBroadcastAbandonCheck: called back on this thread, inside the call.
+private final class AbandonCheck {
+    let check: () -> Bool
+    init(_ check: @escaping () -> Bool) { self.check = check }
+
+    static func with<R>(_ check: () -> Bool, _ body: (CBroadcastAbandonCheck, UnsafeMutableRawPointer) -> R) -> R {
+        withoutActuallyEscaping(check) { escapable in
+            let box = AbandonCheck(escapable)
+            return withExtendedLifetime(box) {
+                body({ context in Unmanaged<AbandonCheck>.fromOpaque(context!).takeUnretainedValue().check() ? 1 : 0 }, Unmanaged.passUnretained(box).toOpaque())
+            }
+        }
     }
 }
 

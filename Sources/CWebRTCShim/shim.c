@@ -7,6 +7,9 @@
 #include <gst/sdp/sdp.h>
 #include <gst/webrtc/webrtc.h>
 #include <curl/curl.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -32,6 +35,10 @@ struct CBroadcastWHIPPeer {
     int has_base;
     int64_t base;
     char pipeline_error[256];
+    /// The DTLS certificate and its key (PEM), ECDSA P-256: g_free'd with the peer.
+    gchar *certificate;
+    /// DTLS decoders given the certificate (by webrtcbin's thread).
+    atomic_int certificates_given;
 };
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
@@ -42,6 +49,121 @@ static void init_libraries(void) {
 
 static void set_error(char *error, size_t size, const char *text) {
     if (error && size > 0) snprintf(error, size, "%s", text);
+}
+
+/// A self-signed ECDSA P-256 certificate and its private key, PEM, for DTLS (g_free), or NULL.
+/// webrtcbin's own is RSA, which a DTLS client offering only ECDSA suites (aiortc's, in the
+/// setup:active answer that is its default) cannot complete a handshake with; browsers use
+/// ECDSA P-256 too.
+static gchar *make_certificate(void) {
+    gchar *pem = NULL;
+    EVP_PKEY *key = EVP_EC_gen("P-256");
+    X509 *certificate = X509_new();
+    BIO *out = BIO_new(BIO_s_mem());
+    if (key && certificate && out) {
+        X509_set_version(certificate, 2);
+        ASN1_INTEGER_set_int64(X509_get_serialNumber(certificate), (int64_t)g_random_int() << 16 | g_random_int_range(1, 1 << 16));
+        X509_gmtime_adj(X509_getm_notBefore(certificate), -24 * 3600);
+        X509_gmtime_adj(X509_getm_notAfter(certificate), 30L * 24 * 3600);
+        X509_NAME *name = X509_get_subject_name(certificate);
+        X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, (const unsigned char *)"broadcast", -1, -1, 0);
+        X509_set_issuer_name(certificate, name);
+        char *data = NULL;
+        long size = 0;
+        if (X509_set_pubkey(certificate, key) == 1 && X509_sign(certificate, key, EVP_sha256()) > 0
+            && PEM_write_bio_X509(out, certificate) == 1 && PEM_write_bio_PrivateKey(out, key, NULL, NULL, 0, NULL, NULL) == 1
+            && (size = BIO_get_mem_data(out, &data)) > 0) {
+            pem = g_strndup(data, (gsize)size);
+        }
+    }
+    if (out) BIO_free(out);
+    if (certificate) X509_free(certificate);
+    if (key) EVP_PKEY_free(key);
+    return pem;
+}
+
+/// Gives every DTLS decoder in `element` (itself, or inside it when a bin) the peer's certificate.
+/// webrtcbin makes a transport's bins during its offer and adds them to itself before it brings
+/// them up: dtlssrtpdec makes its DTLS connection (with its certificate) when given one, and
+/// dtlssrtpenc takes that connection when it comes up. Given later, the decoder would already
+/// listen to its first connection and refuse the peer's certificate.
+static void give_certificate(CBroadcastWHIPPeer *peer, GstElement *element) {
+    GstElementFactory *factory = gst_element_get_factory(element);
+    if (factory && strcmp(GST_OBJECT_NAME(factory), "dtlssrtpdec") == 0) {
+        if (!g_object_get_data(G_OBJECT(element), "broadcast-certificate")) {
+            g_object_set(element, "pem", peer->certificate, NULL);
+            g_object_set_data(G_OBJECT(element), "broadcast-certificate", GINT_TO_POINTER(1));
+            atomic_fetch_add(&peer->certificates_given, 1);
+        }
+        return;
+    }
+    if (!GST_IS_BIN(element)) return;
+    GstIterator *children = gst_bin_iterate_recurse(GST_BIN(element));
+    GValue item = G_VALUE_INIT;
+    gboolean done = FALSE;
+    while (!done) {
+        switch (gst_iterator_next(children, &item)) {
+        case GST_ITERATOR_OK:
+            give_certificate(peer, GST_ELEMENT(g_value_get_object(&item)));
+            g_value_reset(&item);
+            break;
+        case GST_ITERATOR_RESYNC:
+            gst_iterator_resync(children);
+            break;
+        default:
+            done = TRUE;
+        }
+    }
+    g_value_unset(&item);
+    gst_iterator_free(children);
+}
+
+/// Runs on webrtcbin's thread, inside its gst_bin_add.
+static void on_deep_element_added(GstBin *bin, GstBin *sub_bin, GstElement *element, gpointer data) {
+    (void)bin; (void)sub_bin;
+    give_certificate(data, element);
+}
+
+/// Every a=fingerprint of `sdp` replaced by `fingerprint`; how many there were.
+static int name_certificate(GstSDPMessage *sdp, const gchar *fingerprint) {
+    int named = 0;
+    for (guint i = 0; i < gst_sdp_message_medias_len(sdp); i++) {
+        GstSDPMedia *media = (GstSDPMedia *)gst_sdp_message_get_media(sdp, i);
+        for (guint a = 0; a < gst_sdp_media_attributes_len(media); a++) {
+            const GstSDPAttribute *attribute = gst_sdp_media_get_attribute(media, a);
+            if (g_strcmp0(attribute->key, "fingerprint") != 0) continue;
+            GstSDPAttribute replacement;
+            gst_sdp_attribute_set(&replacement, "fingerprint", fingerprint);
+            gst_sdp_media_replace_attribute(media, a, &replacement);
+            named++;
+        }
+    }
+    for (guint a = 0; a < gst_sdp_message_attributes_len(sdp); a++) {
+        const GstSDPAttribute *attribute = gst_sdp_message_get_attribute(sdp, a);
+        if (g_strcmp0(attribute->key, "fingerprint") != 0) continue;
+        GstSDPAttribute replacement;
+        gst_sdp_attribute_set(&replacement, "fingerprint", fingerprint);
+        gst_sdp_message_replace_attribute(sdp, a, &replacement);
+        named++;
+    }
+    return named;
+}
+
+/// "sha-256 AB:CD:..." of the peer's certificate, as SDP's a=fingerprint names it (g_free).
+static gchar *certificate_fingerprint(const gchar *pem) {
+    BIO *in = BIO_new_mem_buf(pem, -1);
+    X509 *certificate = in ? PEM_read_bio_X509(in, NULL, NULL, NULL) : NULL;
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int size = 0;
+    gchar *text = NULL;
+    if (certificate && X509_digest(certificate, EVP_sha256(), digest, &size) == 1) {
+        GString *out = g_string_new("sha-256 ");
+        for (unsigned int i = 0; i < size; i++) g_string_append_printf(out, i ? ":%02X" : "%02X", digest[i]);
+        text = g_string_free(out, FALSE);
+    }
+    if (certificate) X509_free(certificate);
+    if (in) BIO_free(in);
+    return text;
 }
 
 static GstPadProbeReturn on_upstream_event(GstPad *pad, GstPadProbeInfo *info, gpointer data) {
@@ -69,6 +191,13 @@ static void on_bye(GstElement *rtpbin, guint session, guint ssrc, gpointer data)
 #define MID_EXTENSION_URI GST_RTP_HDREXT_BASE "sdes:mid"
 #define MID_EXTENSION_ID 1
 
+/// A new element of `factory` held by the caller (its floating reference sunk), or NULL: every
+/// way out of add_branch drops it, and a bin it was added to keeps its own.
+static GstElement *make_owned(const char *factory) {
+    GstElement *element = gst_element_factory_make(factory, NULL);
+    return element ? GST_ELEMENT(gst_object_ref_sink(element)) : NULL;
+}
+
 /// appsrc → payloader → capsfilter → webrtcbin's sink_%u, its transceiver send-only with `caps`.
 /// The offer is made before any buffer has given the payloader caps, so webrtcbin knows only what
 /// the caps here say: they fix the branch's SSRC (a random one, which the payloader takes from its
@@ -77,32 +206,33 @@ static void on_bye(GstElement *rtpbin, guint session, guint ssrc, gpointer data)
 /// (Janus drops every packet of an SSRC it was not told of).
 static int add_branch(CBroadcastWHIPPeer *peer, GstElement **source, GstRTPHeaderExtension **mid,
     const char *source_caps, const char *payloader, const char *rtp_caps, char *error, size_t error_size) {
-    GstElement *src = gst_element_factory_make("appsrc", NULL);
-    GstElement *pay = gst_element_factory_make(payloader, NULL);
-    GstElement *filter = gst_element_factory_make("capsfilter", NULL);
+    int result = -1;
+    int h264 = strcmp(payloader, "rtph264pay") == 0;
+    GstElement *src = make_owned("appsrc");
+    GstElement *pay = make_owned(payloader);
+    GstElement *filter = make_owned("capsfilter");
     // H.264: h264parse puts the SPS's profile and level in the caps, which the payloader's caps
     // (the offer's profile-level-id) must match.
-    GstElement *parse = strcmp(payloader, "rtph264pay") == 0 ? gst_element_factory_make("h264parse", NULL) : NULL;
-    if (strcmp(payloader, "rtph264pay") == 0 && !parse) {
+    GstElement *parse = h264 ? make_owned("h264parse") : NULL;
+    GstCaps *rtp = NULL;
+    GstPad *sink = NULL;
+    if (h264 && !parse) {
         set_error(error, error_size, "GStreamer element h264parse not found: install gstreamer1.0-plugins-bad");
-        return -1;
+        goto done;
     }
     if (!src || !pay || !filter) {
         char text[200];
         snprintf(text, sizeof text, "GStreamer element %s not found: install gstreamer1.0-plugins-base and -good",
             !src ? "appsrc" : !pay ? payloader : "capsfilter");
         set_error(error, error_size, text);
-        if (src) gst_object_unref(src);
-        if (pay) gst_object_unref(pay);
-        if (filter) gst_object_unref(filter);
-        return -1;
+        goto done;
     }
     GstCaps *caps = gst_caps_from_string(source_caps);
     g_object_set(src, "caps", caps, "is-live", TRUE, "format", GST_FORMAT_TIME, "do-timestamp", FALSE,
         "max-bytes", (guint64)0, "max-buffers", (guint64)256, "block", FALSE, NULL);
     gst_util_set_object_arg(G_OBJECT(src), "leaky-type", "downstream");
     gst_caps_unref(caps);
-    if (strcmp(payloader, "rtph264pay") == 0) {
+    if (h264) {
         // SPS/PPS before every IDR (a viewer that joins or asked with PLI can decode it), one
         // packet per NAL unit as soon as it is there.
         g_object_set(pay, "config-interval", -1, "pt", 96, "mtu", 1200, NULL);
@@ -112,7 +242,7 @@ static int add_branch(CBroadcastWHIPPeer *peer, GstElement **source, GstRTPHeade
     }
     guint32 ssrc = g_random_int();
     if (ssrc == 0) ssrc = 1;
-    GstCaps *rtp = gst_caps_from_string(rtp_caps);
+    rtp = gst_caps_from_string(rtp_caps);
     gst_caps_set_simple(rtp, "ssrc", G_TYPE_UINT, ssrc, "extmap-" G_STRINGIFY(MID_EXTENSION_ID), G_TYPE_STRING,
         MID_EXTENSION_URI, NULL);
     g_object_set(filter, "caps", rtp, NULL);
@@ -121,33 +251,38 @@ static int add_branch(CBroadcastWHIPPeer *peer, GstElement **source, GstRTPHeade
         gst_rtp_header_extension_set_id(*mid, MID_EXTENSION_ID);
         g_signal_emit_by_name(pay, "add-extension", *mid);
     }
+    // The pipeline takes its own references (freed with it from here on, whatever happens).
     gst_bin_add_many(GST_BIN(peer->pipeline), src, pay, filter, NULL);
     if (parse) gst_bin_add(GST_BIN(peer->pipeline), parse);
     if (parse ? !gst_element_link_many(src, parse, pay, filter, NULL) : !gst_element_link_many(src, pay, filter, NULL)) {
-        gst_caps_unref(rtp);
         set_error(error, error_size, "could not link appsrc to the RTP payloader");
-        return -1;
+        goto done;
     }
-    GstPad *sink = gst_element_request_pad_simple(peer->webrtc, "sink_%u");
+    sink = gst_element_request_pad_simple(peer->webrtc, "sink_%u");
     GstPad *out = gst_element_get_static_pad(filter, "src");
-    int linked = sink && gst_pad_link(out, sink) == GST_PAD_LINK_OK;
-    gst_object_unref(out);
-    if (linked) {
-        GstWebRTCRTPTransceiver *transceiver = NULL;
-        g_object_get(sink, "transceiver", &transceiver, NULL);
-        if (transceiver) {
-            g_object_set(transceiver, "direction", GST_WEBRTC_RTP_TRANSCEIVER_DIRECTION_SENDONLY, "codec-preferences", rtp, NULL);
-            gst_object_unref(transceiver);
-        }
-    }
-    if (sink) gst_object_unref(sink);
-    gst_caps_unref(rtp);
+    int linked = sink && out && gst_pad_link(out, sink) == GST_PAD_LINK_OK;
+    if (out) gst_object_unref(out);
     if (!linked) {
+        if (sink) gst_element_release_request_pad(peer->webrtc, sink);
         set_error(error, error_size, "could not link the RTP payloader to webrtcbin");
-        return -1;
+        goto done;
+    }
+    GstWebRTCRTPTransceiver *transceiver = NULL;
+    g_object_get(sink, "transceiver", &transceiver, NULL);
+    if (transceiver) {
+        g_object_set(transceiver, "direction", GST_WEBRTC_RTP_TRANSCEIVER_DIRECTION_SENDONLY, "codec-preferences", rtp, NULL);
+        gst_object_unref(transceiver);
     }
     *source = src;
-    return 0;
+    result = 0;
+done:
+    if (sink) gst_object_unref(sink);
+    if (rtp) gst_caps_unref(rtp);
+    if (parse) gst_object_unref(parse);
+    if (filter) gst_object_unref(filter);
+    if (pay) gst_object_unref(pay);
+    if (src) gst_object_unref(src);
+    return result;
 }
 
 CBroadcastWHIPPeer *CBroadcastWHIP_new(const char *profile_level_id, int audio_channels, const char *stun,
@@ -161,11 +296,30 @@ CBroadcastWHIPPeer *CBroadcastWHIP_new(const char *profile_level_id, int audio_c
     atomic_init(&peer->keyframe_requests, 0);
     atomic_init(&peer->rtcp_received, 0);
     atomic_init(&peer->byes, 0);
+    atomic_init(&peer->certificates_given, 0);
+    peer->certificate = make_certificate();
+    if (!peer->certificate) {
+        set_error(error, error_size, "could not make the DTLS certificate (ECDSA P-256, OpenSSL)");
+        free(peer);
+        return NULL;
+    }
+    // webrtcbin makes an rtpbin inside it and, without one, goes on with NULL (criticals, then a
+    // crash at the offer): asked first.
+    GstElementFactory *rtpbin_factory = gst_element_factory_find("rtpbin");
+    if (!rtpbin_factory) {
+        set_error(error, error_size, "GStreamer's rtpbin not found (webrtcbin sends RTP through it): install gstreamer1.0-plugins-good");
+        g_free(peer->certificate);
+        free(peer);
+        return NULL;
+    }
+    gst_object_unref(rtpbin_factory);
     peer->pipeline = gst_pipeline_new(NULL);
+    g_signal_connect(peer->pipeline, "deep-element-added", G_CALLBACK(on_deep_element_added), peer);
     peer->webrtc = gst_element_factory_make("webrtcbin", NULL);
     if (!peer->webrtc) {
         set_error(error, error_size, "GStreamer's webrtcbin not found: install gstreamer1.0-plugins-bad and gstreamer1.0-nice");
         gst_object_unref(peer->pipeline);
+        g_free(peer->certificate);
         free(peer);
         return NULL;
     }
@@ -176,12 +330,25 @@ CBroadcastWHIPPeer *CBroadcastWHIP_new(const char *profile_level_id, int audio_c
         g_signal_emit_by_name(peer->webrtc, "add-turn-server", turns[i], &added);
     }
     gst_bin_add(GST_BIN(peer->pipeline), peer->webrtc);
-    GstElement *rtpbin = gst_bin_get_by_name(GST_BIN(peer->webrtc), "rtpbin");
-    if (rtpbin) {
-        g_signal_connect(rtpbin, "on-ssrc-active", G_CALLBACK(on_ssrc_active), peer);
-        g_signal_connect(rtpbin, "on-bye-ssrc", G_CALLBACK(on_bye), peer);
-        gst_object_unref(rtpbin);
+    // The endpoint's RTCP is what tells a live session from a dead one: without rtpbin's signals
+    // every session would end after --timeout and reconnect forever. Found by what it is, not by
+    // webrtcbin's internal name for it.
+    GstElement *rtpbin = NULL;
+    GstIterator *found = gst_bin_iterate_all_by_element_factory_name(GST_BIN(peer->webrtc), "rtpbin");
+    GValue item = G_VALUE_INIT;
+    if (found && gst_iterator_next(found, &item) == GST_ITERATOR_OK) {
+        rtpbin = GST_ELEMENT(g_value_dup_object(&item));
+        g_value_unset(&item);
     }
+    if (found) gst_iterator_free(found);
+    if (!rtpbin) {
+        set_error(error, error_size, "webrtcbin has no rtpbin: the endpoint's RTCP could not be counted");
+        CBroadcastWHIP_free(peer);
+        return NULL;
+    }
+    g_signal_connect(rtpbin, "on-ssrc-active", G_CALLBACK(on_ssrc_active), peer);
+    g_signal_connect(rtpbin, "on-bye-ssrc", G_CALLBACK(on_bye), peer);
+    gst_object_unref(rtpbin);
     if (profile_level_id) {
         char caps[512];
         snprintf(caps, sizeof caps,
@@ -227,6 +394,7 @@ void CBroadcastWHIP_free(CBroadcastWHIPPeer *peer) {
     if (peer->bus) gst_object_unref(peer->bus);
     if (peer->video_mid) gst_object_unref(peer->video_mid);
     if (peer->audio_mid) gst_object_unref(peer->audio_mid);
+    g_free(peer->certificate);
     free(peer);
 }
 
@@ -259,7 +427,8 @@ static GstRTPHeaderExtension *branch_mid(CBroadcastWHIPPeer *peer, const GstSDPM
     return g_strcmp0(kind, "video") == 0 ? peer->video_mid : g_strcmp0(kind, "audio") == 0 ? peer->audio_mid : NULL;
 }
 
-char *CBroadcastWHIP_offer(CBroadcastWHIPPeer *peer, int64_t timeout_ms, char *error, size_t error_size) {
+char *CBroadcastWHIP_offer(CBroadcastWHIPPeer *peer, int64_t timeout_ms, CBroadcastAbandonCheck abandon,
+    void *abandon_context, char *error, size_t error_size) {
     GstPromise *promise = call(peer->webrtc, "create-offer", NULL);
     if (reply_error(promise, error, error_size, "creating the offer") != 0) {
         gst_promise_unref(promise);
@@ -280,6 +449,19 @@ char *CBroadcastWHIP_offer(CBroadcastWHIPPeer *peer, int64_t timeout_ms, char *e
         const char *mid = gst_sdp_media_get_attribute_val(media, "mid");
         if (extension && mid) g_object_set(extension, "mid", mid, NULL);
     }
+    // The offer made the transports, which took the ECDSA certificate (on_deep_element_added);
+    // the fingerprint webrtcbin wrote is its own certificate's: the offer names ours (another
+    // fingerprint has the endpoint drop the handshake once it completed: no media, no error here).
+    gchar *fingerprint = certificate_fingerprint(peer->certificate);
+    int given = atomic_load(&peer->certificates_given);
+    int named = fingerprint ? name_certificate(offer->sdp, fingerprint) : 0;
+    g_free(fingerprint);
+    if (given == 0 || named == 0) {
+        gst_webrtc_session_description_free(offer);
+        set_error(error, error_size, given == 0 ? "webrtcbin made no DTLS transport to give the certificate to"
+                                                : "webrtcbin's offer names no DTLS fingerprint");
+        return NULL;
+    }
     promise = call(peer->webrtc, "set-local-description", offer);
     gst_webrtc_session_description_free(offer);
     int failed = reply_error(promise, error, error_size, "setting the local description");
@@ -293,6 +475,10 @@ char *CBroadcastWHIP_offer(CBroadcastWHIPPeer *peer, int64_t timeout_ms, char *e
         if (state == GST_WEBRTC_ICE_GATHERING_STATE_COMPLETE) break;
         if (g_get_monotonic_time() > deadline) {
             set_error(error, error_size, "ICE gathering did not complete in time");
+            return NULL;
+        }
+        if (abandon && abandon(abandon_context)) {
+            set_error(error, error_size, "ICE gathering abandoned: the output is stopping");
             return NULL;
         }
         g_usleep(10000);
@@ -530,7 +716,8 @@ static char *resolve(const char *base, const char *location) {
 }
 
 int CBroadcastHTTP_request(const char *method, const char *url, const char *token, const char *content_type,
-    const char *body, int64_t timeout_ms, const char *ca_file, int verify, CBroadcastHTTPResult *result) {
+    const char *body, int64_t timeout_ms, const char *ca_file, int verify, CBroadcastAbandonCheck abandon,
+    void *abandon_context, CBroadcastHTTPResult *result) {
     pthread_once(&init_once, init_libraries);
     memset(result, 0, sizeof *result);
     CURL *curl = curl_easy_init();
@@ -574,7 +761,40 @@ int CBroadcastHTTP_request(const char *method, const char *url, const char *toke
     curl_easy_setopt(curl, CURLOPT_SSL_VERIFYPEER, verify ? 1L : 0L);
     curl_easy_setopt(curl, CURLOPT_SSL_VERIFYHOST, verify ? 2L : 0L);
     if (ca_file) curl_easy_setopt(curl, CURLOPT_CAINFO, ca_file);
-    CURLcode code = curl_easy_perform(curl);
+    // The multi interface, so the wait can be abandoned: curl_easy_perform would hold a stop for
+    // the whole timeout while an endpoint takes the connection and never answers.
+    CURLcode code = CURLE_FAILED_INIT;
+    CURLM *multi = curl_multi_init();
+    if (multi && curl_multi_add_handle(multi, curl) == CURLM_OK) {
+        int running = 1;
+        int abandoned = 0;
+        CURLMcode mc = CURLM_OK;
+        for (;;) {
+            mc = curl_multi_perform(multi, &running);
+            if (mc != CURLM_OK || !running) break;
+            if (abandon && abandon(abandon_context)) {
+                abandoned = 1;
+                break;
+            }
+            mc = curl_multi_poll(multi, NULL, 0, 100, NULL);
+            if (mc != CURLM_OK) break;
+        }
+        if (abandoned) {
+            set_error(result->error, sizeof result->error, "abandoned: the output is stopping");
+        } else if (mc != CURLM_OK) {
+            set_error(result->error, sizeof result->error, curl_multi_strerror(mc));
+        } else {
+            int left = 0;
+            CURLMsg *message;
+            while ((message = curl_multi_info_read(multi, &left)) != NULL) {
+                if (message->msg == CURLMSG_DONE && message->easy_handle == curl) code = message->data.result;
+            }
+        }
+        curl_multi_remove_handle(multi, curl);
+    } else {
+        set_error(result->error, sizeof result->error, "libcurl could not start a transfer");
+    }
+    if (multi) curl_multi_cleanup(multi);
     int rc = -1;
     if (code == CURLE_OK) {
         curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &result->status);

@@ -92,11 +92,14 @@ struct Stream: ParsableCommand {
     @Option(name: .customLong("drop-threshold-ref"), help: ArgumentHelp("Backlog past which every video frame but keyframes is dropped.", valueName: "duration"))
     var dropThresholdReference: String = "900ms"
 
-    @Option(name: .customLong("tls-ca"), help: ArgumentHelp("rtmps://: trust the certificate authorities in this PEM file (a private CA) instead of the system's.", valueName: "file"))
+    @Option(name: .customLong("tls-ca"), help: ArgumentHelp("rtmps://, whip+https://: trust the certificate authorities in this PEM file (a private CA) instead of the system's.", valueName: "file"))
     var tlsCA: String?
 
-    @Flag(name: .customLong("tls-insecure"), help: "rtmps://: do not check the server's certificate (a warning says so): whoever answers at the address receives the stream and its key.")
+    @Flag(name: .customLong("tls-insecure"), help: "rtmps://, whip+https://: do not check the server's certificate (a warning says so): whoever answers at the address receives the stream and its key (or token).")
     var tlsInsecure = false
+
+    @Flag(name: .customLong("whip-allow-http"), help: "whip+http:// to a host other than this machine: send the token and the session's keys in clear (refused without this).")
+    var whipAllowHTTP = false
 
     @OptionGroup(title: "Sources") var sources: SourceOptions
     @OptionGroup(title: "Encoding") var encoding: EncoderOptions
@@ -122,6 +125,7 @@ struct Stream: ParsableCommand {
             if let problem = TLSVerification.problem(withAuthorityFile: tlsCA) { throw ValueError("invalid --tls-ca '\(tlsCA)': \(problem)") }
         }
         live.tls = TLSVerification(verify: !tlsInsecure, authorityFile: tlsCA)
+        live.allowPlainHTTP = whipAllowHTTP
         return live
     }
 
@@ -188,10 +192,16 @@ struct Stream: ParsableCommand {
             for i in configured.indices { configured[i].destination = configured[i].destination.withWHIPToken(whipToken) }
         }
         if tlsCA != nil || tlsInsecure, !configured.contains(where: {
-            if case .live(let u) = $0.destination { return u.scheme == .rtmps }
+            if case .live(let u) = $0.destination { return u.scheme == .rtmps || u.scheme == .whipHTTPS }
             return false
         }) {
-            throw ValueError("\(tlsCA != nil ? "--tls-ca" : "--tls-insecure") applies to rtmps:// outputs, and none is given")
+            throw ValueError("\(tlsCA != nil ? "--tls-ca" : "--tls-insecure") applies to rtmps:// and whip+https:// outputs, and none is given")
+        }
+        if whipAllowHTTP, !configured.contains(where: {
+            if case .live(let u) = $0.destination { return u.scheme == .whipHTTP }
+            return false
+        }) {
+            throw ValueError("--whip-allow-http applies to whip+http:// outputs, and none is given")
         }
         let secrets = configured.flatMap { output -> [String] in
             if case .live(let u) = output.destination { return u.secrets }

@@ -68,7 +68,7 @@ import Testing
     @Test func tlsFlagsWithoutRTMPSAreRefused() throws {
         let r = try broadcast(["stream", "rtmp://127.0.0.1:1/live/\(Self.key)", "--tls-insecure", "--duration", "1s"], timeout: 30)
         #expect(r.status == 2, "exit \(r.status): \(r.stderr)")
-        #expect(r.stderr.contains("--tls-insecure applies to rtmps:// outputs, and none is given"), "\(r.stderr)")
+        #expect(r.stderr.contains("--tls-insecure applies to rtmps:// and whip+https:// outputs, and none is given"), "\(r.stderr)")
     }
 
     /// The daemon's tls_ca and tls_verify: a bad one is exit 2 with file:line: key.
@@ -77,8 +77,8 @@ import Testing
         ("url = \"rtmps://h/app/key\"\ntls_ca = \"/nonexistent/ca.pem\"", "6: output.tls_ca: cannot read /nonexistent/ca.pem"),
         ("url = \"rtmps://h/app/key\"\ntls_ca = \"/etc/hostname\"", "6: output.tls_ca: /etc/hostname holds no PEM certificate"),
         ("url = \"rtmps://h/app/key\"\ntls_verify = \"no\"", "6: output.tls_verify: expected true or false"),
-        ("url = \"rtmp://h/app/key\"\ntls_verify = false", "6: output.tls_verify: applies to rtmps:// outputs"),
-        ("path = \"/tmp/r.mp4\"\ntls_ca = \"/etc/ssl/certs/ca-certificates.crt\"", "6: output.tls_ca: applies to rtmps:// outputs"),
+        ("url = \"rtmp://h/app/key\"\ntls_verify = false", "6: output.tls_verify: applies to rtmps:// and whip+https:// outputs"),
+        ("path = \"/tmp/r.mp4\"\ntls_ca = \"/etc/ssl/certs/ca-certificates.crt\"", "6: output.tls_ca: applies to rtmps:// and whip+https:// outputs"),
         ("url = \"rtmps://h/app/key\"\ntls_ca = \"/etc/ssl/certs/ca-certificates.crt\"\ntls_verify = false",
          "6: output.tls_ca: tls_ca and tls_verify = false contradict"),
     ] as [(String, String)])

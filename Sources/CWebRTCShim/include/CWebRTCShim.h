@@ -8,6 +8,10 @@
 
 typedef struct CBroadcastWHIPPeer CBroadcastWHIPPeer;
 
+/// Asked about ten times a second while a call waits (ICE gathering, an HTTP answer), on the
+/// caller's thread: non-zero abandons the call (the output is stopping). May be NULL.
+typedef int (*CBroadcastAbandonCheck)(void *context);
+
 /// Connection states as the output needs them (webrtcbin's connection-state folded).
 enum {
     CBroadcastWHIPState_connecting = 0,
@@ -24,9 +28,10 @@ CBroadcastWHIPPeer *CBroadcastWHIP_new(const char *profile_level_id, int audio_c
 void CBroadcastWHIP_free(CBroadcastWHIPPeer *peer);
 
 /// Creates the offer, sets it as the local description, waits until ICE gathering completed (at
-/// most `timeout_ms`) and returns the local SDP with its candidates (free with
-/// CBroadcastWHIP_freeString), or NULL with `error` filled.
-char *CBroadcastWHIP_offer(CBroadcastWHIPPeer *peer, int64_t timeout_ms, char *error, size_t error_size);
+/// most `timeout_ms`, or until `abandon` says so) and returns the local SDP with its candidates
+/// (free with CBroadcastWHIP_freeString), or NULL with `error` filled.
+char *CBroadcastWHIP_offer(CBroadcastWHIPPeer *peer, int64_t timeout_ms, CBroadcastAbandonCheck abandon,
+    void *abandon_context, char *error, size_t error_size);
 /// Sets the server's answer; 0 on success.
 int CBroadcastWHIP_answer(CBroadcastWHIPPeer *peer, const char *sdp, char *error, size_t error_size);
 void CBroadcastWHIP_freeString(char *text);
@@ -74,8 +79,10 @@ typedef struct {
 
 /// One request (`method` POST/DELETE/OPTIONS) with `Authorization: Bearer token` when `token` is
 /// not NULL, `body` of `content_type` when not NULL, at most `timeout_ms` in all. HTTPS checks
-/// the certificate (against `ca_file` when not NULL) unless `verify` is 0. Returns 0 when an
-/// answer came (any status), -1 otherwise.
+/// the certificate (against `ca_file` when not NULL) unless `verify` is 0. `abandon` is asked
+/// while the answer is awaited: non-zero ends the transfer at once. Returns 0 when an answer came
+/// (any status), -1 otherwise.
 int CBroadcastHTTP_request(const char *method, const char *url, const char *token, const char *content_type,
-    const char *body, int64_t timeout_ms, const char *ca_file, int verify, CBroadcastHTTPResult *result);
+    const char *body, int64_t timeout_ms, const char *ca_file, int verify, CBroadcastAbandonCheck abandon,
+    void *abandon_context, CBroadcastHTTPResult *result);
 void CBroadcastHTTP_free(CBroadcastHTTPResult *result);
