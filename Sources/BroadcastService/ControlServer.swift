@@ -97,6 +97,9 @@ public final class ControlServer: Service, Sendable {
     /// Paths answered to GET and HEAD on the TCP listener without the token (the control page's
     /// own files, which hold nothing of the daemon's).
     private let publicPaths: Set<String>
+    /// Paths answered to POST on the TCP listener without the token (`broadcast ui`'s login, which
+    /// checks a one-time code of its own).
+    private let publicPosts: Set<String>
     private let listening = Mutex<ListenState>(.waiting([]))
     private let boundTCPPort = Mutex<Int?>(nil)
     /// The TCP listener's port once it listens (the one the system chose for port 0).
@@ -134,12 +137,13 @@ public final class ControlServer: Service, Sendable {
         snapshot: @escaping @Sendable () -> JSONValue = { .object([]) },
         requestDeadline: Duration = .seconds(2),
         publicPaths: Set<String> = [],
+        publicPosts: Set<String> = [],
         logger: Logger,
         handler: @escaping Handler
     ) throws(BroadcastError) {
         try self.init(
             socketPath: socketPath, mode: mode, group: group, tcp: tcp, token: ControlToken(token), events: events, snapshot: snapshot,
-            requestDeadline: requestDeadline, publicPaths: publicPaths, logger: logger, handler: handler)
+            requestDeadline: requestDeadline, publicPaths: publicPaths, publicPosts: publicPosts, logger: logger, handler: handler)
     }
 
     /// With a `ControlToken` the caller keeps, to replace the token later (a reload).
@@ -153,6 +157,7 @@ public final class ControlServer: Service, Sendable {
         snapshot: @escaping @Sendable () -> JSONValue = { .object([]) },
         requestDeadline: Duration = .seconds(2),
         publicPaths: Set<String> = [],
+        publicPosts: Set<String> = [],
         logger: Logger,
         handler: @escaping Handler
     ) throws(BroadcastError) {
@@ -169,6 +174,7 @@ public final class ControlServer: Service, Sendable {
         self.snapshot = snapshot
         self.requestDeadline = requestDeadline
         self.publicPaths = publicPaths
+        self.publicPosts = publicPosts
         self.handler = handler
         self.logger = logger
     }
@@ -396,8 +402,10 @@ public final class ControlServer: Service, Sendable {
             try await Self.send(.error(503, "already \(Self.maxTCPConnections) connections on the TCP control listener: try again later"), with: writer)
             return
         }
-        let isPublic = (request.head.method == .get || request.head.method == .head)
-            && publicPaths.contains(String((request.head.path ?? "").prefix { $0 != "?" }))
+        let requestPath = String((request.head.path ?? "").prefix { $0 != "?" })
+        let isPublic =
+            (request.head.method == .get || request.head.method == .head) && publicPaths.contains(requestPath)
+            || request.head.method == .post && publicPosts.contains(requestPath)
         if needsToken && !isPublic {
             let given = request.head.headerFields[values: .authorization]
             guard let token = token.current, given.count == 1, let bearer = Self.bearerToken(given[0]), Self.sameBytes(bearer, token) else {

@@ -378,24 +378,113 @@ final class PollState: Sendable {
             let ended = ui.wait(timeout: 30)
             #expect(ended.status == 0, "\(ended.stderr)")
             #expect(!ended.stderr.contains(token), "the token in the log")
+        }
+    }
 
-            // --open runs xdg-open with the URL (a stand-in that notes its arguments).
+    /// `ui --open`: xdg-open's arguments (which every local user reads in /proc/PID/cmdline) carry
+    /// a one-time login code, never the token; the page exchanges it for the token once; a second
+    /// use is refused; xdg-open is reaped. Issue 35 item 2.
+    @Test func openGivesXdgOpenAOneTimeLoginCodeNotTheToken() throws {
+        try withRecordingDaemon(sections: """
+            [video]
+            size = "320x240"
+            """) { dir, socket, _, _ in
+            // A stand-in xdg-open that notes its arguments, one a line, and ends at once.
             try FileManager.default.createDirectory(atPath: dir.path("bin"), withIntermediateDirectories: true)
-            try "#!/bin/sh\necho \"$@\" > \(dir.path("opened"))\n".write(toFile: dir.path("bin/xdg-open"), atomically: true, encoding: .utf8)
+            try "#!/bin/sh\nfor a in \"$@\"; do echo \"$a\"; done > \(dir.path("opened.part"))\nmv \(dir.path("opened.part")) \(dir.path("opened"))\n"
+                .write(toFile: dir.path("bin/xdg-open"), atomically: true, encoding: .utf8)
             chmod(dir.path("bin/xdg-open"), 0o755)
-            let opening = try Child(
+            let ui = try Child(
                 broadcastBinary, ["ui", "--socket", socket, "--open"],
                 environment: ["PATH": dir.path("bin") + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")])
-            defer { opening.signal(SIGKILL); _ = opening.wait(timeout: 10) }
+            defer { ui.signal(SIGKILL); _ = ui.wait(timeout: 10) }
             var opened = ""
-            for _ in 0..<300 where opened.isEmpty {
+            for _ in 0..<600 where opened.isEmpty {
                 opened = (try? String(contentsOfFile: dir.path("opened"), encoding: .utf8)) ?? ""
                 usleep(100_000)
             }
-            let printed = opening.stdoutSoFar.trimmingCharacters(in: .whitespacesAndNewlines)
-            #expect(!printed.isEmpty && opened.trimmingCharacters(in: .whitespacesAndNewlines) == printed, "opened '\(opened)', printed '\(printed)'")
-            #expect(!printed.contains(token), "the same token twice")
+            let printed = ui.stdoutSoFar.trimmingCharacters(in: .whitespacesAndNewlines)
+            let parts = printed.split(separator: "#token=")
+            try #require(parts.count == 2, "printed '\(printed)' \(ui.stderrSoFar)")
+            let (base, token) = (String(parts[0].dropLast()), String(parts[1]))
+            let arguments = opened.split(separator: "\n").map(String.init)
+            #expect(!opened.contains(token), "the token in xdg-open's arguments: \(arguments)")
+            try #require(arguments.count == 1 && arguments[0].hasPrefix(base + "/#login="), "xdg-open got \(arguments)")
+            let code = String(arguments[0].dropFirst((base + "/#login=").count))
+            #expect(code.count == 32)
+
+            // The code is not the token: refused as one.
+            let asToken = try run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", "Authorization: Bearer \(code)", "\(base)/v1/status"])
+            #expect(asToken.stdout == "401")
+            // Exchanged once for the token, then refused.
+            let login = { try run("/usr/bin/curl", ["-s", "-w", "\n%{http_code}", "-X", "POST", "--data-binary", code, "\(base)/v1/login"]).stdout }
+            let first = try login()
+            #expect(first.hasSuffix("\n200") && first.contains("\"token\":\"\(token)\""), "\(first)")
+            let second = try login()
+            #expect(second.hasSuffix("\n403") && !second.contains(token), "\(second)")
+            // A code never given out is refused the same way.
+            let unknown = try run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", "--data-binary", String(token.reversed()), "\(base)/v1/login"])
+            #expect(unknown.stdout == "403")
+
+            // xdg-open ended and was reaped: the ui process has no child left, not even a zombie.
+            var children = childProcesses(of: ui.pid)
+            for _ in 0..<600 where !children.isEmpty {
+                usleep(100_000)
+                children = childProcesses(of: ui.pid)
+            }
+            #expect(children.isEmpty, "children of ui (pid, state): \(children)")
         }
+    }
+
+    /// `ui --open` in the browser: the page opened with xdg-open's URL logs in with the code and
+    /// works (the outputs, an action); the code is used up afterwards.
+    @Test func thePageLogsInWithTheOneTimeCodeInChromium() throws {
+        try withRecordingDaemon(sections: """
+            [video]
+            size = "320x240"
+            """) { dir, socket, _, _ in
+            try FileManager.default.createDirectory(atPath: dir.path("bin"), withIntermediateDirectories: true)
+            try "#!/bin/sh\necho \"$1\" > \(dir.path("opened.part"))\nmv \(dir.path("opened.part")) \(dir.path("opened"))\n"
+                .write(toFile: dir.path("bin/xdg-open"), atomically: true, encoding: .utf8)
+            chmod(dir.path("bin/xdg-open"), 0o755)
+            let ui = try Child(
+                broadcastBinary, ["ui", "--socket", socket, "--open"],
+                environment: ["PATH": dir.path("bin") + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")])
+            defer { ui.signal(SIGKILL); _ = ui.wait(timeout: 10) }
+            var opened = ""
+            for _ in 0..<600 where opened.isEmpty {
+                opened = (try? String(contentsOfFile: dir.path("opened"), encoding: .utf8)) ?? ""
+                usleep(100_000)
+            }
+            let url = opened.trimmingCharacters(in: .whitespacesAndNewlines)
+            try #require(url.contains("/#login="), "xdg-open got '\(opened)' \(ui.stderrSoFar)")
+            let browser = try WebDriver()
+            defer { browser.quit() }
+            try browser.navigate(url)
+            #expect(try browser.waitFor("const s = document.querySelector('[data-output=\"rec\"] .state'); return !!s && s.textContent === 'recording'") != nil,
+                    "the page did not log in: \((try? browser.consoleLog()).map { "\($0)" } ?? "")")
+            #expect(try browser.string("return location.hash") == "", "the code left in the address bar")
+            try browser.click("[data-output=\"rec\"] .pause")
+            #expect(try browser.waitFor("return document.querySelector('[data-output=\"rec\"] .state').textContent === 'paused'") != nil)
+            // The code is used up: a second use is refused.
+            let code = String(url.split(separator: "#login=")[1])
+            let base = String(url.split(separator: "#login=")[0])
+            let again = try run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", "--data-binary", code, "\(base)v1/login"])
+            #expect(again.stdout == "403")
+        }
+    }
+}
+
+/// Children of `pid` (any state, zombies too) from /proc: (pid, state letter).
+func childProcesses(of pid: Int32) -> [(Int32, String)] {
+    let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
+    return entries.compactMap { entry -> (Int32, String)? in
+        guard let child = Int32(entry), let text = try? String(contentsOfFile: "/proc/\(entry)/stat", encoding: .utf8),
+            let close = text.lastIndex(of: ")")
+        else { return nil }
+        let fields = text[text.index(after: close)...].split(separator: " ")
+        guard fields.count > 2, Int32(fields[1]) == pid else { return nil }
+        return (child, String(fields[0]))
     }
 }
 
