@@ -127,9 +127,12 @@ public final class PageServer: Sendable {
         return status
     }
 
-    /// One API request passed on to the daemon's socket, its answer passed back.
+    /// One API request passed on to the daemon's socket, its answer passed back. The path and query
+    /// were %-decoded here: they are %-encoded again, so the daemon decodes what this server did
+    /// (a decoded CR, LF or space would split the request line, a `?` start a query, a `%` be
+    /// decoded twice).
     static func forward(_ request: ControlRequest, to client: ControlClient) -> ControlResponse {
-        var target = request.path
+        var target = escaped(request.path, keeping: UInt8(ascii: "/"))
         if !request.query.isEmpty {
             target += "?" + request.query.sorted { $0.key < $1.key }.map { "\(escaped($0.key))=\(escaped($0.value))" }.joined(separator: "&")
         }
@@ -144,10 +147,13 @@ public final class PageServer: Sendable {
         }
     }
 
-    static func escaped(_ text: String) -> String {
+    /// `text` with every byte but letters, digits, `-`, `_`, `.` and `keeping` %-escaped.
+    static func escaped(_ text: String, keeping kept: UInt8? = nil) -> String {
         var out = ""
         for byte in text.utf8 {
-            if (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A) || byte == 0x2D || byte == 0x5F || byte == 0x2E {
+            if (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A) || byte == 0x2D || byte == 0x5F || byte == 0x2E
+                || byte == kept
+            {
                 out.unicodeScalars.append(UnicodeScalar(byte))
             } else {
                 out += "%" + String(byte, radix: 16, uppercase: true).leftPadded(to: 2)
