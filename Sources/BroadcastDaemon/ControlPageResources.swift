@@ -492,6 +492,15 @@ extension ControlPage {
           async function refreshPreview() {
             previewTimer = null;
             if (document.hidden) return;
+            // Only a running broadcast has a picture (the preview is 503 otherwise).
+            const state = $("broadcast-state").dataset.state;
+            if (state !== "started" && state !== "paused") {
+              $("preview").removeAttribute("src");
+              if (previewURL) { URL.revokeObjectURL(previewURL); previewURL = null; }
+              $("preview-note").textContent = "no preview: the broadcast is not running";
+              previewTimer = setTimeout(refreshPreview, 500);
+              return;
+            }
             try {
               const response = await fetch("/v1/preview.jpg?width=640", { headers: headers(), cache: "no-store" });
               if (response.ok) {

@@ -190,13 +190,19 @@ import Testing
         try browser.click("#stop")
         #expect(try Self.waitForStatus(socket) { $0["state"] as? String == "finished" }, "the page's Stop did not stop")
         #expect(try browser.waitFor("return document.getElementById('broadcast-state').textContent === 'finished'") != nil)
+        // No picture of a broadcast that is over (the preview is 503 then): the page says so.
+        #expect(try browser.waitFor("return document.getElementById('preview-note').textContent === 'no preview: the broadcast is not running' && !document.getElementById('preview').src") != nil)
         try browser.click("#start")
         #expect(try Self.waitForStatus(socket) { $0["state"] as? String == "started" }, "the page's Start did not start")
         #expect(try browser.waitFor("const s = document.querySelector('[data-output=\"rec\"] .state'); return document.getElementById('broadcast-state').textContent === 'started' && !!s && s.textContent === 'recording'") != nil)
 
 
-        // No console errors so far but the refused reload's 400, which the test asked for.
-        let errors = try browser.consoleLog().filter { $0.level == "SEVERE" && !($0.message.contains("/v1/reload") && $0.message.contains("400")) }
+        // No console errors so far but the refused reload's 400, which the test asked for, and a
+        // preview asked while the broadcast stopped (503: it had ended before a frame came).
+        let errors = try browser.consoleLog().filter {
+            $0.level == "SEVERE" && !($0.message.contains("/v1/reload") && $0.message.contains("400"))
+                && !($0.message.contains("/v1/preview.jpg") && $0.message.contains("503"))
+        }
         #expect(errors.isEmpty, "console errors: \(errors)")
 
         // A wrong token: only the prompt, saying so.
@@ -280,11 +286,15 @@ import Testing
                         let wait = 0.1 - Date().timeIntervalSince(asked)
                         if wait > 0 { usleep(UInt32(wait * 1_000_000)) }
                     }
+                    state.ended.withLock { $0 += 1 }
                 }
             }
             for thread in threads { thread.start() }
             while Date().timeIntervalSince(start) < seconds { usleep(50_000) }
             state.stop.withLock { $0 = true }
+            // The clients' last requests are answered before the stop (after it the preview is
+            // 503: there is no picture of a broadcast that is over).
+            while state.ended.withLock({ $0 }) < clients { usleep(10_000) }
             let cpu = cpuSeconds(daemon.pid) - cpuBefore
             let wall = Date().timeIntervalSince(start)
             daemon.signal(SIGTERM)
@@ -334,6 +344,8 @@ final class PollState: Sendable {
     let bodies = Mutex<[String: Int]>([:])
     let failed = Mutex(0)
     let stop = Mutex(false)
+    /// Clients that saw `stop` and ended (after their last answer).
+    let ended = Mutex(0)
 }
 
 /// `broadcast ui`: the page on 127.0.0.1 for a daemon with only its Unix socket.
@@ -471,6 +483,30 @@ final class PollState: Sendable {
             let base = String(url.split(separator: "#login=")[0])
             let again = try run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", "--data-binary", code, "\(base)v1/login"])
             #expect(again.stdout == "403")
+        }
+    }
+}
+
+/// `GET /v1/preview.jpg` is a picture of the broadcast running now: 503 once it stopped, however
+/// recently a picture was made, and after a later start and stop too (issue 35 item 14).
+@Suite(.serialized) struct PreviewAfterStopTests {
+    @Test func thePreviewIs503OnceTheBroadcastStopped() throws {
+        try withRecordingDaemon(sections: """
+            [video]
+            size = "320x240"
+            """) { _, socket, _, _ in
+            #expect(SocketConnection.request(socket, "GET", "/v1/preview.jpg?width=160") == 200)
+            #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/stop") == 200)
+            #expect(SocketConnection.request(socket, "GET", "/v1/preview.jpg?width=160") == 503, "a picture of a stopped broadcast")
+            #expect(SocketConnection.request(socket, "GET", "/v1/preview.jpg") == 503)
+            // A second broadcast: its picture while it runs, none after.
+            #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/start") == 200)
+            _ = try waitUntilRecording(socket)
+            #expect(SocketConnection.request(socket, "GET", "/v1/preview.jpg?width=160") == 200)
+            #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/pause") == 200)
+            #expect(SocketConnection.request(socket, "GET", "/v1/preview.jpg?width=160") == 200, "paused: the last picture")
+            #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/stop") == 200)
+            #expect(SocketConnection.request(socket, "GET", "/v1/preview.jpg?width=160") == 503, "a picture of a stopped broadcast")
         }
     }
 }
