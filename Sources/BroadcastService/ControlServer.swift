@@ -4,6 +4,7 @@ import HTTPTypes
 import HummingbirdCore
 public import Logging
 import NIOCore
+import NIOHTTP1
 import NIOHTTPTypes
 import NIOPosix
 public import ServiceLifecycle
@@ -670,6 +671,10 @@ final class ConnectionDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     private let limit: TimeAmount
     private var timer: Scheduled<Void>?
     private var received = false
+    /// A request's head came through the parser (its answer is the responder's).
+    private var headSeen = false
+    /// A parse error was answered (the first one only).
+    private var refused = false
     /// The listener's open connections, this one counted from its start to its end.
     private let connections: ConnectionCount?
     private var counted = false
@@ -714,7 +719,34 @@ final class ConnectionDeadline: ChannelDuplexHandler, RemovableChannelHandler {
         timer = context.eventLoop.scheduleTask(in: limit) { channel.close(promise: nil) }
     }
 
+    /// A request NIO's parser refused before its head was through (a target or headers over the
+    /// limit, a malformed line) is answered here with why: Hummingbird answers such a request with
+    /// an empty 400, which a client can only show as nothing.
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        guard let parseError = error as? HTTPParserError, !headSeen else {
+            context.fireErrorCaught(error)
+            return
+        }
+        // Answered once; the connection is closing.
+        guard !refused else { return }
+        refused = true
+        let response: ControlResponse =
+            parseError == .headerOverflow
+            ? .error(431, "the request line and headers exceed \(ControlServer.maxHeaderBytes) bytes (a name that long?)")
+            : .error(400, "malformed HTTP request: \(parseError)")
+        var fields = HTTPFields()
+        fields[.contentType] = response.contentType
+        fields[.contentLength] = "\(response.body.count)"
+        fields[.connection] = "close"
+        let head = HTTPResponse(status: .init(code: response.status, reasonPhrase: ControlServer.reason(response.status)), headerFields: fields)
+        context.write(wrapOutboundOut(.head(head)), promise: nil)
+        context.write(wrapOutboundOut(.body(context.channel.allocator.buffer(bytes: response.body))), promise: nil)
+        let channel = context.channel
+        context.writeAndFlush(wrapOutboundOut(.end(nil))).whenComplete { _ in channel.close(promise: nil) }
+    }
+
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        if case .head = unwrapInboundIn(data) { headSeen = true }
         if case .end = unwrapInboundIn(data), !received {
             received = true
             timer?.cancel()
