@@ -73,7 +73,9 @@ public final class PageServer: Sendable {
         guard request.method == "POST" else { return .error(405, "\(request.method) is not allowed on \(loginPath): use POST") }
         let code = String(decoding: request.body, as: UTF8.self).filter { !$0.isWhitespace }
         guard logins.redeem(code) else {
-            return .error(403, "that login code is unknown, used or expired: run broadcast ui again, or open the URL it printed")
+            return .error(
+                403,
+                "that login code is unknown, used or expired: open the URL broadcast ui printed (if you did not use this code, someone else may have: stop that broadcast ui)")
         }
         var response = ControlResponse.json(200, .object([("token", .string(token))]))
         response.headers = ["Cache-Control": "no-store"]
