@@ -10,7 +10,7 @@ enum ControlAPI {
     static func handle(
         _ request: ControlRequest, controller: BroadcastController, metrics: DaemonMetrics, reload: () -> ReloadOutcome
     ) -> ControlResponse {
-        if let page = ControlPage.answer(request, preview: controller.page.preview) { return page }
+        if let page = ControlPage.answer(request, preview: controller.page.preview, runsVideo: { controller.runsVideo }) { return page }
         switch (request.method, request.path) {
         case ("GET", "/v1/status"), ("HEAD", "/v1/status"):
             return .json(200, controller.status())

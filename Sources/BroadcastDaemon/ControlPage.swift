@@ -20,8 +20,9 @@ enum ControlPage {
         + "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
     /// Page routes; nil for anything else (the API's routes).
-    static func answer(_ request: ControlRequest, preview: PreviewFrames) -> ControlResponse? {
-        if request.path == "/v1/preview.jpg" { return previewAnswer(request, preview: preview) }
+    /// `runsVideo`: whether a broadcast with video runs now (else the preview is 503).
+    static func answer(_ request: ControlRequest, preview: PreviewFrames, runsVideo: () -> Bool) -> ControlResponse? {
+        if request.path == "/v1/preview.jpg" { return previewAnswer(request, preview: preview, runsVideo: runsVideo) }
         return fileAnswer(request)
     }
 
@@ -53,7 +54,7 @@ enum ControlPage {
         }
     }
 
-    static func previewAnswer(_ request: ControlRequest, preview: PreviewFrames) -> ControlResponse {
+    static func previewAnswer(_ request: ControlRequest, preview: PreviewFrames, runsVideo: () -> Bool) -> ControlResponse {
         let read = request.method == "GET" || request.method == "HEAD"
         guard read else { return .error(405, "\(request.method) is not allowed on /v1/preview.jpg: use GET") }
         var width = 640
@@ -63,13 +64,19 @@ enum ControlPage {
             }
             width = asked
         }
-        switch preview.jpeg(width: width) {
+        let noFrame = ControlResponse.error(503, "no video frame to preview: the broadcast is not running or has no video")
+        // Asked before and after: a broadcast that stops while the request waits for a frame
+        // answers with no picture either.
+        guard runsVideo() else { return noFrame }
+        let answer = preview.jpeg(width: width)
+        guard runsVideo() else { return noFrame }
+        switch answer {
         case .jpeg(let bytes):
             var response = ControlResponse(status: 200, contentType: "image/jpeg", body: bytes)
             response.headers = ["Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"]
             return response
         case .noFrame:
-            return .error(503, "no video frame to preview: the broadcast is not running or has no video")
+            return noFrame
         case .failed(let message):
             return .error(500, "preview: \(message)")
         }

@@ -120,16 +120,36 @@ extension ControlPage {
           let streamAbort = null;
 
           // The token: from the fragment (never sent to the server, dropped from the address bar at
-          // once), else what this tab was given before.
-          function takeFragment() {
+          // once), else what this tab was given before. `#login=CODE` (broadcast ui --open) is a
+          // one-time code, exchanged here for the token (POST /v1/login); null: nothing in the
+          // fragment, else what to say if no token came of it.
+          async function takeFragment() {
             const fragment = new URLSearchParams(location.hash.slice(1));
-            if (!fragment.has("token")) return false;
-            sessionStorage.setItem(tokenKey, fragment.get("token"));
+            if (!fragment.has("token") && !fragment.has("login")) return null;
             window.history.replaceState(null, "", location.pathname + location.search);
-            return true;
+            if (fragment.has("token")) {
+              sessionStorage.setItem(tokenKey, fragment.get("token"));
+              return "";
+            }
+            try {
+              const response = await fetch("/v1/login", { method: "POST", body: fragment.get("login"), cache: "no-store" });
+              const answer = await response.json();
+              if (response.ok && answer.token) {
+                sessionStorage.setItem(tokenKey, answer.token);
+                return "";
+              }
+              return "The login code was refused: " + (answer.error || response.status);
+            } catch (error) {
+              return "The login code could not be used: " + error.message;
+            }
           }
-          takeFragment();
-          window.addEventListener("hashchange", () => { if (takeFragment()) open(); });
+          async function start(onHashChange) {
+            const said = await takeFragment();
+            if (onHashChange && said === null) return;
+            if (said && !token()) { showLogin(said); return; }
+            open();
+          }
+          window.addEventListener("hashchange", () => start(true));
           const token = () => sessionStorage.getItem(tokenKey);
           const headers = (extra) => {
             const h = Object.assign({}, extra || {});
@@ -472,6 +492,15 @@ extension ControlPage {
           async function refreshPreview() {
             previewTimer = null;
             if (document.hidden) return;
+            // Only a running broadcast has a picture (the preview is 503 otherwise).
+            const state = $("broadcast-state").dataset.state;
+            if (state !== "started" && state !== "paused") {
+              $("preview").removeAttribute("src");
+              if (previewURL) { URL.revokeObjectURL(previewURL); previewURL = null; }
+              $("preview-note").textContent = "no preview: the broadcast is not running";
+              previewTimer = setTimeout(refreshPreview, 500);
+              return;
+            }
             try {
               const response = await fetch("/v1/preview.jpg?width=640", { headers: headers(), cache: "no-store" });
               if (response.ok) {
@@ -495,7 +524,7 @@ extension ControlPage {
             if (document.hidden) { clearTimeout(previewTimer); previewTimer = null; } else startPreview();
           });
 
-          open();
+          start();
         })();
 
         """#

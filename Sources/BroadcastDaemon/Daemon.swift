@@ -459,6 +459,8 @@ final class BroadcastController: Sendable {
         let counters = handler.counters
         let levels = page.levels
         handler.audioTrackTap = { track, audio in levels.offer(track: track, audio) }
+        // The last broadcast's picture is not this one's.
+        page.preview.forget()
         let monitored = MonitoredHandler(handler, preview: page.preview, levels: levels)
         let session = assembly.makeSession(handler: monitored, logger: logger)
         let setup = config.setup
@@ -569,6 +571,13 @@ final class BroadcastController: Sendable {
             let now = control.level(of: type)
             logger.notice("\(trigger): \(name) audio at \(now.volumeDecibels) dB\(now.muted ? ", muted" : "")")
         }
+    }
+
+    /// True while a broadcast with video runs (paused too): only then has the preview a picture to
+    /// show, never one of a broadcast that ended.
+    var runsVideo: Bool {
+        guard let running = state.withLock({ $0.running }) else { return false }
+        return running.session.state != .finished && running.primaryType == .video
     }
 
     /// The running broadcast's outputs; nil when no broadcast runs.

@@ -20,15 +20,21 @@ public final class PageServer: Sendable {
     /// The token the page must send (printed in the URL's fragment, never logged).
     public let token: String
     public let daemonSocket: String
+    /// The one-time codes `loginURL()` gives out, each exchanged once for `token` (`POST /v1/login`).
+    let logins: LoginCodes
     private let server: ControlServer
     private let events: ControlEvents
     private let directory: String
     private let relaying = Mutex(true)
 
     /// `port` 0: a free one (see `port` once listening).
-    public init(daemonSocket: String, port: UInt16, logger: Logger) throws(BroadcastError) {
+    /// `loginLifetime`: how long a login code from `loginURL()` may wait for its one use.
+    public init(daemonSocket: String, port: UInt16, loginLifetime: Duration = LoginCodes.lifetime, logger: Logger) throws(BroadcastError) {
         self.daemonSocket = daemonSocket
-        self.token = try Self.freshToken()
+        let token = try Self.freshToken()
+        self.token = token
+        let logins = LoginCodes(lifetime: loginLifetime)
+        self.logins = logins
         var template = Array("/tmp/broadcast-ui-XXXXXX".utf8CString)
         guard let made = template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) else {
             throw BroadcastError(.invalidArgument, "cannot make a private directory in /tmp: \(String(cString: strerror(errno)))")
@@ -39,14 +45,42 @@ public final class PageServer: Sendable {
         let client = ControlClient(socketPath: daemonSocket)
         server = try ControlServer(
             socketPath: directory + "/unused.sock", mode: 0o600, tcp: ("127.0.0.1", port), token: token, events: events,
-            snapshot: { Self.status(client) }, publicPaths: ControlPage.publicPaths, logger: logger
+            snapshot: { Self.status(client) }, publicPaths: ControlPage.publicPaths, publicPosts: [Self.loginPath], logger: logger
         ) { request in
-            ControlPage.fileAnswer(request) ?? Self.forward(request, to: client)
+            if request.path == Self.loginPath { return Self.login(request, logins: logins, token: token) }
+            return ControlPage.fileAnswer(request) ?? Self.forward(request, to: client)
         }
     }
 
-    /// The URL to open, token included (in the fragment, which browsers never send).
+    /// Where the page exchanges a login code for the token (answered without the token).
+    static let loginPath = "/v1/login"
+
+    /// The URL to open, token included (in the fragment, which browsers never send), for whoever
+    /// started the server (it is printed on its standard output, never put in a program's arguments).
     public var url: String? { server.tcpPort.map { "http://127.0.0.1:\($0)/#token=\(token)" } }
+
+    /// A URL with a fresh one-time login code instead of the token (`#login=CODE`), for another
+    /// program's arguments (`xdg-open`), which every local user can read in /proc/PID/cmdline: the
+    /// page exchanges the code for the token with `POST /v1/login`, once, within `loginLifetime`.
+    public func loginURL() throws(BroadcastError) -> String? {
+        guard let port = server.tcpPort else { return nil }
+        return "http://127.0.0.1:\(port)/#login=\(try logins.mint())"
+    }
+
+    /// `POST /v1/login` with a code as the body: the token (JSON, never cached), or 403 for a code
+    /// that is unknown, used or expired.
+    static func login(_ request: ControlRequest, logins: LoginCodes, token: String) -> ControlResponse {
+        guard request.method == "POST" else { return .error(405, "\(request.method) is not allowed on \(loginPath): use POST") }
+        let code = String(decoding: request.body, as: UTF8.self).filter { !$0.isWhitespace }
+        guard logins.redeem(code) else {
+            return .error(
+                403,
+                "that login code is unknown, used or expired: open the URL broadcast ui printed (if you did not use this code, someone else may have: stop that broadcast ui)")
+        }
+        var response = ControlResponse.json(200, .object([("token", .string(token))]))
+        response.headers = ["Cache-Control": "no-store"]
+        return response
+    }
 
     /// Serves until the task group shuts down gracefully; the relay thread follows the daemon's
     /// events meanwhile.
@@ -95,9 +129,12 @@ public final class PageServer: Sendable {
         return status
     }
 
-    /// One API request passed on to the daemon's socket, its answer passed back.
+    /// One API request passed on to the daemon's socket, its answer passed back. The path and query
+    /// were %-decoded here: they are %-encoded again, so the daemon decodes what this server did
+    /// (a decoded CR, LF or space would split the request line, a `?` start a query, a `%` be
+    /// decoded twice).
     static func forward(_ request: ControlRequest, to client: ControlClient) -> ControlResponse {
-        var target = request.path
+        var target = escaped(request.path, keeping: UInt8(ascii: "/"))
         if !request.query.isEmpty {
             target += "?" + request.query.sorted { $0.key < $1.key }.map { "\(escaped($0.key))=\(escaped($0.value))" }.joined(separator: "&")
         }
@@ -112,10 +149,13 @@ public final class PageServer: Sendable {
         }
     }
 
-    static func escaped(_ text: String) -> String {
+    /// `text` with every byte but letters, digits, `-`, `_`, `.` and `keeping` %-escaped.
+    static func escaped(_ text: String, keeping kept: UInt8? = nil) -> String {
         var out = ""
         for byte in text.utf8 {
-            if (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A) || byte == 0x2D || byte == 0x5F || byte == 0x2E {
+            if (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A) || byte == 0x2D || byte == 0x5F || byte == 0x2E
+                || byte == kept
+            {
                 out.unicodeScalars.append(UnicodeScalar(byte))
             } else {
                 out += "%" + String(byte, radix: 16, uppercase: true).leftPadded(to: 2)
@@ -132,6 +172,40 @@ public final class PageServer: Sendable {
 }
 
 extension PageServer: Service {}
+
+/// One-time login codes: each is redeemed at most once, and only within `lifetime` of being made.
+public final class LoginCodes: Sendable {
+    /// Long enough for a desktop to start its browser on a busy machine.
+    public static let lifetime: Duration = .seconds(60)
+    private let lifetime: Duration
+    private let now: @Sendable () -> ContinuousClock.Instant
+    private let codes = Mutex<[String: ContinuousClock.Instant]>([:])
+
+    init(lifetime: Duration = LoginCodes.lifetime, now: @escaping @Sendable () -> ContinuousClock.Instant = { .now }) {
+        self.lifetime = lifetime
+        self.now = now
+    }
+
+    /// A fresh code (128 random bits as hex), valid once until `lifetime` from now.
+    func mint() throws(BroadcastError) -> String {
+        let code = try PageServer.freshToken()
+        let at = now()
+        let expiry = at + lifetime
+        codes.withLock { codes in
+            codes = codes.filter { $0.value > at }
+            codes[code] = expiry
+        }
+        return code
+    }
+
+    /// True once for a code `mint` made and that has not expired; the code is gone afterwards
+    /// either way.
+    func redeem(_ code: String) -> Bool {
+        let at = now()
+        guard let expiry = codes.withLock({ $0.removeValue(forKey: code) }) else { return false }
+        return at < expiry
+    }
+}
 
 extension String {
     fileprivate func leftPadded(to width: Int) -> String { String(repeating: "0", count: max(0, width - count)) + self }

@@ -95,6 +95,8 @@ final class OutputStatus: Sendable {
     let maxBacklog = ManagedAtomic<Int64>(0)
     let drops: [ManagedAtomic<Int>] = DropReason.allCases.map { _ in ManagedAtomic<Int>(0) }
     let lastError = ManagedAtomic<Text?>(nil)
+    /// A recording's file being written (a new one after each segment, or after a full disk).
+    let file = ManagedAtomic<Text?>(nil)
     /// Whether the output ever delivered anything (a live output that went live at least once).
     let everDelivered = ManagedAtomic<Bool>(false)
     /// WebRTC outputs (RTCP): -1 until known.
@@ -113,6 +115,7 @@ final class OutputStatus: Sendable {
     }
     func setError(_ text: String) { lastError.store(Text(text), ordering: .releasing) }
     func clearError() { lastError.store(nil, ordering: .releasing) }
+    func setFile(_ path: String) { file.store(Text(path), ordering: .releasing) }
     func setBacklog(_ nanoseconds: Int64) {
         backlog.store(nanoseconds, ordering: .relaxed)
         if nanoseconds > maxBacklog.load(ordering: .relaxed) { maxBacklog.store(nanoseconds, ordering: .relaxed) }
@@ -246,8 +249,12 @@ public final class Output: @unchecked Sendable {
         }
     }
 
-    /// The path or redacted URL.
-    public var target: String { destination.description }
+    /// The path or redacted URL: for a recording, the file it writes now (a segment's, the one it
+    /// went on in after a full disk).
+    public var target: String {
+        if case .file = destination, let file = status.file.load(ordering: .acquiring) { return file.value }
+        return destination.description
+    }
     public var state: OutputState { status.current }
 
     public func statistics() -> OutputStatistics {

@@ -51,6 +51,7 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
         self.joinsRunningBroadcast = joinsRunningBroadcast
         self.output = output
         self.recording = recording
+        output.status.setFile(recording.path)
         self.hasVideo = hasVideo
         self.streams = streams
         self.segments = segments
@@ -194,6 +195,8 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
         }
         let file = try Recording(path: path, streams: streams, logger: logger)
         manifest?.recordCreated(file, owner: output.name)
+        // What the status names as the output's target from now on.
+        output.status.setFile(file.path)
         return file
     }
 

@@ -68,6 +68,10 @@ public struct ControlClient: Sendable {
         return fd
     }
 
+    /// `events` throws this when the connection ends before the stream's end (no last chunk): the
+    /// daemon went away without ending it (killed, crashed).
+    public static let streamCut = BroadcastError.Code(rawValue: "stream-cut")
+
     /// One server-sent event.
     public struct Event: Sendable {
         public var id: UInt64?
@@ -98,7 +102,12 @@ public struct ControlClient: Sendable {
         var hasData = false
         while true {
             let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-            if n <= 0 { return 200 }
+            if n <= 0 {
+                // A stream the daemon ended has its last chunk; one cut short (the daemon killed)
+                // has not. (A connection closed before any answer: a daemon on its way out.)
+                if headDone && chunked { throw BroadcastError(Self.streamCut, "control socket \(socketPath): the event stream was cut off") }
+                return 200
+            }
             received += chunk[0..<n]
             if !headDone {
                 guard let end = Self.headerEnd(received) else { continue }

@@ -4,6 +4,7 @@ import HTTPTypes
 import HummingbirdCore
 public import Logging
 import NIOCore
+import NIOHTTP1
 import NIOHTTPTypes
 import NIOPosix
 public import ServiceLifecycle
@@ -97,6 +98,9 @@ public final class ControlServer: Service, Sendable {
     /// Paths answered to GET and HEAD on the TCP listener without the token (the control page's
     /// own files, which hold nothing of the daemon's).
     private let publicPaths: Set<String>
+    /// Paths answered to POST on the TCP listener without the token (`broadcast ui`'s login, which
+    /// checks a one-time code of its own).
+    private let publicPosts: Set<String>
     private let listening = Mutex<ListenState>(.waiting([]))
     private let boundTCPPort = Mutex<Int?>(nil)
     /// The TCP listener's port once it listens (the one the system chose for port 0).
@@ -134,12 +138,13 @@ public final class ControlServer: Service, Sendable {
         snapshot: @escaping @Sendable () -> JSONValue = { .object([]) },
         requestDeadline: Duration = .seconds(2),
         publicPaths: Set<String> = [],
+        publicPosts: Set<String> = [],
         logger: Logger,
         handler: @escaping Handler
     ) throws(BroadcastError) {
         try self.init(
             socketPath: socketPath, mode: mode, group: group, tcp: tcp, token: ControlToken(token), events: events, snapshot: snapshot,
-            requestDeadline: requestDeadline, publicPaths: publicPaths, logger: logger, handler: handler)
+            requestDeadline: requestDeadline, publicPaths: publicPaths, publicPosts: publicPosts, logger: logger, handler: handler)
     }
 
     /// With a `ControlToken` the caller keeps, to replace the token later (a reload).
@@ -153,6 +158,7 @@ public final class ControlServer: Service, Sendable {
         snapshot: @escaping @Sendable () -> JSONValue = { .object([]) },
         requestDeadline: Duration = .seconds(2),
         publicPaths: Set<String> = [],
+        publicPosts: Set<String> = [],
         logger: Logger,
         handler: @escaping Handler
     ) throws(BroadcastError) {
@@ -169,6 +175,7 @@ public final class ControlServer: Service, Sendable {
         self.snapshot = snapshot
         self.requestDeadline = requestDeadline
         self.publicPaths = publicPaths
+        self.publicPosts = publicPosts
         self.handler = handler
         self.logger = logger
     }
@@ -396,8 +403,10 @@ public final class ControlServer: Service, Sendable {
             try await Self.send(.error(503, "already \(Self.maxTCPConnections) connections on the TCP control listener: try again later"), with: writer)
             return
         }
-        let isPublic = (request.head.method == .get || request.head.method == .head)
-            && publicPaths.contains(String((request.head.path ?? "").prefix { $0 != "?" }))
+        let requestPath = String((request.head.path ?? "").prefix { $0 != "?" })
+        let isPublic =
+            (request.head.method == .get || request.head.method == .head) && publicPaths.contains(requestPath)
+            || request.head.method == .post && publicPosts.contains(requestPath)
         if needsToken && !isPublic {
             let given = request.head.headerFields[values: .authorization]
             guard let token = token.current, given.count == 1, let bearer = Self.bearerToken(given[0]), Self.sameBytes(bearer, token) else {
@@ -662,6 +671,10 @@ final class ConnectionDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     private let limit: TimeAmount
     private var timer: Scheduled<Void>?
     private var received = false
+    /// A request's head came through the parser (its answer is the responder's).
+    private var headSeen = false
+    /// A parse error was answered (the first one only).
+    private var refused = false
     /// The listener's open connections, this one counted from its start to its end.
     private let connections: ConnectionCount?
     private var counted = false
@@ -706,7 +719,34 @@ final class ConnectionDeadline: ChannelDuplexHandler, RemovableChannelHandler {
         timer = context.eventLoop.scheduleTask(in: limit) { channel.close(promise: nil) }
     }
 
+    /// A request NIO's parser refused before its head was through (a target or headers over the
+    /// limit, a malformed line) is answered here with why: Hummingbird answers such a request with
+    /// an empty 400, which a client can only show as nothing.
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        guard let parseError = error as? HTTPParserError, !headSeen else {
+            context.fireErrorCaught(error)
+            return
+        }
+        // Answered once; the connection is closing.
+        guard !refused else { return }
+        refused = true
+        let response: ControlResponse =
+            parseError == .headerOverflow
+            ? .error(431, "the request line and headers exceed \(ControlServer.maxHeaderBytes) bytes (a name that long?)")
+            : .error(400, "malformed HTTP request: \(parseError)")
+        var fields = HTTPFields()
+        fields[.contentType] = response.contentType
+        fields[.contentLength] = "\(response.body.count)"
+        fields[.connection] = "close"
+        let head = HTTPResponse(status: .init(code: response.status, reasonPhrase: ControlServer.reason(response.status)), headerFields: fields)
+        context.write(wrapOutboundOut(.head(head)), promise: nil)
+        context.write(wrapOutboundOut(.body(context.channel.allocator.buffer(bytes: response.body))), promise: nil)
+        let channel = context.channel
+        context.writeAndFlush(wrapOutboundOut(.end(nil))).whenComplete { _ in channel.close(promise: nil) }
+    }
+
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        if case .head = unwrapInboundIn(data) { headSeen = true }
         if case .end = unwrapInboundIn(data), !received {
             received = true
             timer?.cancel()

@@ -82,14 +82,26 @@ struct Status: ParsableCommand {
             }
             return true
         }
+        // The last stream was cut short (not ended by the daemon): if the daemon is not there to
+        // resume it, it went away without stopping (killed, crashed).
+        var cut = false
         while true {
             let status: Int
             do {
                 status = try client.events(lastEventID: lastID, handle)
+                cut = false
             } catch {
                 // Gone after we followed it: the daemon stopped. Before: it is not there.
-                if lastID != nil { return }
-                throw error
+                guard lastID != nil else { throw error }
+                if error.code == ControlClient.streamCut {
+                    cut = true
+                    usleep(100_000)
+                    continue
+                }
+                guard cut else { return }
+                view?.end()
+                FileStandardError.write("broadcast: the daemon went away without stopping (its event stream was cut off and \(control.socket) no longer answers): what is shown above is its last known state\n")
+                throw ExitCode.failure
             }
             if status != 200 {
                 FileStandardError.write("broadcast: the daemon refused the event stream (HTTP \(status))\n")

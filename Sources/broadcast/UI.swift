@@ -1,5 +1,6 @@
 import ArgumentParser
 import BroadcastDaemon
+import BroadcastKit
 import BroadcastService
 import Logging
 import ServiceLifecycle
@@ -14,9 +15,12 @@ struct UI: AsyncParsableCommand {
         commandName: "ui",
         abstract: "Serve the control page on 127.0.0.1, forwarding to the daemon's socket.",
         discussion: """
-            Prints the page's URL with a fresh one-time token in its fragment (#token=...: browsers \
-            never send a fragment to the server). The page shows the broadcast's state, outputs, \
-            sources, audio meters and a preview, and has its controls. Runs until SIGINT or SIGTERM.
+            Prints the page's URL with a fresh token in its fragment (#token=...: browsers never \
+            send a fragment to the server), valid while this command runs. --open gives xdg-open \
+            another URL, with a one-time login code instead (#login=...: a program's arguments can \
+            be read by every local user), which the page exchanges for the token once, within 60 \
+            seconds. The page shows the broadcast's state, outputs, sources, audio meters and a \
+            preview, and has its controls. Runs until SIGINT or SIGTERM.
             """
     )
 
@@ -25,7 +29,7 @@ struct UI: AsyncParsableCommand {
     @Option(help: ArgumentHelp("The TCP port on 127.0.0.1 (default: a free one).", valueName: "port"))
     var port: Int = 0
 
-    @Flag(help: "Open the URL in the desktop's browser (with xdg-open, where it exists).")
+    @Flag(help: "Open the page in the desktop's browser (with xdg-open, where it exists), logged in with a one-time code.")
     var open = false
 
     func validate() throws {
@@ -54,12 +58,18 @@ struct UI: AsyncParsableCommand {
             // Written at once (stdout is a pipe for a script waiting for the URL).
             let line = Array((url + "\n").utf8)
             _ = line.withUnsafeBytes { Glibc.write(1, $0.baseAddress, $0.count) }
-            if open { Self.openInBrowser(url) }
+            if open {
+                do {
+                    if let login = try server.loginURL() { Self.openInBrowser(login) }
+                } catch {
+                    FileStandardError.write("broadcast: \((error as? BroadcastError)?.message ?? "\(error)"): open the URL yourself\n")
+                }
+            }
             try await tasks.waitForAll()
         }
     }
 
-    /// Runs `xdg-open URL` when it is on PATH; says so when it is not.
+    /// Runs `xdg-open URL` when it is on PATH (and reaps it when it ends); says so when it is not.
     static func openInBrowser(_ url: String) {
         var search = "/usr/bin:/bin"
         if let value = getenv("PATH") { search = String(cString: value) }
@@ -73,6 +83,13 @@ struct UI: AsyncParsableCommand {
         defer { for argument in arguments { free(argument) } }
         if posix_spawn(&pid, tool, nil, nil, arguments, environ) != 0 {
             FileStandardError.write("broadcast: could not run xdg-open: open the URL yourself\n")
+            return
         }
+        // Its end is waited for (a zombie otherwise, for the server's whole life).
+        let child = pid
+        OSThread(name: "bc-xdg-open") {
+            var status: Int32 = 0
+            while waitpid(child, &status, 0) < 0 && errno == EINTR {}
+        }.detach()
     }
 }

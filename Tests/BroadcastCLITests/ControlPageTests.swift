@@ -190,13 +190,19 @@ import Testing
         try browser.click("#stop")
         #expect(try Self.waitForStatus(socket) { $0["state"] as? String == "finished" }, "the page's Stop did not stop")
         #expect(try browser.waitFor("return document.getElementById('broadcast-state').textContent === 'finished'") != nil)
+        // No picture of a broadcast that is over (the preview is 503 then): the page says so.
+        #expect(try browser.waitFor("return document.getElementById('preview-note').textContent === 'no preview: the broadcast is not running' && !document.getElementById('preview').src") != nil)
         try browser.click("#start")
         #expect(try Self.waitForStatus(socket) { $0["state"] as? String == "started" }, "the page's Start did not start")
         #expect(try browser.waitFor("const s = document.querySelector('[data-output=\"rec\"] .state'); return document.getElementById('broadcast-state').textContent === 'started' && !!s && s.textContent === 'recording'") != nil)
 
 
-        // No console errors so far but the refused reload's 400, which the test asked for.
-        let errors = try browser.consoleLog().filter { $0.level == "SEVERE" && !($0.message.contains("/v1/reload") && $0.message.contains("400")) }
+        // No console errors so far but the refused reload's 400, which the test asked for, and a
+        // preview asked while the broadcast stopped (503: it had ended before a frame came).
+        let errors = try browser.consoleLog().filter {
+            $0.level == "SEVERE" && !($0.message.contains("/v1/reload") && $0.message.contains("400"))
+                && !($0.message.contains("/v1/preview.jpg") && $0.message.contains("503"))
+        }
         #expect(errors.isEmpty, "console errors: \(errors)")
 
         // A wrong token: only the prompt, saying so.
@@ -280,11 +286,15 @@ import Testing
                         let wait = 0.1 - Date().timeIntervalSince(asked)
                         if wait > 0 { usleep(UInt32(wait * 1_000_000)) }
                     }
+                    state.ended.withLock { $0 += 1 }
                 }
             }
             for thread in threads { thread.start() }
             while Date().timeIntervalSince(start) < seconds { usleep(50_000) }
             state.stop.withLock { $0 = true }
+            // The clients' last requests are answered before the stop (after it the preview is
+            // 503: there is no picture of a broadcast that is over).
+            while state.ended.withLock({ $0 }) < clients { usleep(10_000) }
             let cpu = cpuSeconds(daemon.pid) - cpuBefore
             let wall = Date().timeIntervalSince(start)
             daemon.signal(SIGTERM)
@@ -334,6 +344,8 @@ final class PollState: Sendable {
     let bodies = Mutex<[String: Int]>([:])
     let failed = Mutex(0)
     let stop = Mutex(false)
+    /// Clients that saw `stop` and ended (after their last answer).
+    let ended = Mutex(0)
 }
 
 /// `broadcast ui`: the page on 127.0.0.1 for a daemon with only its Unix socket.
@@ -378,24 +390,137 @@ final class PollState: Sendable {
             let ended = ui.wait(timeout: 30)
             #expect(ended.status == 0, "\(ended.stderr)")
             #expect(!ended.stderr.contains(token), "the token in the log")
+        }
+    }
 
-            // --open runs xdg-open with the URL (a stand-in that notes its arguments).
+    /// `ui --open`: xdg-open's arguments (which every local user reads in /proc/PID/cmdline) carry
+    /// a one-time login code, never the token; the page exchanges it for the token once; a second
+    /// use is refused; xdg-open is reaped. Issue 35 item 2.
+    @Test func openGivesXdgOpenAOneTimeLoginCodeNotTheToken() throws {
+        try withRecordingDaemon(sections: """
+            [video]
+            size = "320x240"
+            """) { dir, socket, _, _ in
+            // A stand-in xdg-open that notes its arguments, one a line, and ends at once.
             try FileManager.default.createDirectory(atPath: dir.path("bin"), withIntermediateDirectories: true)
-            try "#!/bin/sh\necho \"$@\" > \(dir.path("opened"))\n".write(toFile: dir.path("bin/xdg-open"), atomically: true, encoding: .utf8)
+            try "#!/bin/sh\nfor a in \"$@\"; do echo \"$a\"; done > \(dir.path("opened.part"))\nmv \(dir.path("opened.part")) \(dir.path("opened"))\n"
+                .write(toFile: dir.path("bin/xdg-open"), atomically: true, encoding: .utf8)
             chmod(dir.path("bin/xdg-open"), 0o755)
-            let opening = try Child(
+            let ui = try Child(
                 broadcastBinary, ["ui", "--socket", socket, "--open"],
                 environment: ["PATH": dir.path("bin") + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")])
-            defer { opening.signal(SIGKILL); _ = opening.wait(timeout: 10) }
+            defer { ui.signal(SIGKILL); _ = ui.wait(timeout: 10) }
             var opened = ""
-            for _ in 0..<300 where opened.isEmpty {
+            for _ in 0..<600 where opened.isEmpty {
                 opened = (try? String(contentsOfFile: dir.path("opened"), encoding: .utf8)) ?? ""
                 usleep(100_000)
             }
-            let printed = opening.stdoutSoFar.trimmingCharacters(in: .whitespacesAndNewlines)
-            #expect(!printed.isEmpty && opened.trimmingCharacters(in: .whitespacesAndNewlines) == printed, "opened '\(opened)', printed '\(printed)'")
-            #expect(!printed.contains(token), "the same token twice")
+            let printed = ui.stdoutSoFar.trimmingCharacters(in: .whitespacesAndNewlines)
+            let parts = printed.split(separator: "#token=")
+            try #require(parts.count == 2, "printed '\(printed)' \(ui.stderrSoFar)")
+            let (base, token) = (String(parts[0].dropLast()), String(parts[1]))
+            let arguments = opened.split(separator: "\n").map(String.init)
+            #expect(!opened.contains(token), "the token in xdg-open's arguments: \(arguments)")
+            try #require(arguments.count == 1 && arguments[0].hasPrefix(base + "/#login="), "xdg-open got \(arguments)")
+            let code = String(arguments[0].dropFirst((base + "/#login=").count))
+            #expect(code.count == 32)
+
+            // The code is not the token: refused as one.
+            let asToken = try run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", "Authorization: Bearer \(code)", "\(base)/v1/status"])
+            #expect(asToken.stdout == "401")
+            // Exchanged once for the token, then refused.
+            let login = { try run("/usr/bin/curl", ["-s", "-w", "\n%{http_code}", "-X", "POST", "--data-binary", code, "\(base)/v1/login"]).stdout }
+            let first = try login()
+            #expect(first.hasSuffix("\n200") && first.contains("\"token\":\"\(token)\""), "\(first)")
+            let second = try login()
+            #expect(second.hasSuffix("\n403") && !second.contains(token), "\(second)")
+            // A code never given out is refused the same way.
+            let unknown = try run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", "--data-binary", String(token.reversed()), "\(base)/v1/login"])
+            #expect(unknown.stdout == "403")
+
+            // xdg-open ended and was reaped: the ui process has no child left, not even a zombie.
+            var children = childProcesses(of: ui.pid)
+            for _ in 0..<600 where !children.isEmpty {
+                usleep(100_000)
+                children = childProcesses(of: ui.pid)
+            }
+            #expect(children.isEmpty, "children of ui (pid, state): \(children)")
         }
+    }
+
+    /// `ui --open` in the browser: the page opened with xdg-open's URL logs in with the code and
+    /// works (the outputs, an action); the code is used up afterwards.
+    @Test func thePageLogsInWithTheOneTimeCodeInChromium() throws {
+        try withRecordingDaemon(sections: """
+            [video]
+            size = "320x240"
+            """) { dir, socket, _, _ in
+            try FileManager.default.createDirectory(atPath: dir.path("bin"), withIntermediateDirectories: true)
+            try "#!/bin/sh\necho \"$1\" > \(dir.path("opened.part"))\nmv \(dir.path("opened.part")) \(dir.path("opened"))\n"
+                .write(toFile: dir.path("bin/xdg-open"), atomically: true, encoding: .utf8)
+            chmod(dir.path("bin/xdg-open"), 0o755)
+            let ui = try Child(
+                broadcastBinary, ["ui", "--socket", socket, "--open"],
+                environment: ["PATH": dir.path("bin") + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")])
+            defer { ui.signal(SIGKILL); _ = ui.wait(timeout: 10) }
+            var opened = ""
+            for _ in 0..<600 where opened.isEmpty {
+                opened = (try? String(contentsOfFile: dir.path("opened"), encoding: .utf8)) ?? ""
+                usleep(100_000)
+            }
+            let url = opened.trimmingCharacters(in: .whitespacesAndNewlines)
+            try #require(url.contains("/#login="), "xdg-open got '\(opened)' \(ui.stderrSoFar)")
+            let browser = try WebDriver()
+            defer { browser.quit() }
+            try browser.navigate(url)
+            #expect(try browser.waitFor("const s = document.querySelector('[data-output=\"rec\"] .state'); return !!s && s.textContent === 'recording'") != nil,
+                    "the page did not log in: \((try? browser.consoleLog()).map { "\($0)" } ?? "")")
+            #expect(try browser.string("return location.hash") == "", "the code left in the address bar")
+            try browser.click("[data-output=\"rec\"] .pause")
+            #expect(try browser.waitFor("return document.querySelector('[data-output=\"rec\"] .state').textContent === 'paused'") != nil)
+            // The code is used up: a second use is refused.
+            let code = String(url.split(separator: "#login=")[1])
+            let base = String(url.split(separator: "#login=")[0])
+            let again = try run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", "--data-binary", code, "\(base)v1/login"])
+            #expect(again.stdout == "403")
+        }
+    }
+}
+
+/// `GET /v1/preview.jpg` is a picture of the broadcast running now: 503 once it stopped, however
+/// recently a picture was made, and after a later start and stop too (issue 35 item 14).
+@Suite(.serialized) struct PreviewAfterStopTests {
+    @Test func thePreviewIs503OnceTheBroadcastStopped() throws {
+        try withRecordingDaemon(sections: """
+            [video]
+            size = "320x240"
+            """) { _, socket, _, _ in
+            #expect(SocketConnection.request(socket, "GET", "/v1/preview.jpg?width=160") == 200)
+            #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/stop") == 200)
+            #expect(SocketConnection.request(socket, "GET", "/v1/preview.jpg?width=160") == 503, "a picture of a stopped broadcast")
+            #expect(SocketConnection.request(socket, "GET", "/v1/preview.jpg") == 503)
+            // A second broadcast: its picture while it runs, none after.
+            #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/start") == 200)
+            _ = try waitUntilRecording(socket)
+            #expect(SocketConnection.request(socket, "GET", "/v1/preview.jpg?width=160") == 200)
+            #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/pause") == 200)
+            #expect(SocketConnection.request(socket, "GET", "/v1/preview.jpg?width=160") == 200, "paused: the last picture")
+            #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/stop") == 200)
+            #expect(SocketConnection.request(socket, "GET", "/v1/preview.jpg?width=160") == 503, "a picture of a stopped broadcast")
+        }
+    }
+}
+
+/// Children of `pid` (any state, zombies too) from /proc: (pid, state letter).
+func childProcesses(of pid: Int32) -> [(Int32, String)] {
+    let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
+    return entries.compactMap { entry -> (Int32, String)? in
+        guard let child = Int32(entry), let text = try? String(contentsOfFile: "/proc/\(entry)/stat", encoding: .utf8),
+            let close = text.lastIndex(of: ")")
+        else { return nil }
+        let fields = text[text.index(after: close)...].split(separator: " ")
+        guard fields.count > 2, Int32(fields[1]) == pid else { return nil }
+        return (child, String(fields[0]))
     }
 }
 

@@ -364,6 +364,36 @@ final class SocketConnection: @unchecked Sendable {
         }
     }
 
+    /// `status --watch` when the daemon is killed (no graceful stop): it says the daemon went away
+    /// and exits non-zero, as JSON lines and on a terminal, where it ended with exit 0 and nothing
+    /// said, its last screen still showing the recording (issue 35 item 15).
+    @Test func statusWatchSaysWhenTheDaemonIsKilled() throws {
+        try withRecordingDaemon { _, socket, _, daemon in
+            let json = try Child(broadcastBinary, ["status", "--watch", "--json", "--socket", socket])
+            defer { json.signal(SIGKILL); _ = json.wait(timeout: 10) }
+            let terminal = try StatusViewTests.onTerminal(["status", "--watch", "--socket", socket])
+            defer { terminal.signal(SIGKILL); _ = terminal.wait(timeout: 10) }
+            // Until both follow the events (the daemon counts its event clients).
+            var following = false
+            for _ in 0..<600 where !following {
+                let connection = try #require(SocketConnection(socket))
+                connection.send("GET /metrics HTTP/1.1\r\n\r\n")
+                _ = connection.readToEnd()
+                following = Self.sample(connection.text, "broadcast_event_clients") == 2
+                if !following { usleep(100_000) }
+            }
+            try #require(following)
+            daemon.signal(SIGKILL)
+            _ = daemon.wait(timeout: 30)
+            let lines = json.wait(timeout: 60)
+            #expect(lines.status != 0, "exit \(lines.status) after the daemon was killed: \(lines.stderr)")
+            #expect(lines.stderr.contains("the daemon went away"), "\(lines.stderr)")
+            let view = terminal.wait(timeout: 60)
+            #expect(view.status != 0, "exit \(view.status) after the daemon was killed")
+            #expect(view.stdout.contains("the daemon went away"), "\(view.stdout.suffix(600))")
+        }
+    }
+
     /// The controller's lock is not held while a start opens the sources and waits for the first
     /// buffer: a source that never delivers keeps the start waiting (up to 10 s), and meanwhile the
     /// status is answered (still idle), where it used to wait for the start and say "started".

@@ -14,6 +14,14 @@ import Testing
         return (rec["state"] as? String ?? "?", rec["error"] as? String ?? "")
     }
 
+    /// The recording's `target` in the status.
+    static func target(_ socket: String) -> String? {
+        guard let r = try? broadcast(["status", "--json", "--socket", socket], timeout: 30), r.status == 0,
+              let document = try? JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any],
+              let outputs = document["outputs"] as? [[String: Any]] else { return nil }
+        return outputs.first { $0["name"] as? String == "rec" }?["target"] as? String
+    }
+
     static func waitFor(_ socket: String, _ condition: ((state: String, error: String)) -> Bool) -> (state: String, error: String)? {
         var last: (state: String, error: String)?
         for _ in 0..<600 {
@@ -52,6 +60,13 @@ import Testing
         let back = Self.waitFor(socket) { $0.state == "recording" }
         #expect(back?.state == "recording" && back?.error == "", "after space came back: \(String(describing: back))")
         #expect(daemon.waitForStderr(timeout: 60) { $0.contains("writing again") }, "\(daemon.stderrSoFar.suffix(2000))")
+        // The status names the file written now, not the one the full disk closed (issue 35 item 22).
+        let writing = daemon.stderrSoFar.split(separator: "\n").last { $0.contains("writing again, in ") }
+            .flatMap { line in line.range(of: "writing again, in ").map { String(line[$0.upperBound...].prefix { $0 != "\u{1B}" }) } }?
+            .trimmingCharacters(in: .whitespaces)
+        // (Or a later segment's: names count up with the time, seg-%H%M%S.)
+        let target = Self.target(socket)
+        #expect(writing != nil && target != nil && target! >= writing!, "status target \(target ?? "?"), writing \(writing ?? "?")")
         usleep(3_000_000)
         daemon.signal(SIGTERM)
         let r = daemon.wait(timeout: 90)

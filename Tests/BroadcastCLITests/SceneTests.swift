@@ -38,6 +38,22 @@ import Testing
         }
     }
 
+    /// A scene name too long for a request line is refused with why (issue 35 item 22): it was a
+    /// 400 with an empty body, and `broadcast scene` printed "the daemon refused: " and nothing.
+    @Test func aTooLongSceneNameIsRefusedWithWhy() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        let daemon = try spawnDaemon(config: Self.config(dir), in: dir)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        _ = try waitUntilRecording(socket)
+        let long = try broadcast(["scene", String(repeating: "a", count: 10_000), "--socket", socket], timeout: 30)
+        #expect(long.status == 1, "\(long.stderr)")
+        let line = long.stderr.split(separator: "\n").first { $0.contains("the daemon refused") }.map(String.init) ?? long.stderr
+        #expect(line.contains("exceed \(8 * 1024) bytes"), "\(line)")
+        #expect(try broadcast(["scene", "plain", "--socket", socket], timeout: 30).status == 0, "the daemon goes on")
+    }
+
     @Test func switchingScenesWhileRecordingChangesThePictureWithoutAGap() throws {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }

@@ -148,7 +148,14 @@ import Testing
         }
         session.start()
         defer { stop.flag.store(true, ordering: .relaxed) }
-        guard case .jpeg(let jpeg) = preview.jpeg(width: 160) else { Issue.record("no JPEG"); return }
+        // Right after an ask that got no frame a request is answered at once (no picture yet) and
+        // leaves an ask open: the session fills it, and a request then gets that frame.
+        var answer = preview.jpeg(width: 160)
+        for _ in 0..<600 where answer == .noFrame {
+            usleep(10_000)
+            answer = preview.jpeg(width: 160)
+        }
+        guard case .jpeg(let jpeg) = answer else { Issue.record("no JPEG"); return }
         #expect(jpeg.starts(with: [0xFF, 0xD8]) && jpeg.suffix(2) == [0xFF, 0xD9])
         // Asked again at once: the cached JPEG, no new encode.
         #expect(preview.jpeg(width: 160) == .jpeg(jpeg))
@@ -170,6 +177,69 @@ import Testing
         }
     }
 
+    /// Requests that come while one waits for the session's frame (none comes: paused) wait for
+    /// the same ask, not one after the other under the cache's lock (K open tabs made each preview
+    /// take about K seconds); when the ask ends they all get the last picture (issue 35 item 18).
+    /// On a clock the test moves: the ask ends when the test says.
+    @Test("requests waiting for a frame share one ask; when none comes they all get the last picture")
+    func requestsWaitingForAFrameShareOneAsk() throws {
+        let clock = Mutex(ContinuousClock.now)
+        let preview = PreviewFrames(now: { clock.withLock { $0 } })
+        let width = 64, height = 36
+        let pixels = [UInt8](repeating: 128, count: width * height * 3 / 2)
+        func offerFrame() {
+            pixels.withUnsafeBytes { raw in
+                let planes = [
+                    Plane(base: raw.baseAddress!, count: width * height, bytesPerRow: width),
+                    Plane(base: raw.baseAddress! + width * height, count: width * height / 4, bytesPerRow: width / 2),
+                    Plane(base: raw.baseAddress! + width * height * 5 / 4, count: width * height / 4, bytesPerRow: width / 2),
+                ]
+                preview.offer(SampleBuffer(
+                    format: .video(VideoFormat(pixelFormat: .yuv420p, width: width, height: height, colour: .bt601)),
+                    presentationTime: MediaTime(value: 0, timescale: 30), duration: MediaTime(value: 1, timescale: 30), planes: planes))
+            }
+        }
+        func waitUntilWaiting(_ count: Int) {
+            while preview.asks.waiting < count { usleep(1000) }
+        }
+
+        // The first picture: one request, one ask, the frame the session offered.
+        let first = PreviewRequests()
+        first.start(1, preview)
+        waitUntilWaiting(1)
+        offerFrame()
+        guard case .jpeg(let picture) = first.wait(for: 1)[0] else { Issue.record("no first picture"); return }
+        #expect(preview.asks.made == 1)
+
+        // Paused: no frame comes. Five requests after the cached picture is stale wait together.
+        clock.withLock { $0 += .seconds(1) }
+        let paused = PreviewRequests()
+        paused.start(5, preview)
+        waitUntilWaiting(5)
+        #expect(preview.asks.made == 2, "one ask for all five")
+        #expect(paused.answers.withLock { $0.isEmpty }, "answered before the ask ended")
+        clock.withLock { $0 += PreviewFrames.frameWait }
+        let answers = paused.wait(for: 5)
+        #expect(answers == Array(repeating: .jpeg(picture), count: 5), "the last picture for each")
+        #expect(preview.asks.made == 2 && preview.encodes == 1)
+        // Right after: the last picture at once, an ask left open (nobody waits for it).
+        #expect(preview.jpeg(width: 640) == .jpeg(picture))
+        #expect(preview.asks.made == 3 && preview.asks.waiting == 0)
+        // The session resumes: its next frame fills the open ask and is the next request's picture.
+        offerFrame()
+        guard case .jpeg = preview.jpeg(width: 640) else { Issue.record("no picture once frames come again"); return }
+        #expect(preview.encodes == 2 && preview.asks.made == 3)
+
+        // After a stop the preview forgets it, and answers no picture.
+        clock.withLock { $0 += .seconds(1) }
+        preview.forget()
+        let stopped = PreviewRequests()
+        stopped.start(1, preview)
+        waitUntilWaiting(1)
+        clock.withLock { $0 += PreviewFrames.frameWait }
+        #expect(stopped.wait(for: 1) == [.noFrame])
+    }
+
     /// A JPEG decoded by ffmpeg into 8-bit grey, with its size from ffprobe.
     static func decodeToGray(_ jpeg: [UInt8]) throws -> (width: Int, height: Int, pixels: [UInt8]) {
         let path = FileManager.default.temporaryDirectory.appendingPathComponent("preview-\(UUID().uuidString).jpg").path
@@ -187,4 +257,23 @@ import Testing
 
 final class StopFlag: Sendable {
     let flag = Atomic<Bool>(false)
+}
+
+/// Preview requests on threads of their own; their answers once all are in.
+final class PreviewRequests: @unchecked Sendable {
+    let answers = Mutex<[PreviewFrames.Answer]>([])
+
+    func start(_ count: Int, _ preview: PreviewFrames) {
+        for _ in 0..<count {
+            Thread { [self] in
+                let answer = preview.jpeg(width: 640)
+                answers.withLock { $0.append(answer) }
+            }.start()
+        }
+    }
+
+    func wait(for count: Int) -> [PreviewFrames.Answer] {
+        while answers.withLock({ $0.count }) < count { usleep(1000) }
+        return answers.withLock { $0 }
+    }
 }

@@ -95,6 +95,32 @@ func serving<T: Sendable>(_ server: ControlServer, _ body: () async throws -> T)
         return code
     }
 
+    /// A request NIO's parser refuses is answered with why, not an empty 400 (a 10 000-character
+    /// scene name made `broadcast scene` print "the daemon refused: " and nothing; issue 35 item 22).
+    @Test func aRequestTheParserRefusesIsAnsweredWithWhy() async throws {
+        try await withServer { path, counter in
+            let client = ControlClient(socketPath: path)
+            let long = try client.send(method: "POST", path: "/v1/scene/" + String(repeating: "a", count: 10_000))
+            let text = String(decoding: long.body, as: UTF8.self)
+            #expect(long.status == 431, "\(long.status) \(text)")
+            guard case .object(let fields)? = JSONValue.parse(text), case .string(let message)? = fields.first(where: { $0.0 == "error" })?.1 else {
+                Issue.record("no JSON error in \(long.status) '\(text)'")
+                return
+            }
+            #expect(message.contains("\(8 * 1024) bytes"), "\(message)")
+            // A header line without a colon: malformed, said so.
+            let fd = Self.connectUnix(path)
+            defer { close(fd) }
+            let bytes = Array("GET /v1/count HTTP/1.1\r\nNo colon here\r\n\r\n".utf8)
+            _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            let answer = String(decoding: Self.readAnswer(fd), as: UTF8.self)
+            #expect(answer.hasPrefix("HTTP/1.1 400") && answer.contains("{\"error\":\"malformed HTTP request"), "\(answer)")
+            #expect(counter.value.withLock { $0 } == 0)
+            // The server goes on.
+            #expect(try client.send(method: "POST", path: "/v1/count").status == 200)
+        }
+    }
+
     /// Targets with broken %-escapes are refused whole, whatever the method: a POST whose query
     /// cannot be decoded must not act on the path.
     @Test(arguments: ["/v1/count?x=%", "/v1/count?x=%4", "/v1/count?%zz=1", "/v1/c%zzount", "/v1/count?x=%ff", "/v1/count%"])
