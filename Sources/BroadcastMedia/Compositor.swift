@@ -210,26 +210,34 @@ final class Compositor: @unchecked Sendable {
         layerConversions += 1
     }
 
-    /// Points `planes` at `crop` (cut to the picture, on even pixels) and makes `source` its size.
-    static func crop(_ planes: inout [UnsafePointer<UInt8>?], strides: [Int32], source: inout Scaler.Source, to crop: PixelRegion) {
-        guard let region = crop.clipped(width: Int(source.width), height: Int(source.height)),
+    /// Points `planes` at `crop` (on the chroma grid, cut to the picture) and makes `source` its
+    /// size; false (nothing changed) when nothing of `crop` is inside the picture.
+    ///
+    /// A plane's offset for `x` pixels is `av_image_get_linesize(format, x, plane)`: the bytes `x`
+    /// pixels take, which for packed 4:2:2 (YUYV, UYVY: four bytes per two pixels) is 2x, not the
+    /// largest component step (4) times x.
+    @discardableResult
+    static func crop(_ planes: inout [UnsafePointer<UInt8>?], strides: [Int32], source: inout Scaler.Source, to crop: PixelRegion) -> Bool {
+        let (width, height) = (Int(source.width), Int(source.height))
+        guard width >= 2, height >= 2, let region = crop.clipped(width: width, height: height),
             let descriptor = av_pix_fmt_desc_get(source.format)
-        else { return }
-        let x = region.x & ~1
-        let y = region.y & ~1
-        let w = max(2, (region.x + region.width - x) & ~1)
-        let h = max(2, (region.y + region.height - y) & ~1)
+        else { return false }
+        // Grown to even edges (chroma pairs), then cut to the picture on even edges, at least 2x2.
+        let right = min((region.x + region.width + 1) & ~1, width & ~1)
+        let bottom = min((region.y + region.height + 1) & ~1, height & ~1)
+        let x = min(region.x & ~1, right - 2)
+        let y = min(region.y & ~1, bottom - 2)
         let isRGB = descriptor.pointee.flags & UInt64(AV_PIX_FMT_FLAG_RGB) != 0
-        let components = withUnsafeBytes(of: descriptor.pointee.comp) { Array($0.bindMemory(to: AVComponentDescriptor.self)) }
         for index in 0..<4 where planes[index] != nil {
-            let step = components.prefix(Int(descriptor.pointee.nb_components)).filter { $0.plane == index }.map { Int($0.step) }.max() ?? 1
             let chroma = !isRGB && (index == 1 || index == 2)
-            let px = chroma ? x >> Int(descriptor.pointee.log2_chroma_w) : x
-            let py = chroma ? y >> Int(descriptor.pointee.log2_chroma_h) : y
-            planes[index] = planes[index]! + py * Int(strides[index]) + px * step
+            let rows = chroma ? y >> Int(descriptor.pointee.log2_chroma_h) : y
+            let columnBytes = Int(av_image_get_linesize(source.format, Int32(x), Int32(index)))
+            guard columnBytes >= 0 else { return false }
+            planes[index] = planes[index]! + rows * Int(strides[index]) + columnBytes
         }
-        source.width = Int32(w)
-        source.height = Int32(h)
+        source.width = Int32(right - x)
+        source.height = Int32(bottom - y)
+        return true
     }
 
     // MARK: The composite

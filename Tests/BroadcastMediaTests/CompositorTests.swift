@@ -298,3 +298,116 @@ struct LayeredSessionTests {
         #expect(probe.lumas.suffix(20).allSatisfy { abs(Int($0) - 81) <= 3 }, "hidden after it failed: \(probe.lumas.suffix(20))")
     }
 }
+
+/// issue 35 item 5: a crop of a packed picture (a camera's YUYV/UYVY, a screen's BGR0, RGB24)
+/// takes the columns and rows asked for, up to the picture's right and bottom edges and not past
+/// them. Each is judged against ffmpeg's crop of the same frame, drawn through the same conversion:
+/// the cropped layer's composite must equal, byte for byte, the composite of ffmpeg's crop drawn
+/// uncropped.
+@Suite("A crop takes the part asked for")
+struct CompositorCropTests {
+    static let sourceWidth = 320
+    static let sourceHeight = 240
+
+    static let packedFormats: [PixelFormat] = [.yuyv422, .uyvy422, .rgb24, .bgr24, .bgra, .bgr0]
+
+    /// Bytes of one pixel of a packed format.
+    static func bytesPerPixel(_ format: PixelFormat) -> Int {
+        switch format {
+        case .yuyv422, .uyvy422: 2
+        case .rgb24, .bgr24: 3
+        default: 4
+        }
+    }
+
+    /// ffmpeg's testsrc frame in `format`, raw, `width` x `height`.
+    static func testFrame(_ format: PixelFormat, in directory: TemporaryDirectory) throws -> [UInt8] {
+        let path = directory.file("full-\(format.rawValue).raw")
+        let result = try run([
+            "ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc=size=\(sourceWidth)x\(sourceHeight):rate=1",
+            "-frames:v", "1", "-pix_fmt", format.rawValue, "-f", "rawvideo", path,
+        ])
+        guard result.status == 0 else { throw ProbeError(message: "ffmpeg could not make a \(format) frame: \(result.standardError)") }
+        return [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
+    }
+
+    /// ffmpeg's `crop` of the raw frame at `path`, in the same format.
+    static func ffmpegCrop(_ format: PixelFormat, _ crop: PixelRegion, in directory: TemporaryDirectory) throws -> [UInt8] {
+        let path = directory.file("crop-\(format.rawValue)-\(crop.description).raw")
+        let result = try run([
+            "ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", format.rawValue,
+            "-s", "\(sourceWidth)x\(sourceHeight)", "-i", directory.file("full-\(format.rawValue).raw"),
+            "-vf", "crop=\(crop.width):\(crop.height):\(crop.x):\(crop.y)", "-pix_fmt", format.rawValue, "-f", "rawvideo", path,
+        ])
+        guard result.status == 0 else { throw ProbeError(message: "ffmpeg could not crop: \(result.standardError)") }
+        return [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
+    }
+
+    /// The composite (all three planes, rows without padding) of a grey base with `picture`
+    /// (`width` x `height` in `format`) drawn at the origin, cropped by `crop`, filling a box
+    /// of the crop's size (no scaling).
+    static func composite(
+        _ picture: [UInt8], _ format: PixelFormat, width: Int, height: Int, crop: PixelRegion?, box: PixelRegion
+    ) throws -> [UInt8] {
+        let (frameWidth, frameHeight) = (96, 64)
+        var placement = CompositorTests.placement(x: 0, y: 0, width: box.width, height: box.height)
+        placement.fill = true
+        placement.crop = crop
+        let compositor = try Compositor(width: frameWidth, height: frameHeight, colour: .bt601, placements: [placement])
+        let base = [UInt32](repeating: 0x0080_8080, count: frameWidth * frameHeight)
+        try base.withUnsafeBytes { bytes in
+            try compositor.updateBase(
+                CapturedBuffer(
+                    format: .video(VideoFormat(pixelFormat: .bgr0, width: frameWidth, height: frameHeight)), captureTime: 0,
+                    duration: MediaTime(value: 1, timescale: 30),
+                    planes: [Plane(base: bytes.baseAddress!, count: bytes.count, bytesPerRow: frameWidth * 4)]))
+        }
+        // The picture's own memory, exactly its size: a read past it is a read past the frame.
+        let memory = UnsafeMutableRawBufferPointer.allocate(byteCount: picture.count, alignment: 64)
+        defer { memory.deallocate() }
+        memory.copyMemory(from: UnsafeRawBufferPointer(start: picture, count: picture.count))
+        try compositor.updateLayer(
+            0,
+            with: CapturedBuffer(
+                format: .video(VideoFormat(pixelFormat: format, width: width, height: height)), captureTime: 0,
+                duration: MediaTime(value: 1, timescale: 30),
+                planes: [Plane(base: memory.baseAddress!, count: memory.count, bytesPerRow: width * bytesPerPixel(format))]),
+            show: .picture)
+        _ = try compositor.compose()
+        let out = UnsafeMutableRawPointer.allocate(byteCount: frameWidth * frameHeight * 3 / 2, alignment: 64)
+        defer { out.deallocate() }
+        let luma = frameWidth * frameHeight
+        compositor.copyComposite(into: [
+            Plane(base: out, count: luma, bytesPerRow: frameWidth),
+            Plane(base: out + luma, count: luma / 4, bytesPerRow: frameWidth / 2),
+            Plane(base: out + luma * 5 / 4, count: luma / 4, bytesPerRow: frameWidth / 2),
+        ])
+        return Array(UnsafeBufferPointer(start: out.assumingMemoryBound(to: UInt8.self), count: luma * 3 / 2))
+    }
+
+    @Test(arguments: packedFormats)
+    func aCropOfAPackedPictureIsFfmpegsCrop(format: PixelFormat) throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let full = try Self.testFrame(format, in: directory)
+        #expect(full.count == Self.sourceWidth * Self.sourceHeight * Self.bytesPerPixel(format))
+        let crops = [
+            PixelRegion(x: 256, y: 192, width: 64, height: 48),  // the bottom-right corner
+            PixelRegion(x: 318, y: 238, width: 2, height: 2),  // its last pixels
+            PixelRegion(x: 240, y: 0, width: 80, height: 40),  // the right edge, the top
+            PixelRegion(x: 0, y: 200, width: 90, height: 40),  // the bottom edge, the left
+            PixelRegion(x: 200, y: 100, width: 60, height: 30),  // inside
+        ]
+        for crop in crops {
+            let reference = try Self.ffmpegCrop(format, crop, in: directory)
+            let expected = try Self.composite(
+                reference, format, width: crop.width, height: crop.height, crop: nil,
+                box: PixelRegion(x: 0, y: 0, width: crop.width, height: crop.height))
+            let cropped = try Self.composite(
+                full, format, width: Self.sourceWidth, height: Self.sourceHeight, crop: crop,
+                box: PixelRegion(x: 0, y: 0, width: crop.width, height: crop.height))
+            let differing = zip(cropped, expected).filter { $0 != $1 }.count
+            #expect(differing == 0, "\(format) crop \(crop): \(differing) of \(expected.count) composite bytes differ from ffmpeg's crop")
+        }
+    }
+}
