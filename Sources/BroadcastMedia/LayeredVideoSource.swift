@@ -177,14 +177,14 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
         into sink: SourceSink, base: SourceSink, inputSinks: [SourceSink], wakeup: Wakeup, compositor: Compositor,
         sceneLayers: [[Compositor.Layer]], pool: CompositeFramePool
     ) {
-        var last: CompositeFrame?
+        let output = CompositeOutput(compositor: compositor, pool: pool)
         // Each input's newest picture, kept until the next one comes: a scene switched to shows
         // every one of its pictures at its first frame.
         var held = [CapturedBuffer?](repeating: nil, count: inputs.count)
         var fresh = [Bool](repeating: false, count: inputs.count)
         var current = 0
         defer {
-            last?.release()
+            output.stop()
             for buffer in held { buffer?.backing?.release() }
         }
         while running.load(ordering: .acquiring) && !sink.isStopping {
@@ -249,28 +249,20 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
                 sink.fail(BroadcastError(.sourceFailed, "composing: \(error)"))
                 return
             }
-            let out: CompositeFrame
-            if let changed, changed.isEmpty, let last {
-                out = last  // nothing changed: the last composite again, nothing drawn or copied
-            } else {
-                guard let free = pool.acquire(wait: !isRealtime, shouldStop: { [running] in !running.load(ordering: .acquiring) || sink.isStopping }) else {
-                    frame.backing?.release()
-                    if !isRealtime { return }
-                    droppedFrames.wrappingIncrement(ordering: .relaxed)
-                    continue
-                }
-                compositor.copyComposite(into: free.planes)
-                last?.release()
-                last = free
-                out = free
+            guard let (out, outChanged) = output.next(
+                changed: changed, wait: !isRealtime, shouldStop: { [running] in !running.load(ordering: .acquiring) || sink.isStopping })
+            else {
+                frame.backing?.release()
+                if !isRealtime { return }
+                droppedFrames.wrappingIncrement(ordering: .relaxed)
+                continue
             }
             composed.wrappingIncrement(ordering: .relaxed)
             redrawnPixels.store(compositor.composedPixels, ordering: .relaxed)
-            out.retain()
             let captured = CapturedBuffer(
                 format: .video(VideoFormat(pixelFormat: .yuv420p, width: width, height: height, colour: colour)),
                 captureTime: frame.captureTime, duration: frame.duration, planes: out.planes,
-                changedRegions: changed, backing: out)
+                changedRegions: outChanged, backing: out)
             frame.backing?.release()
             if isRealtime {
                 sink.offer(captured)
@@ -278,6 +270,51 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
                 return
             }
         }
+    }
+}
+
+/// What the composite's thread hands on at each frame: the composite copied into a free frame of
+/// the pool, or the last frame again when nothing changed. The composite's thread only.
+final class CompositeOutput {
+    private let compositor: Compositor
+    private let pool: CompositeFramePool
+    /// The frame handed on last (its own reference, released when another replaces it).
+    private var last: CompositeFrame?
+    /// A composite was dropped (no frame free): the canvas holds what it changed, `last` does not,
+    /// so the next frame is a new one, said to be changed everywhere.
+    private var dropped = false
+
+    init(compositor: Compositor, pool: CompositeFramePool) {
+        self.compositor = compositor
+        self.pool = pool
+    }
+
+    /// After `compose` answered `changed`: the frame to hand on, with a reference for the receiver,
+    /// and what changed in it since the frame handed on before (nil: everything). Nil when no frame
+    /// is free (`acquire`'s `wait` and `shouldStop`): this composite is dropped.
+    func next(changed: [PixelRegion]?, wait: Bool, shouldStop: () -> Bool) -> (frame: CompositeFrame, changed: [PixelRegion]?)? {
+        if !dropped, let changed, changed.isEmpty, let last {
+            // Nothing changed: the last composite again, nothing drawn or copied.
+            last.retain()
+            return (last, [])
+        }
+        guard let free = pool.acquire(wait: wait, shouldStop: shouldStop) else {
+            dropped = true
+            return nil
+        }
+        compositor.copyComposite(into: free.planes)
+        last?.release()
+        last = free
+        free.retain()
+        let whole = dropped
+        dropped = false
+        return (free, whole ? nil : changed)
+    }
+
+    /// Lets go of the last frame.
+    func stop() {
+        last?.release()
+        last = nil
     }
 }
 

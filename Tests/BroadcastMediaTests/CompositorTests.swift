@@ -199,6 +199,48 @@ struct CompositorTests {
         _ = try compositor.compose()
         #expect(Self.luma(compositor) == shown, "back")
     }
+
+    /// A frame's luma plane (rows without padding: the pool's frames have none).
+    static func luma(_ frame: CompositeFrame) -> [UInt8] {
+        Array(UnsafeRawBufferPointer(start: frame.planes[0].base, count: width * height))
+    }
+
+    /// issue 35 item 6: a composite the pool had no frame for is not lost: the next frame handed on
+    /// holds it (and says everything changed), even when nothing changed since.
+    @Test func aCompositeDroppedForWantOfAFrameIsInTheNextOne() throws {
+        let screen = Picture(width: Self.width, height: Self.height, colour: 0x0000_00ff)
+        let layer = Picture(width: 64, height: 48, colour: 0x00ff_0000)
+        let compositor = try Compositor(
+            width: Self.width, height: Self.height, colour: .bt601, placements: [Self.placement(x: 200, y: 100, width: 64, height: 48)])
+        let output = CompositeOutput(compositor: compositor, pool: CompositeFramePool(count: 2, width: Self.width, height: Self.height))
+        defer { output.stop() }
+        func frame(layerColour: UInt32?) throws -> [PixelRegion]? {
+            try compositor.updateBase(screen.captured(changed: []))
+            if let layerColour {
+                layer.fill(PixelRegion(x: 0, y: 0, width: 64, height: 48), layerColour)
+                try compositor.updateLayer(0, with: layer.captured(changed: nil), show: .picture)
+            } else {
+                try compositor.updateLayer(0, with: nil, show: .picture)
+            }
+            return try compositor.compose()
+        }
+        // Red, then green: two frames, both held by the receiver (as a slow encoder holds them).
+        try compositor.updateBase(screen.captured(changed: nil))
+        try compositor.updateLayer(0, with: layer.captured(changed: nil), show: .picture)
+        let first = try #require(output.next(changed: try compositor.compose(), wait: false, shouldStop: { false }))
+        let second = try #require(output.next(changed: try frame(layerColour: 0x0000_ff00), wait: false, shouldStop: { false }))
+        // Red again: no frame free, dropped.
+        #expect(output.next(changed: try frame(layerColour: 0x00ff_0000), wait: false, shouldStop: { false }) == nil)
+        let red = Self.luma(compositor)
+        first.frame.release()
+        second.frame.release()
+        // Nothing new after that: the frame handed on is the red composite, whole.
+        let after = try #require(output.next(changed: try frame(layerColour: nil), wait: false, shouldStop: { false }))
+        defer { after.frame.release() }
+        let differing = zip(Self.luma(after.frame), red).filter { $0 != $1 }.count
+        #expect(differing == 0, "the dropped composite's change is in the next frame: \(differing) luma bytes differ")
+        #expect(after.changed == nil, "and it says everything changed: \(String(describing: after.changed))")
+    }
 }
 
 /// A composite in a real session: a layer whose source fails while the base goes on.
