@@ -26,7 +26,8 @@ final class Compositor: @unchecked Sendable {
     /// Used by the composite's thread only (handed to it at the start, as the compositor is).
     final class Layer: @unchecked Sendable {
         let placement: LayerPlacement
-        /// Where the layer goes in the frame; nil when its box is outside the frame.
+        /// Where the layer goes; it may reach past the frame's right and bottom edges (what is
+        /// past them is cut when drawn); nil when nothing of it is inside the frame.
         let box: PixelRegion?
         var decoder: MJPEGDecoder?
         /// Into RGB with the source's own matrix, when it differs from the output's (libswscale
@@ -150,8 +151,9 @@ final class Compositor: @unchecked Sendable {
             changed = true
         }
         guard changed else { return }
-        if let before { dirty.append(before) }
-        if let after = layer.area, after != before { dirty.append(after) }
+        // Only what is inside the frame is drawn again.
+        if let before = before?.clipped(width: width, height: height) { dirty.append(before) }
+        if let after = layer.area, after != before, let inside = after.clipped(width: width, height: height) { dirty.append(inside) }
     }
 
     /// Converts a layer's picture into the output's format and colour at its drawn size.

@@ -241,6 +241,81 @@ struct CompositorTests {
         #expect(differing == 0, "the dropped composite's change is in the next frame: \(differing) luma bytes differ")
         #expect(after.changed == nil, "and it says everything changed: \(String(describing: after.changed))")
     }
+
+    /// A yuv420p picture (rows without padding) as a captured buffer of three planes.
+    static func yuv420p(_ bytes: UnsafeRawBufferPointer, width: Int, height: Int, changed: [PixelRegion]? = nil) -> CapturedBuffer {
+        let luma = width * height
+        return CapturedBuffer(
+            format: .video(VideoFormat(pixelFormat: .yuv420p, width: width, height: height)), captureTime: 0,
+            duration: MediaTime(value: 1, timescale: 30),
+            planes: [
+                Plane(base: bytes.baseAddress!, count: luma, bytesPerRow: width),
+                Plane(base: bytes.baseAddress! + luma, count: luma / 4, bytesPerRow: width / 2),
+                Plane(base: bytes.baseAddress! + luma * 5 / 4, count: luma / 4, bytesPerRow: width / 2),
+            ],
+            changedRegions: changed)
+    }
+
+    /// One frame of an ffmpeg source filter as raw yuv420p.
+    static func rawFrame(_ filter: String, in directory: TemporaryDirectory, _ name: String) throws -> [UInt8] {
+        let path = directory.file(name)
+        let result = try run([
+            "ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "lavfi", "-i", filter, "-frames:v", "1", "-pix_fmt", "yuv420p",
+            "-f", "rawvideo", path,
+        ])
+        guard result.status == 0 else { throw ProbeError(message: "ffmpeg could not make \(name): \(result.standardError)") }
+        return [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
+    }
+
+    /// issue 35 item 8: a box partly outside the frame is cut at the frame's edge, as ffmpeg's
+    /// overlay does, not squeezed into the part inside it. Base and layer are yuv420p (no
+    /// conversion on either side), so the composite must be ffmpeg's overlay byte for byte.
+    @Test(arguments: [(288, 160), (300, 20), (10, 170), (318, 190)])
+    func aBoxPartlyOutsideTheFrameIsCutAsFfmpegsOverlayCutsIt(x: Int, y: Int) throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let base = try Self.rawFrame("testsrc2=size=\(Self.width)x\(Self.height):rate=1", in: directory, "base.raw")
+        let layer = try Self.rawFrame("testsrc=size=64x48:rate=1", in: directory, "layer.raw")
+        let result = try run([
+            "ffmpeg", "-nostdin", "-v", "error", "-y",
+            "-f", "rawvideo", "-pix_fmt", "yuv420p", "-s", "\(Self.width)x\(Self.height)", "-i", directory.file("base.raw"),
+            "-f", "rawvideo", "-pix_fmt", "yuv420p", "-s", "64x48", "-i", directory.file("layer.raw"),
+            "-filter_complex", "[0][1]overlay=\(x):\(y):format=yuv420", "-frames:v", "1", "-pix_fmt", "yuv420p", "-f", "rawvideo",
+            directory.file("overlay.raw"),
+        ])
+        #expect(result.status == 0, "ffmpeg overlay: \(result.standardError)")
+        let overlay = [UInt8](try Data(contentsOf: URL(fileURLWithPath: directory.file("overlay.raw"))))
+
+        var placement = Self.placement(x: x, y: y, width: 64, height: 48)
+        placement.fill = true
+        let compositor = try Compositor(width: Self.width, height: Self.height, colour: .bt601, placements: [placement])
+        try base.withUnsafeBytes { try compositor.updateBase(Self.yuv420p($0, width: Self.width, height: Self.height)) }
+        try layer.withUnsafeBytes { try compositor.updateLayer(0, with: Self.yuv420p($0, width: 64, height: 48), show: .picture) }
+        _ = try compositor.compose()
+        let composite = Self.planes(compositor)
+        #expect(composite.count == overlay.count)
+        let differing = zip(composite, overlay).filter { $0 != $1 }.count
+        #expect(differing == 0, "box at \(x),\(y): \(differing) of \(overlay.count) bytes differ from ffmpeg's overlay")
+
+        // The layer's next picture redraws its visible part only, and stays the same.
+        try base.withUnsafeBytes { try compositor.updateBase(Self.yuv420p($0, width: Self.width, height: Self.height, changed: [])) }
+        try layer.withUnsafeBytes { try compositor.updateLayer(0, with: Self.yuv420p($0, width: 64, height: 48), show: .picture) }
+        let redrawn = try #require(try compositor.compose())
+        #expect(redrawn.allSatisfy { $0.x >= 0 && $0.y >= 0 && $0.x + $0.width <= Self.width && $0.y + $0.height <= Self.height }, "\(redrawn)")
+        #expect(Self.planes(compositor) == composite)
+    }
+
+    /// The composite's three planes, rows without padding.
+    static func planes(_ compositor: Compositor) -> [UInt8] {
+        let bytes = UnsafeMutableRawPointer.allocate(byteCount: width * height * 3 / 2, alignment: 64)
+        defer { bytes.deallocate() }
+        compositor.copyComposite(into: [
+            Plane(base: bytes, count: width * height, bytesPerRow: width),
+            Plane(base: bytes + width * height, count: width * height / 4, bytesPerRow: width / 2),
+            Plane(base: bytes + width * height * 5 / 4, count: width * height / 4, bytesPerRow: width / 2),
+        ])
+        return Array(UnsafeBufferPointer(start: bytes.assumingMemoryBound(to: UInt8.self), count: width * height * 3 / 2))
+    }
 }
 
 /// A composite in a real session: a layer whose source fails while the base goes on.
