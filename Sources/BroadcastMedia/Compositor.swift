@@ -183,8 +183,9 @@ final class Compositor: @unchecked Sendable {
                 strides[index] = Int32(plane.bytesPerRow)
             }
         }
-        if let crop = layer.placement.crop {
-            Self.crop(&planes, strides: strides, source: &source, to: crop)
+        if let crop = layer.placement.crop, !Self.crop(&planes, strides: strides, source: &source, to: crop) {
+            throw FFmpegError.invalidArgument(
+                "crop \(crop) has nothing inside the source's \(source.width)x\(source.height) picture", "cropping a layer")
         }
         let drawn = layer.placement.drawn(in: box, sourceWidth: Int(source.width), sourceHeight: Int(source.height))
         let (w, h) = (Int32(drawn.width), Int32(drawn.height))

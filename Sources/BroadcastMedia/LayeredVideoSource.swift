@@ -105,6 +105,16 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
         inputFailed[index].load(ordering: .relaxed) || inputs[index].health.state == .deviceLost
     }
 
+    /// What input `index`'s layers show once it is lost or failed (`on_loss`), for messages.
+    func shownWhenLost(_ index: Int) -> String {
+        let choices = Set(scenes.flatMap(\.layers).filter { $0.input == index }.map(\.placement.onLoss))
+        switch choices {
+        case [.slate]: return "shown as a slate"
+        case [.hide]: return "hidden"
+        default: return "hidden (a slate where on_loss=slate)"
+        }
+    }
+
     /// The scene asked for last (shown from the next frame on).
     public var scene: String { scenes[requestedScene.load(ordering: .relaxed)].name }
     /// The scene the last frame showed.
@@ -131,10 +141,11 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
             let flag = inputFailed[index]
             let logger = self.logger
             let name = input.name
+            let shown = shownWhenLost(index)
             inputSinks.append(
                 try SourceSink.nested(in: sink, capacity: 4, consumer: try Wakeup(), onFailure: { error in
                     flag.store(true, ordering: .relaxed)
-                    logger.warning("layer \(name) failed, hidden from now on: \(error.message)")
+                    logger.warning("layer \(name) failed, \(shown) from now on: \(error.message)")
                 }))
         }
         sinks = [baseSink] + inputSinks
@@ -236,9 +247,10 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
                     try compositor.updateLayer(position, with: lost ? nil : picture, show: show)
                 } catch {
                     if !inputFailed[layer.input].exchange(true, ordering: .relaxed) {
-                        logger.warning("layer \(inputs[layer.input].name) cannot be converted, hidden from now on: \(error)")
+                        logger.warning(
+                            "layer \(inputs[layer.input].name) cannot be converted, \(shownWhenLost(layer.input)) from now on: \(error)")
                     }
-                    try? compositor.updateLayer(position, with: nil, show: .hidden)
+                    try? compositor.updateLayer(position, with: nil, show: layer.placement.onLoss == .slate ? .slate : .hidden)
                 }
             }
             let changed: [PixelRegion]?

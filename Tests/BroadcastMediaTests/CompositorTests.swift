@@ -416,6 +416,29 @@ struct LayeredSessionTests {
     }
 }
 
+extension LayeredSessionTests {
+    /// issue 35 item 22: a failed layer with `on_loss=slate` shows its slate, and the line that
+    /// says it failed says so (it said "hidden from now on").
+    @Test func aFailedLayerWithASlateSaysItShowsTheSlate() throws {
+        let steps = Steps()
+        let base = SolidSource(name: "screen", width: 160, height: 96, colour: 0x00ff_0000, frames: 60, fails: false, steps: steps)
+        let layer = SolidSource(name: "camera", width: 32, height: 32, colour: 0x0000_ff00, frames: 5, fails: true, steps: steps)
+        var placement = LayerPlacement()
+        (placement.x, placement.y, placement.width, placement.height) = (.pixels(100), .pixels(40), .pixels(32), .pixels(32))
+        placement.onLoss = .slate
+        let recorded = RecordedLog()
+        let composite = LayeredVideoSource(
+            base: base, inputs: [layer], scenes: [.init(name: "default", layers: [.init(input: 0, placement: placement)])],
+            width: 160, height: 96, colour: nil, logger: Logger(label: "test") { _ in RecordingLogHandler(log: recorded) })
+        let probe = LumaProbe(x: 116, y: 56, steps: steps)
+        let summary = try BroadcastSession(handler: probe, sources: [(.video, composite)]).run(setupInfo: [:])
+        #expect(summary.reason == .sourcesEnded, "\(summary.reason)")
+        #expect(probe.lumas.suffix(20).allSatisfy { $0 == 40 }, "the slate after it failed: \(probe.lumas.suffix(20))")
+        let lines = recorded.records.map(\.1).filter { $0.contains("camera") }
+        #expect(lines.count == 1 && lines[0].contains("failed, shown as a slate from now on"), "\(lines)")
+    }
+}
+
 /// issue 35 item 5: a crop of a packed picture (a camera's YUYV/UYVY, a screen's BGR0, RGB24)
 /// takes the columns and rows asked for, up to the picture's right and bottom edges and not past
 /// them. Each is judged against ffmpeg's crop of the same frame, drawn through the same conversion:
