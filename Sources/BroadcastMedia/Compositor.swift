@@ -62,7 +62,13 @@ final class Compositor: @unchecked Sendable {
     private(set) var layers: [Layer]
     /// The next `compose` redraws everything.
     private var everything = true
-    private var dirty: [PixelRegion] = []
+    /// What changed since the last `redraw` (frame coordinates, on the chroma grid), and what the
+    /// last `redraw` drew: lists of their own, traded at each redraw, never shared or copied.
+    private var dirty = RegionList(capacity: 64)
+    private var redrawn = RegionList(capacity: 64)
+    /// A layer's picture as planes and strides for libswscale, rewritten in place at each conversion.
+    private var sourcePlanes: [UnsafePointer<UInt8>?] = [nil, nil, nil, nil]
+    private var sourceStrides: [Int32] = [0, 0, 0, 0]
     /// Pixels drawn into the composite since the start (tests and benchmarks).
     private(set) var composedPixels = 0
     /// Layer pictures converted since the start.
@@ -124,7 +130,7 @@ final class Compositor: @unchecked Sendable {
                 // What the scaler may have rewritten: each region grown by its filters' reach.
                 for region in changed {
                     let grown = PixelRegion(x: region.x - 8, y: region.y - 8, width: region.width + 16, height: region.height + 16)
-                    if let region = grown.onChromaGrid(width: width, height: height) { dirty.append(region) }
+                    if let region = grown.onChromaGrid(width: width, height: height) { markChanged(region) }
                 }
                 return
             }
@@ -152,15 +158,23 @@ final class Compositor: @unchecked Sendable {
         }
         guard changed else { return }
         // Only what is inside the frame is drawn again.
-        if let before = before?.clipped(width: width, height: height) { dirty.append(before) }
-        if let after = layer.area, after != before, let inside = after.clipped(width: width, height: height) { dirty.append(inside) }
+        if let before = before?.clipped(width: width, height: height) { markChanged(before) }
+        if let after = layer.area, after != before, let inside = after.clipped(width: width, height: height) { markChanged(inside) }
+    }
+
+    /// `region` is drawn again at the next `redraw`; everything is, once more regions changed than
+    /// the list holds.
+    private func markChanged(_ region: PixelRegion) {
+        if !dirty.append(region) { everything = true }
     }
 
     /// Converts a layer's picture into the output's format and colour at its drawn size.
     private func convert(_ buffer: CapturedBuffer, for layer: Layer, box: PixelRegion) throws(FFmpegError) {
         guard case .video(let format) = buffer.format else { return }
-        var planes: [UnsafePointer<UInt8>?] = [nil, nil, nil, nil]
-        var strides: [Int32] = [0, 0, 0, 0]
+        for index in 0..<4 {
+            sourcePlanes[index] = nil
+            sourceStrides[index] = 0
+        }
         var source: Scaler.Source
         var sourceColour = format.colour
         if format.pixelFormat == .mjpeg {
@@ -169,34 +183,34 @@ final class Compositor: @unchecked Sendable {
             source = Scaler.Source(decoded: decoded)
             withUnsafeBytes(of: decoded.pointee.data) { data in
                 let pointers = data.bindMemory(to: UnsafeMutablePointer<UInt8>?.self)
-                for index in 0..<4 { planes[index] = UnsafePointer(pointers[index]) }
+                for index in 0..<4 { sourcePlanes[index] = UnsafePointer(pointers[index]) }
             }
             withUnsafeBytes(of: decoded.pointee.linesize) { sizes in
-                for index in 0..<4 { strides[index] = sizes.load(fromByteOffset: index * 4, as: Int32.self) }
+                for index in 0..<4 { sourceStrides[index] = sizes.load(fromByteOffset: index * 4, as: Int32.self) }
             }
             sourceColour = sourceColour ?? .jpeg
         } else {
             guard let known = Scaler.Source(format) else { return }
             source = known
-            for (index, plane) in buffer.planes.prefix(4).enumerated() {
-                planes[index] = plane.base.assumingMemoryBound(to: UInt8.self)
-                strides[index] = Int32(plane.bytesPerRow)
+            for index in 0..<min(4, buffer.planes.count) {
+                sourcePlanes[index] = buffer.planes[index].base.assumingMemoryBound(to: UInt8.self)
+                sourceStrides[index] = Int32(buffer.planes[index].bytesPerRow)
             }
         }
-        if let crop = layer.placement.crop, !Self.crop(&planes, strides: strides, source: &source, to: crop) {
+        if let crop = layer.placement.crop, !Self.crop(&sourcePlanes, strides: sourceStrides, source: &source, to: crop) {
             throw FFmpegError.invalidArgument(
                 "crop \(crop) has nothing inside the source's \(source.width)x\(source.height) picture", "cropping a layer")
         }
         let drawn = layer.placement.drawn(in: box, sourceWidth: Int(source.width), sourceHeight: Int(source.height))
         let (w, h) = (Int32(drawn.width), Int32(drawn.height))
-        let isRGB = [AV_PIX_FMT_BGR0, AV_PIX_FMT_BGRA, AV_PIX_FMT_RGB24, AV_PIX_FMT_BGR24].contains(source.format)
+        let isRGB = av_pix_fmt_desc_get(source.format).map { $0.pointee.flags & UInt64(AV_PIX_FMT_FLAG_RGB) != 0 } ?? false
         if !isRGB, let sourceColour, ColourDescription(sourceColour).matrix != colour.matrix {
             // Through RGB: out of the source's matrix, into the output's.
             if layer.toRGB?.source != source || layer.toRGB?.outputWidth != w || layer.toRGB?.outputHeight != h {
                 layer.toRGB = try Scaler(
                     source: source, outputFormat: AV_PIX_FMT_BGR0, width: w, height: h, colour: ColourDescription(sourceColour))
             }
-            let rgb = try layer.toRGB!.scale(planes: &planes, strides: &strides)
+            let rgb = try layer.toRGB!.scale(planes: &sourcePlanes, strides: &sourceStrides)
             let rgbSource = Scaler.Source(format: AV_PIX_FMT_BGR0, width: w, height: h, fullRange: false)
             if layer.toOutput?.source != rgbSource {
                 layer.toOutput = try Scaler(source: rgbSource, outputFormat: AV_PIX_FMT_YUV420P, width: w, height: h, colour: colour)
@@ -207,7 +221,7 @@ final class Compositor: @unchecked Sendable {
             if layer.toOutput?.source != source || layer.toOutput?.outputWidth != w || layer.toOutput?.outputHeight != h {
                 layer.toOutput = try Scaler(source: source, outputFormat: AV_PIX_FMT_YUV420P, width: w, height: h, colour: colour)
             }
-            layer.picture = try layer.toOutput!.scale(planes: &planes, strides: &strides)
+            layer.picture = try layer.toOutput!.scale(planes: &sourcePlanes, strides: &sourceStrides)
         }
         layer.drawn = drawn
         layerConversions += 1
@@ -245,21 +259,42 @@ final class Compositor: @unchecked Sendable {
 
     // MARK: The composite
 
-    /// Redraws what changed since the last call. Returns the regions redrawn: nil when everything
-    /// was, empty when nothing changed (the last composite stands).
-    func compose() throws(FFmpegError) -> [PixelRegion]? {
-        guard let base = try baseScaler?.keptPicture() else { return [] }
+    /// What a `redraw` drew.
+    enum Redraw: Equatable {
+        /// The whole frame.
+        case everything
+        /// Nothing changed: the last composite stands.
+        case nothing
+        /// `redrawnRegions`.
+        case regions
+    }
+
+    /// Redraws what changed since the last call; allocates nothing.
+    func redraw() throws(FFmpegError) -> Redraw {
+        guard let base = try baseScaler?.keptPicture() else { return .nothing }
         if everything {
             draw(PixelRegion(x: 0, y: 0, width: width, height: height), base: base)
             everything = false
-            dirty.removeAll(keepingCapacity: true)
-            return nil
+            dirty.removeAll()
+            return .everything
         }
-        if dirty.isEmpty { return [] }
-        let regions = dirty
-        dirty.removeAll(keepingCapacity: true)
-        for region in regions { draw(region, base: base) }
-        return regions
+        if dirty.isEmpty { return .nothing }
+        swap(&dirty, &redrawn)
+        dirty.removeAll()
+        for region in redrawn.regions { draw(region, base: base) }
+        return .regions
+    }
+
+    /// The regions the last `redraw` drew when it answered `.regions` (valid until the next one).
+    var redrawnRegions: UnsafeBufferPointer<PixelRegion> { redrawn.regions }
+
+    /// `redraw` as regions (tests): nil when everything was redrawn, empty when nothing changed.
+    func compose() throws(FFmpegError) -> [PixelRegion]? {
+        switch try redraw() {
+        case .everything: nil
+        case .nothing: []
+        case .regions: Array(redrawnRegions)
+        }
     }
 
     /// The base, then every layer over it, inside `region`.
@@ -338,5 +373,36 @@ final class Compositor: @unchecked Sendable {
                 }
             }
         }
+    }
+}
+
+/// Regions in memory of its own, made once: appending never allocates (it says when it is full).
+/// One thread (the compositor's).
+final class RegionList {
+    private let storage: UnsafeMutablePointer<PixelRegion>
+    private let capacity: Int
+    private(set) var count = 0
+
+    init(capacity: Int) {
+        storage = .allocate(capacity: capacity)
+        self.capacity = capacity
+    }
+
+    deinit { storage.deallocate() }
+
+    var isEmpty: Bool { count == 0 }
+    var regions: UnsafeBufferPointer<PixelRegion> { UnsafeBufferPointer(start: storage, count: count) }
+
+    /// False (nothing kept) when full.
+    func append(_ region: PixelRegion) -> Bool {
+        guard count < capacity else { return false }
+        (storage + count).initialize(to: region)
+        count += 1
+        return true
+    }
+
+    func removeAll() {
+        // PixelRegion is trivial: nothing to deinitialise.
+        count = 0
     }
 }

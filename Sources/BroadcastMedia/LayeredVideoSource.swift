@@ -253,16 +253,16 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
                     try? compositor.updateLayer(position, with: nil, show: layer.placement.onLoss == .slate ? .slate : .hidden)
                 }
             }
-            let changed: [PixelRegion]?
+            let redrawn: Compositor.Redraw
             do {
-                changed = try compositor.compose()
+                redrawn = try compositor.redraw()
             } catch {
                 frame.backing?.release()
                 sink.fail(BroadcastError(.sourceFailed, "composing: \(error)"))
                 return
             }
             guard let (out, outChanged) = output.next(
-                changed: changed, wait: !isRealtime, shouldStop: { [running] in !running.load(ordering: .acquiring) || sink.isStopping })
+                after: redrawn, wait: !isRealtime, shouldStop: { [running] in !running.load(ordering: .acquiring) || sink.isStopping })
             else {
                 frame.backing?.release()
                 if !isRealtime { return }
@@ -301,11 +301,11 @@ final class CompositeOutput {
         self.pool = pool
     }
 
-    /// After `compose` answered `changed`: the frame to hand on, with a reference for the receiver,
-    /// and what changed in it since the frame handed on before (nil: everything). Nil when no frame
-    /// is free (`acquire`'s `wait` and `shouldStop`): this composite is dropped.
-    func next(changed: [PixelRegion]?, wait: Bool, shouldStop: () -> Bool) -> (frame: CompositeFrame, changed: [PixelRegion]?)? {
-        if !dropped, let changed, changed.isEmpty, let last {
+    /// After the compositor's `redraw` answered `redrawn`: the frame to hand on, with a reference
+    /// for the receiver, and what changed in it since the frame handed on before (nil: everything).
+    /// Nil when no frame is free (`acquire`'s `wait` and `shouldStop`): this composite is dropped.
+    func next(after redrawn: Compositor.Redraw, wait: Bool, shouldStop: () -> Bool) -> (frame: CompositeFrame, changed: [PixelRegion]?)? {
+        if !dropped, redrawn == .nothing, let last {
             // Nothing changed: the last composite again, nothing drawn or copied.
             last.retain()
             return (last, [])
@@ -320,7 +320,12 @@ final class CompositeOutput {
         free.retain()
         let whole = dropped
         dropped = false
-        return (free, whole ? nil : changed)
+        guard redrawn == .regions, !whole else { return (free, nil) }
+        // Into the frame's own array: no one else holds it once the frame is free (the session
+        // lets go of a buffer before it releases its backing), so this allocates nothing.
+        free.changed.removeAll(keepingCapacity: true)
+        for region in compositor.redrawnRegions { free.changed.append(region) }
+        return (free, free.changed)
     }
 
     /// Lets go of the last frame.
@@ -335,6 +340,9 @@ final class CompositeOutput {
 final class CompositeFrame: SampleBufferBacking, @unchecked Sendable {
     let memory: UnsafeMutableRawPointer
     let planes: [Plane]
+    /// What changed in this frame, handed on with it (the composite's thread writes it while it
+    /// holds the only reference).
+    var changed: [PixelRegion] = []
     fileprivate let references = ManagedAtomic<Int>(0)
     private let pool: Wakeup?
 
@@ -348,6 +356,7 @@ final class CompositeFrame: SampleBufferBacking, @unchecked Sendable {
             Plane(base: UnsafeRawPointer(memory + luma + chroma), count: chroma, bytesPerRow: width / 2),
         ]
         self.pool = pool
+        changed.reserveCapacity(64)
     }
 
     deinit { memory.deallocate() }

@@ -214,7 +214,7 @@ struct CompositorTests {
             width: Self.width, height: Self.height, colour: .bt601, placements: [Self.placement(x: 200, y: 100, width: 64, height: 48)])
         let output = CompositeOutput(compositor: compositor, pool: CompositeFramePool(count: 2, width: Self.width, height: Self.height))
         defer { output.stop() }
-        func frame(layerColour: UInt32?) throws -> [PixelRegion]? {
+        func frame(layerColour: UInt32?) throws -> Compositor.Redraw {
             try compositor.updateBase(screen.captured(changed: []))
             if let layerColour {
                 layer.fill(PixelRegion(x: 0, y: 0, width: 64, height: 48), layerColour)
@@ -222,20 +222,20 @@ struct CompositorTests {
             } else {
                 try compositor.updateLayer(0, with: nil, show: .picture)
             }
-            return try compositor.compose()
+            return try compositor.redraw()
         }
         // Red, then green: two frames, both held by the receiver (as a slow encoder holds them).
         try compositor.updateBase(screen.captured(changed: nil))
         try compositor.updateLayer(0, with: layer.captured(changed: nil), show: .picture)
-        let first = try #require(output.next(changed: try compositor.compose(), wait: false, shouldStop: { false }))
-        let second = try #require(output.next(changed: try frame(layerColour: 0x0000_ff00), wait: false, shouldStop: { false }))
+        let first = try #require(output.next(after: try compositor.redraw(), wait: false, shouldStop: { false }))
+        let second = try #require(output.next(after: try frame(layerColour: 0x0000_ff00), wait: false, shouldStop: { false }))
         // Red again: no frame free, dropped.
-        #expect(output.next(changed: try frame(layerColour: 0x00ff_0000), wait: false, shouldStop: { false }) == nil)
+        #expect(output.next(after: try frame(layerColour: 0x00ff_0000), wait: false, shouldStop: { false }) == nil)
         let red = Self.luma(compositor)
         first.frame.release()
         second.frame.release()
         // Nothing new after that: the frame handed on is the red composite, whole.
-        let after = try #require(output.next(changed: try frame(layerColour: nil), wait: false, shouldStop: { false }))
+        let after = try #require(output.next(after: try frame(layerColour: nil), wait: false, shouldStop: { false }))
         defer { after.frame.release() }
         let differing = zip(Self.luma(after.frame), red).filter { $0 != $1 }.count
         #expect(differing == 0, "the dropped composite's change is in the next frame: \(differing) luma bytes differ")
