@@ -21,6 +21,26 @@ final class Compositor: @unchecked Sendable {
         case hidden
         case picture
         case slate
+
+        /// As an atomic's value, and back (anything else is hidden).
+        var code: Int {
+            switch self {
+            case .hidden: 0
+            case .picture: 1
+            case .slate: 2
+            }
+        }
+
+        init(code: Int) { self = code == 1 ? .picture : code == 2 ? .slate : .hidden }
+
+        /// As the status says it.
+        var name: String {
+            switch self {
+            case .hidden: "hidden"
+            case .picture: "picture"
+            case .slate: "slate"
+            }
+        }
     }
 
     /// Used by the composite's thread only (handed to it at the start, as the compositor is).

@@ -67,6 +67,10 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
     private let baseRingDrops = ManagedAtomic<Int>(0)
     /// Set by an input's `fail`: it shows as lost from then on.
     private let inputFailed: [ManagedAtomic<Bool>]
+    /// Per input, what the last frame showed of it (`Compositor.Shown.code`) and the pictures its
+    /// ring had no room for: written by the composite's thread, read by the status.
+    private let inputShown: [ManagedAtomic<Int>]
+    private let inputRingDrops: [ManagedAtomic<Int>]
     private let composed = ManagedAtomic<Int>(0)
     private let redrawnPixels = ManagedAtomic<Int>(0)
     /// The scene asked for (any thread) and the one shown (the composite's thread), by index.
@@ -89,6 +93,37 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
         self.colour = colour ?? (height >= 720 ? .bt709 : .bt601)
         self.logger = logger
         self.inputFailed = inputs.map { _ in ManagedAtomic(false) }
+        self.inputShown = inputs.map { _ in ManagedAtomic(Compositor.Shown.hidden.code) }
+        self.inputRingDrops = inputs.map { _ in ManagedAtomic(0) }
+    }
+
+    /// A layer of the scene shown, as the status says it.
+    public struct LayerStatus: Sendable, Equatable {
+        /// Its place in the scene: 1 is drawn first, over the base.
+        public var index: Int
+        public var name: String
+        /// capturing, device-lost or failed.
+        public var sourceState: String
+        /// What the frames show in its box: picture, slate, or hidden (lost, or no picture yet).
+        public var shown: String
+        public var deviceLosses: Int
+        /// Its pictures that its ring had no room for (the composite fell behind it).
+        public var dropped: Int
+    }
+
+    /// The layers of the scene the last frame showed (any thread).
+    public var layerStatuses: [LayerStatus] {
+        scenes[shownScene.load(ordering: .relaxed)].layers.enumerated().map { position, layer in
+            let input = inputs[layer.input]
+            let health = input.health
+            let state =
+                inputFailed[layer.input].load(ordering: .relaxed) ? "failed" : health.state == .deviceLost ? "device-lost" : "capturing"
+            return LayerStatus(
+                index: position + 1, name: input.name, sourceState: state,
+                shown: Compositor.Shown(code: inputShown[layer.input].load(ordering: .relaxed)).name,
+                deviceLosses: health.deviceLosses,
+                dropped: input.droppedCount + inputRingDrops[layer.input].load(ordering: .relaxed))
+        }
     }
 
     public var health: CaptureHealth { base.health }
@@ -223,6 +258,7 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
                 return
             }
             for (index, inputSink) in inputSinks.enumerated() {
+                inputRingDrops[index].store(inputSink.droppedCount, ordering: .relaxed)
                 fresh[index] = false
                 guard let newest = inputSink.takeNewest() else { continue }
                 held[index]?.backing?.release()
@@ -252,6 +288,7 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
                     }
                     try? compositor.updateLayer(position, with: nil, show: layer.placement.onLoss == .slate ? .slate : .hidden)
                 }
+                inputShown[layer.input].store(compositor.layers[position].shown.code, ordering: .relaxed)
             }
             let redrawn: Compositor.Redraw
             do {
