@@ -1,4 +1,5 @@
 import BroadcastKit
+import BroadcastMedia
 import BroadcastOutputs
 import BroadcastService
 import Metrics
@@ -149,6 +150,8 @@ struct MetricsFigures {
     var memoryBudgetBytes: Int64 = 0
     /// The composite's scenes and which is shown (empty: no scenes).
     var scenes: [(name: String, current: Bool)] = []
+    /// The layers of the scene shown.
+    var layers: [LayeredVideoSource.LayerStatus] = []
 }
 
 /// Prometheus metrics through swift-metrics: the process's MetricsSystem is bootstrapped with a
@@ -233,6 +236,13 @@ public final class DaemonMetrics: Sendable {
             gauge("broadcast_failed_outputs", Double(figures.failedOutputs), into: &now)
             gauge("broadcast_event_clients", Double(figures.eventClients), into: &now)
             for scene in figures.scenes { gauge("broadcast_scene", scene.current ? 1 : 0, [("scene", scene.name)], into: &now) }
+            for layer in figures.layers {
+                let labels = [("layer", "\(layer.index)"), ("source", layer.name)]
+                gauge("broadcast_layer_device_lost", layer.sourceState == "capturing" ? 0 : 1, labels, into: &now)
+                gauge("broadcast_layer_shown", layer.shown == "picture" ? 1 : 0, labels, into: &now)
+                counter("broadcast_layer_device_losses_total", layer.deviceLosses, labels, of: broadcast, last: last, into: &now)
+                counter("broadcast_layer_dropped_total", layer.dropped, labels, of: broadcast, last: last, into: &now)
+            }
             counter("broadcast_video_frames_encoded_total", figures.videoFramesEncoded, of: broadcast, last: last, into: &now)
             counter("broadcast_audio_frames_encoded_total", figures.audioFramesEncoded, of: broadcast, last: last, into: &now)
             counter("broadcast_bytes_written_total", figures.bytesWritten, of: broadcast, last: last, into: &now)

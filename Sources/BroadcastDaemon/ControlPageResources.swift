@@ -283,7 +283,7 @@ extension ControlPage {
             const resident = memory.resident_bytes, budget = memory.budget_bytes;
             $("memory").textContent = bytes(resident) + (budget ? " of " + bytes(budget) + " budget" : "");
             outputs(status.outputs || [], sample);
-            sources(status.types || {});
+            sources(status.types || {}, status.layers || []);
           }
 
           function outputState(o) { return o.paused ? "paused" : o.state; }
@@ -395,9 +395,23 @@ extension ControlPage {
             c.fillText(bits(max) + " max, last minute", 4, 11);
           }
 
-          function sources(types) {
+          function sources(types, layers) {
             const body = $("sources").querySelector("tbody");
             body.textContent = "";
+            for (const l of layers) {
+              const row = document.createElement("tr");
+              row.dataset.layer = String(l.index);
+              const state = document.createElement("span");
+              state.className = "state";
+              setState(state, l.source_state);
+              const cells = ["layer " + l.index + ": " + l.name + " (" + l.shown + ")", state, String(l.device_losses), "\u2013", String(l.dropped)];
+              for (const cell of cells) {
+                const td = document.createElement("td");
+                td.append(cell);
+                row.append(td);
+              }
+              body.append(row);
+            }
             for (const [type, s] of Object.entries(types)) {
               const row = document.createElement("tr");
               row.dataset.type = type;

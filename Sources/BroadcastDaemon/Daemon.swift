@@ -862,6 +862,7 @@ final class BroadcastController: Sendable {
         }
         if let composite = runningComposite() {
             figures.scenes = composite.scenes.map { ($0.name, $0.name == composite.scene) }
+            figures.layers = composite.layerStatuses
         }
         figures.audioDrift = running.audioDevices.compactMap { device in device.statistics.driftPPM.map { (device.name, $0) } }
         figures.outputs = running.outputs.map { output in
@@ -910,6 +911,7 @@ final class BroadcastController: Sendable {
             },
             devices: stats.sorted { $0.key.rawValue < $1.key.rawValue }.map { ($0.key.rawValue, $0.value.sourceHealth.state == .deviceLost) },
             scene: runningComposite()?.shownSceneName,
+            layers: (runningComposite()?.layerStatuses ?? []).map { .init(index: $0.index, name: $0.name, state: $0.sourceState, shown: $0.shown) },
             audio: Self.audioSourceNames(running.audioSources).map { ($0.name, running.audioControl?.level(of: $0.type).muted ?? false) },
             // What a pause leaves out is asked for, not lost: no drops event for it.
             drops: running.outputs.map { output in
@@ -1025,6 +1027,13 @@ final class BroadcastController: Sendable {
             ("audio_drift_ppm", running.audioDevices.lazy.compactMap { $0.statistics.driftPPM }.first.map(JSONValue.number) ?? .null),
             ("types", .object(types)),
             ("scene", runningComposite().map { .string($0.scene) } ?? .null),
+            ("layers", .array((runningComposite()?.layerStatuses ?? []).map { layer in
+                .object([
+                    ("index", .number(Double(layer.index))), ("name", .string(layer.name)),
+                    ("source_state", .string(layer.sourceState)), ("shown", .string(layer.shown)),
+                    ("device_losses", .number(Double(layer.deviceLosses))), ("dropped", .number(Double(layer.dropped))),
+                ])
+            })),
             ("outputs", .array(outputs)),
             ("encodes", .array((running.encodes?.all ?? []).map(Self.encodeFields))),
             ("audio", .object(Self.audioSourceNames(running.audioSources).map { source in

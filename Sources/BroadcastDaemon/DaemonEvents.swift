@@ -24,6 +24,16 @@ struct EventSnapshot {
     var devices: [(String, Bool)] = []
     /// The scene the composite shows (nil: a picture without scenes).
     var scene: String?
+    /// The layers of that scene: their source's state and what the frames show of them.
+    var layers: [Layer] = []
+    struct Layer: Equatable {
+        var index: Int
+        var name: String
+        /// capturing, device-lost or failed.
+        var state: String
+        /// picture, slate or hidden.
+        var shown: String
+    }
     /// Per audio source (mic, app), whether it is muted.
     var audio: [(String, Bool)] = []
     /// What was dropped so far, per output and per sample-buffer type of the session.
@@ -77,6 +87,17 @@ struct EventSnapshot {
         }
         if let scene, sameSession, before.scene != nil, scene != before.scene {
             events.append(("scene", [("name", .string(scene)), ("was", .string(before.scene!))]))
+        }
+        // A layer's own change within a scene (a switch is the scene event's).
+        if sameSession, scene == before.scene {
+            let previousLayers = Dictionary(before.layers.map { ("\($0.index) \($0.name)", $0) }, uniquingKeysWith: { a, _ in a })
+            for layer in layers {
+                guard let old = previousLayers["\(layer.index) \(layer.name)"], old != layer else { continue }
+                events.append(("layer", [
+                    ("index", .number(Double(layer.index))), ("name", .string(layer.name)), ("state", .string(layer.state)),
+                    ("shown", .string(layer.shown)),
+                ]))
+            }
         }
         let previousAudio = sameSession ? Dictionary(before.audio, uniquingKeysWith: { a, _ in a }) : [:]
         for (source, muted) in audio where muted != (previousAudio[source] ?? false) {

@@ -39,12 +39,22 @@ extension Options {
         var placement = LayerPlacement()
         if let mark = text.firstIndex(of: "?") {
             var kept: [Substring] = []
+            var given: Set<String> = []
+            let sourcePart = text[..<mark]
             for pair in text[text.index(after: mark)...].split(separator: ",", omittingEmptySubsequences: false) {
                 let parts = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
                 let key = String(parts[0])
                 guard placementKeys.contains(key) else {
+                    // A key of neither the layer nor its source is named, not taken for a source.
+                    if !sourceTakesQueryKeys(sourcePart) {
+                        throw ValueError(
+                            "invalid --video '\(text)': unknown key '\(key)': a layer's keys are \(placementKeys.joined(separator: ", ")), and \(sourcePart) takes none of its own")
+                    }
                     kept.append(pair)
                     continue
+                }
+                guard given.insert(key).inserted else {
+                    throw ValueError("invalid --video '\(text)': \(key) is given twice")
                 }
                 let value = parts.count == 2 ? String(parts[1]) : ""
                 func invalid(_ expected: String) -> ValueError {
@@ -81,6 +91,12 @@ extension Options {
         return VideoLayerSpec(source: source, placement: placement, text: text)
     }
 
+    /// Whether a source takes query keys of its own (X11's cursor, window...; the portal's cursor),
+    /// left in its text for its own parser, which names a key it does not know.
+    static func sourceTakesQueryKeys(_ source: Substring) -> Bool {
+        source.hasPrefix("x11:") || source == "portal" || source.hasPrefix("portal:")
+    }
+
     /// `120` (pixels) or `25%` / `12.5%` (of the output frame).
     static func placementLength(_ text: String, allowsZero: Bool) -> LayerPlacement.Length? {
         if text.hasSuffix("%") {
@@ -98,7 +114,7 @@ extension Options {
         let parts = text.split(separator: "+", omittingEmptySubsequences: false)
         guard parts.count == 3, let x = Int(parts[1]), let y = Int(parts[2]), x >= 0, y >= 0 else { return nil }
         let size = parts[0].split(separator: "x", omittingEmptySubsequences: false)
-        guard size.count == 2, let w = Int(size[0]), let h = Int(size[1]), (2...16384).contains(w), (2...16384).contains(h),
+        guard size.count == 2, let w = Int(size[0]), let h = Int(size[1]), (1...16384).contains(w), (1...16384).contains(h),
             x <= 16384, y <= 16384
         else { return nil }
         return PixelRegion(x: x, y: y, width: w, height: h)

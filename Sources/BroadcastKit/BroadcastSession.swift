@@ -538,9 +538,18 @@ public final class BroadcastSession: @unchecked Sendable {
 
         /// Takes `sink`'s head and hands it to the handler; returns the error that ends the run.
         private mutating func deliverNext(from sink: SourceSink) -> BroadcastError? {
-            let buffer = sink.ring.pop()!
+            var taken = sink.ring.pop()
             sink.tookBuffer()
-            defer { buffer.backing?.release() }
+            let backing = taken?.backing
+            let error = deliverTaken(taken!, from: sink)
+            // The buffer is gone before its backing goes back: a source that reuses what the
+            // buffer shared (the composite's changed regions) finds no one else holding it.
+            taken = nil
+            backing?.release()
+            return error
+        }
+
+        private mutating func deliverTaken(_ buffer: CapturedBuffer, from sink: SourceSink) -> BroadcastError? {
             let length = buffer.duration.nanoseconds ?? 0
             if case .audio = buffer.format {
                 nextCapture[sink.type] = buffer.captureTime + length

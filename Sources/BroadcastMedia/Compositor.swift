@@ -21,12 +21,33 @@ final class Compositor: @unchecked Sendable {
         case hidden
         case picture
         case slate
+
+        /// As an atomic's value, and back (anything else is hidden).
+        var code: Int {
+            switch self {
+            case .hidden: 0
+            case .picture: 1
+            case .slate: 2
+            }
+        }
+
+        init(code: Int) { self = code == 1 ? .picture : code == 2 ? .slate : .hidden }
+
+        /// As the status says it.
+        var name: String {
+            switch self {
+            case .hidden: "hidden"
+            case .picture: "picture"
+            case .slate: "slate"
+            }
+        }
     }
 
     /// Used by the composite's thread only (handed to it at the start, as the compositor is).
     final class Layer: @unchecked Sendable {
         let placement: LayerPlacement
-        /// Where the layer goes in the frame; nil when its box is outside the frame.
+        /// Where the layer goes; it may reach past the frame's right and bottom edges (what is
+        /// past them is cut when drawn); nil when nothing of it is inside the frame.
         let box: PixelRegion?
         var decoder: MJPEGDecoder?
         /// Into RGB with the source's own matrix, when it differs from the output's (libswscale
@@ -61,7 +82,13 @@ final class Compositor: @unchecked Sendable {
     private(set) var layers: [Layer]
     /// The next `compose` redraws everything.
     private var everything = true
-    private var dirty: [PixelRegion] = []
+    /// What changed since the last `redraw` (frame coordinates, on the chroma grid), and what the
+    /// last `redraw` drew: lists of their own, traded at each redraw, never shared or copied.
+    private var dirty = RegionList(capacity: 64)
+    private var redrawn = RegionList(capacity: 64)
+    /// A layer's picture as planes and strides for libswscale, rewritten in place at each conversion.
+    private var sourcePlanes: [UnsafePointer<UInt8>?] = [nil, nil, nil, nil]
+    private var sourceStrides: [Int32] = [0, 0, 0, 0]
     /// Pixels drawn into the composite since the start (tests and benchmarks).
     private(set) var composedPixels = 0
     /// Layer pictures converted since the start.
@@ -123,7 +150,7 @@ final class Compositor: @unchecked Sendable {
                 // What the scaler may have rewritten: each region grown by its filters' reach.
                 for region in changed {
                     let grown = PixelRegion(x: region.x - 8, y: region.y - 8, width: region.width + 16, height: region.height + 16)
-                    if let region = grown.onChromaGrid(width: width, height: height) { dirty.append(region) }
+                    if let region = grown.onChromaGrid(width: width, height: height) { markChanged(region) }
                 }
                 return
             }
@@ -150,15 +177,24 @@ final class Compositor: @unchecked Sendable {
             changed = true
         }
         guard changed else { return }
-        if let before { dirty.append(before) }
-        if let after = layer.area, after != before { dirty.append(after) }
+        // Only what is inside the frame is drawn again.
+        if let before = before?.clipped(width: width, height: height) { markChanged(before) }
+        if let after = layer.area, after != before, let inside = after.clipped(width: width, height: height) { markChanged(inside) }
+    }
+
+    /// `region` is drawn again at the next `redraw`; everything is, once more regions changed than
+    /// the list holds.
+    private func markChanged(_ region: PixelRegion) {
+        if !dirty.append(region) { everything = true }
     }
 
     /// Converts a layer's picture into the output's format and colour at its drawn size.
     private func convert(_ buffer: CapturedBuffer, for layer: Layer, box: PixelRegion) throws(FFmpegError) {
         guard case .video(let format) = buffer.format else { return }
-        var planes: [UnsafePointer<UInt8>?] = [nil, nil, nil, nil]
-        var strides: [Int32] = [0, 0, 0, 0]
+        for index in 0..<4 {
+            sourcePlanes[index] = nil
+            sourceStrides[index] = 0
+        }
         var source: Scaler.Source
         var sourceColour = format.colour
         if format.pixelFormat == .mjpeg {
@@ -167,33 +203,34 @@ final class Compositor: @unchecked Sendable {
             source = Scaler.Source(decoded: decoded)
             withUnsafeBytes(of: decoded.pointee.data) { data in
                 let pointers = data.bindMemory(to: UnsafeMutablePointer<UInt8>?.self)
-                for index in 0..<4 { planes[index] = UnsafePointer(pointers[index]) }
+                for index in 0..<4 { sourcePlanes[index] = UnsafePointer(pointers[index]) }
             }
             withUnsafeBytes(of: decoded.pointee.linesize) { sizes in
-                for index in 0..<4 { strides[index] = sizes.load(fromByteOffset: index * 4, as: Int32.self) }
+                for index in 0..<4 { sourceStrides[index] = sizes.load(fromByteOffset: index * 4, as: Int32.self) }
             }
             sourceColour = sourceColour ?? .jpeg
         } else {
             guard let known = Scaler.Source(format) else { return }
             source = known
-            for (index, plane) in buffer.planes.prefix(4).enumerated() {
-                planes[index] = plane.base.assumingMemoryBound(to: UInt8.self)
-                strides[index] = Int32(plane.bytesPerRow)
+            for index in 0..<min(4, buffer.planes.count) {
+                sourcePlanes[index] = buffer.planes[index].base.assumingMemoryBound(to: UInt8.self)
+                sourceStrides[index] = Int32(buffer.planes[index].bytesPerRow)
             }
         }
-        if let crop = layer.placement.crop {
-            Self.crop(&planes, strides: strides, source: &source, to: crop)
+        if let crop = layer.placement.crop, !Self.crop(&sourcePlanes, strides: sourceStrides, source: &source, to: crop) {
+            throw FFmpegError.invalidArgument(
+                "crop \(crop) has nothing inside the source's \(source.width)x\(source.height) picture", "cropping a layer")
         }
         let drawn = layer.placement.drawn(in: box, sourceWidth: Int(source.width), sourceHeight: Int(source.height))
         let (w, h) = (Int32(drawn.width), Int32(drawn.height))
-        let isRGB = [AV_PIX_FMT_BGR0, AV_PIX_FMT_BGRA, AV_PIX_FMT_RGB24, AV_PIX_FMT_BGR24].contains(source.format)
+        let isRGB = av_pix_fmt_desc_get(source.format).map { $0.pointee.flags & UInt64(AV_PIX_FMT_FLAG_RGB) != 0 } ?? false
         if !isRGB, let sourceColour, ColourDescription(sourceColour).matrix != colour.matrix {
             // Through RGB: out of the source's matrix, into the output's.
             if layer.toRGB?.source != source || layer.toRGB?.outputWidth != w || layer.toRGB?.outputHeight != h {
                 layer.toRGB = try Scaler(
                     source: source, outputFormat: AV_PIX_FMT_BGR0, width: w, height: h, colour: ColourDescription(sourceColour))
             }
-            let rgb = try layer.toRGB!.scale(planes: &planes, strides: &strides)
+            let rgb = try layer.toRGB!.scale(planes: &sourcePlanes, strides: &sourceStrides)
             let rgbSource = Scaler.Source(format: AV_PIX_FMT_BGR0, width: w, height: h, fullRange: false)
             if layer.toOutput?.source != rgbSource {
                 layer.toOutput = try Scaler(source: rgbSource, outputFormat: AV_PIX_FMT_YUV420P, width: w, height: h, colour: colour)
@@ -204,51 +241,80 @@ final class Compositor: @unchecked Sendable {
             if layer.toOutput?.source != source || layer.toOutput?.outputWidth != w || layer.toOutput?.outputHeight != h {
                 layer.toOutput = try Scaler(source: source, outputFormat: AV_PIX_FMT_YUV420P, width: w, height: h, colour: colour)
             }
-            layer.picture = try layer.toOutput!.scale(planes: &planes, strides: &strides)
+            layer.picture = try layer.toOutput!.scale(planes: &sourcePlanes, strides: &sourceStrides)
         }
         layer.drawn = drawn
         layerConversions += 1
     }
 
-    /// Points `planes` at `crop` (cut to the picture, on even pixels) and makes `source` its size.
-    static func crop(_ planes: inout [UnsafePointer<UInt8>?], strides: [Int32], source: inout Scaler.Source, to crop: PixelRegion) {
-        guard let region = crop.clipped(width: Int(source.width), height: Int(source.height)),
+    /// Points `planes` at `crop` (on the chroma grid, cut to the picture) and makes `source` its
+    /// size; false (nothing changed) when nothing of `crop` is inside the picture.
+    ///
+    /// A plane's offset for `x` pixels is `av_image_get_linesize(format, x, plane)`: the bytes `x`
+    /// pixels take, which for packed 4:2:2 (YUYV, UYVY: four bytes per two pixels) is 2x, not the
+    /// largest component step (4) times x.
+    @discardableResult
+    static func crop(_ planes: inout [UnsafePointer<UInt8>?], strides: [Int32], source: inout Scaler.Source, to crop: PixelRegion) -> Bool {
+        let (width, height) = (Int(source.width), Int(source.height))
+        guard width >= 2, height >= 2, let region = crop.clipped(width: width, height: height),
             let descriptor = av_pix_fmt_desc_get(source.format)
-        else { return }
-        let x = region.x & ~1
-        let y = region.y & ~1
-        let w = max(2, (region.x + region.width - x) & ~1)
-        let h = max(2, (region.y + region.height - y) & ~1)
+        else { return false }
+        // Grown to even edges (chroma pairs), then cut to the picture on even edges, at least 2x2.
+        let right = min((region.x + region.width + 1) & ~1, width & ~1)
+        let bottom = min((region.y + region.height + 1) & ~1, height & ~1)
+        let x = min(region.x & ~1, right - 2)
+        let y = min(region.y & ~1, bottom - 2)
         let isRGB = descriptor.pointee.flags & UInt64(AV_PIX_FMT_FLAG_RGB) != 0
-        let components = withUnsafeBytes(of: descriptor.pointee.comp) { Array($0.bindMemory(to: AVComponentDescriptor.self)) }
         for index in 0..<4 where planes[index] != nil {
-            let step = components.prefix(Int(descriptor.pointee.nb_components)).filter { $0.plane == index }.map { Int($0.step) }.max() ?? 1
             let chroma = !isRGB && (index == 1 || index == 2)
-            let px = chroma ? x >> Int(descriptor.pointee.log2_chroma_w) : x
-            let py = chroma ? y >> Int(descriptor.pointee.log2_chroma_h) : y
-            planes[index] = planes[index]! + py * Int(strides[index]) + px * step
+            let rows = chroma ? y >> Int(descriptor.pointee.log2_chroma_h) : y
+            let columnBytes = Int(av_image_get_linesize(source.format, Int32(x), Int32(index)))
+            guard columnBytes >= 0 else { return false }
+            planes[index] = planes[index]! + rows * Int(strides[index]) + columnBytes
         }
-        source.width = Int32(w)
-        source.height = Int32(h)
+        source.width = Int32(right - x)
+        source.height = Int32(bottom - y)
+        return true
     }
 
     // MARK: The composite
 
-    /// Redraws what changed since the last call. Returns the regions redrawn: nil when everything
-    /// was, empty when nothing changed (the last composite stands).
-    func compose() throws(FFmpegError) -> [PixelRegion]? {
-        guard let base = try baseScaler?.keptPicture() else { return [] }
+    /// What a `redraw` drew.
+    enum Redraw: Equatable {
+        /// The whole frame.
+        case everything
+        /// Nothing changed: the last composite stands.
+        case nothing
+        /// `redrawnRegions`.
+        case regions
+    }
+
+    /// Redraws what changed since the last call; allocates nothing.
+    func redraw() throws(FFmpegError) -> Redraw {
+        guard let base = try baseScaler?.keptPicture() else { return .nothing }
         if everything {
             draw(PixelRegion(x: 0, y: 0, width: width, height: height), base: base)
             everything = false
-            dirty.removeAll(keepingCapacity: true)
-            return nil
+            dirty.removeAll()
+            return .everything
         }
-        if dirty.isEmpty { return [] }
-        let regions = dirty
-        dirty.removeAll(keepingCapacity: true)
-        for region in regions { draw(region, base: base) }
-        return regions
+        if dirty.isEmpty { return .nothing }
+        swap(&dirty, &redrawn)
+        dirty.removeAll()
+        for region in redrawn.regions { draw(region, base: base) }
+        return .regions
+    }
+
+    /// The regions the last `redraw` drew when it answered `.regions` (valid until the next one).
+    var redrawnRegions: UnsafeBufferPointer<PixelRegion> { redrawn.regions }
+
+    /// `redraw` as regions (tests): nil when everything was redrawn, empty when nothing changed.
+    func compose() throws(FFmpegError) -> [PixelRegion]? {
+        switch try redraw() {
+        case .everything: nil
+        case .nothing: []
+        case .regions: Array(redrawnRegions)
+        }
     }
 
     /// The base, then every layer over it, inside `region`.
@@ -327,5 +393,36 @@ final class Compositor: @unchecked Sendable {
                 }
             }
         }
+    }
+}
+
+/// Regions in memory of its own, made once: appending never allocates (it says when it is full).
+/// One thread (the compositor's).
+final class RegionList {
+    private let storage: UnsafeMutablePointer<PixelRegion>
+    private let capacity: Int
+    private(set) var count = 0
+
+    init(capacity: Int) {
+        storage = .allocate(capacity: capacity)
+        self.capacity = capacity
+    }
+
+    deinit { storage.deallocate() }
+
+    var isEmpty: Bool { count == 0 }
+    var regions: UnsafeBufferPointer<PixelRegion> { UnsafeBufferPointer(start: storage, count: count) }
+
+    /// False (nothing kept) when full.
+    func append(_ region: PixelRegion) -> Bool {
+        guard count < capacity else { return false }
+        (storage + count).initialize(to: region)
+        count += 1
+        return true
+    }
+
+    func removeAll() {
+        // PixelRegion is trivial: nothing to deinitialise.
+        count = 0
     }
 }

@@ -47,13 +47,20 @@ public struct LayerPlacement: Sendable, Hashable {
     public init() {}
 
     /// The box in an output frame `frameWidth` x `frameHeight`, on the 4:2:0 grid (even origin
-    /// and size), cut to the frame; nil when nothing of it is inside.
+    /// and size). It may reach past the frame's right and bottom edges: the picture is placed in
+    /// the whole box and what is past the edges is cut when drawn (as ffmpeg's overlay and OBS do),
+    /// never squeezed into the part inside. Nil when nothing of it is inside the frame.
     public func box(frameWidth: Int, frameHeight: Int) -> PixelRegion? {
         let left = x.resolved(in: frameWidth)
         let top = y.resolved(in: frameHeight)
         let w = width?.resolved(in: frameWidth) ?? (frameWidth - left)
         let h = height?.resolved(in: frameHeight) ?? (frameHeight - top)
-        return PixelRegion(x: left, y: top, width: w, height: h).onChromaGrid(width: frameWidth, height: frameHeight)
+        guard w > 0, h > 0 else { return nil }
+        // Grown outwards to even edges, not cut.
+        let (gridLeft, gridTop) = (max(0, left) & ~1, max(0, top) & ~1)
+        let box = PixelRegion(
+            x: gridLeft, y: gridTop, width: ((left + w + 1) & ~1) - gridLeft, height: ((top + h + 1) & ~1) - gridTop)
+        return box.clipped(width: frameWidth, height: frameHeight) == nil ? nil : box
     }
 
     /// Where a picture `sourceWidth` x `sourceHeight` (after the crop) is drawn inside `box`: the

@@ -67,6 +67,10 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
     private let baseRingDrops = ManagedAtomic<Int>(0)
     /// Set by an input's `fail`: it shows as lost from then on.
     private let inputFailed: [ManagedAtomic<Bool>]
+    /// Per input, what the last frame showed of it (`Compositor.Shown.code`) and the pictures its
+    /// ring had no room for: written by the composite's thread, read by the status.
+    private let inputShown: [ManagedAtomic<Int>]
+    private let inputRingDrops: [ManagedAtomic<Int>]
     private let composed = ManagedAtomic<Int>(0)
     private let redrawnPixels = ManagedAtomic<Int>(0)
     /// The scene asked for (any thread) and the one shown (the composite's thread), by index.
@@ -89,6 +93,37 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
         self.colour = colour ?? (height >= 720 ? .bt709 : .bt601)
         self.logger = logger
         self.inputFailed = inputs.map { _ in ManagedAtomic(false) }
+        self.inputShown = inputs.map { _ in ManagedAtomic(Compositor.Shown.hidden.code) }
+        self.inputRingDrops = inputs.map { _ in ManagedAtomic(0) }
+    }
+
+    /// A layer of the scene shown, as the status says it.
+    public struct LayerStatus: Sendable, Equatable {
+        /// Its place in the scene: 1 is drawn first, over the base.
+        public var index: Int
+        public var name: String
+        /// capturing, device-lost or failed.
+        public var sourceState: String
+        /// What the frames show in its box: picture, slate, or hidden (lost, or no picture yet).
+        public var shown: String
+        public var deviceLosses: Int
+        /// Its pictures that its ring had no room for (the composite fell behind it).
+        public var dropped: Int
+    }
+
+    /// The layers of the scene the last frame showed (any thread).
+    public var layerStatuses: [LayerStatus] {
+        scenes[shownScene.load(ordering: .relaxed)].layers.enumerated().map { position, layer in
+            let input = inputs[layer.input]
+            let health = input.health
+            let state =
+                inputFailed[layer.input].load(ordering: .relaxed) ? "failed" : health.state == .deviceLost ? "device-lost" : "capturing"
+            return LayerStatus(
+                index: position + 1, name: input.name, sourceState: state,
+                shown: Compositor.Shown(code: inputShown[layer.input].load(ordering: .relaxed)).name,
+                deviceLosses: health.deviceLosses,
+                dropped: input.droppedCount + inputRingDrops[layer.input].load(ordering: .relaxed))
+        }
     }
 
     public var health: CaptureHealth { base.health }
@@ -103,6 +138,16 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
     /// Whether input `index` shows as lost (its device gone, its source failed).
     public func inputIsLost(_ index: Int) -> Bool {
         inputFailed[index].load(ordering: .relaxed) || inputs[index].health.state == .deviceLost
+    }
+
+    /// What input `index`'s layers show once it is lost or failed (`on_loss`), for messages.
+    func shownWhenLost(_ index: Int) -> String {
+        let choices = Set(scenes.flatMap(\.layers).filter { $0.input == index }.map(\.placement.onLoss))
+        switch choices {
+        case [.slate]: return "shown as a slate"
+        case [.hide]: return "hidden"
+        default: return "hidden (a slate where on_loss=slate)"
+        }
     }
 
     /// The scene asked for last (shown from the next frame on).
@@ -131,10 +176,11 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
             let flag = inputFailed[index]
             let logger = self.logger
             let name = input.name
+            let shown = shownWhenLost(index)
             inputSinks.append(
                 try SourceSink.nested(in: sink, capacity: 4, consumer: try Wakeup(), onFailure: { error in
                     flag.store(true, ordering: .relaxed)
-                    logger.warning("layer \(name) failed, hidden from now on: \(error.message)")
+                    logger.warning("layer \(name) failed, \(shown) from now on: \(error.message)")
                 }))
         }
         sinks = [baseSink] + inputSinks
@@ -177,14 +223,14 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
         into sink: SourceSink, base: SourceSink, inputSinks: [SourceSink], wakeup: Wakeup, compositor: Compositor,
         sceneLayers: [[Compositor.Layer]], pool: CompositeFramePool
     ) {
-        var last: CompositeFrame?
+        let output = CompositeOutput(compositor: compositor, pool: pool)
         // Each input's newest picture, kept until the next one comes: a scene switched to shows
         // every one of its pictures at its first frame.
         var held = [CapturedBuffer?](repeating: nil, count: inputs.count)
         var fresh = [Bool](repeating: false, count: inputs.count)
         var current = 0
         defer {
-            last?.release()
+            output.stop()
             for buffer in held { buffer?.backing?.release() }
         }
         while running.load(ordering: .acquiring) && !sink.isStopping {
@@ -212,6 +258,7 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
                 return
             }
             for (index, inputSink) in inputSinks.enumerated() {
+                inputRingDrops[index].store(inputSink.droppedCount, ordering: .relaxed)
                 fresh[index] = false
                 guard let newest = inputSink.takeNewest() else { continue }
                 held[index]?.backing?.release()
@@ -236,41 +283,35 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
                     try compositor.updateLayer(position, with: lost ? nil : picture, show: show)
                 } catch {
                     if !inputFailed[layer.input].exchange(true, ordering: .relaxed) {
-                        logger.warning("layer \(inputs[layer.input].name) cannot be converted, hidden from now on: \(error)")
+                        logger.warning(
+                            "layer \(inputs[layer.input].name) cannot be converted, \(shownWhenLost(layer.input)) from now on: \(error)")
                     }
-                    try? compositor.updateLayer(position, with: nil, show: .hidden)
+                    try? compositor.updateLayer(position, with: nil, show: layer.placement.onLoss == .slate ? .slate : .hidden)
                 }
+                inputShown[layer.input].store(compositor.layers[position].shown.code, ordering: .relaxed)
             }
-            let changed: [PixelRegion]?
+            let redrawn: Compositor.Redraw
             do {
-                changed = try compositor.compose()
+                redrawn = try compositor.redraw()
             } catch {
                 frame.backing?.release()
                 sink.fail(BroadcastError(.sourceFailed, "composing: \(error)"))
                 return
             }
-            let out: CompositeFrame
-            if let changed, changed.isEmpty, let last {
-                out = last  // nothing changed: the last composite again, nothing drawn or copied
-            } else {
-                guard let free = pool.acquire(wait: !isRealtime, shouldStop: { [running] in !running.load(ordering: .acquiring) || sink.isStopping }) else {
-                    frame.backing?.release()
-                    if !isRealtime { return }
-                    droppedFrames.wrappingIncrement(ordering: .relaxed)
-                    continue
-                }
-                compositor.copyComposite(into: free.planes)
-                last?.release()
-                last = free
-                out = free
+            guard let (out, outChanged) = output.next(
+                after: redrawn, wait: !isRealtime, shouldStop: { [running] in !running.load(ordering: .acquiring) || sink.isStopping })
+            else {
+                frame.backing?.release()
+                if !isRealtime { return }
+                droppedFrames.wrappingIncrement(ordering: .relaxed)
+                continue
             }
             composed.wrappingIncrement(ordering: .relaxed)
             redrawnPixels.store(compositor.composedPixels, ordering: .relaxed)
-            out.retain()
             let captured = CapturedBuffer(
                 format: .video(VideoFormat(pixelFormat: .yuv420p, width: width, height: height, colour: colour)),
                 captureTime: frame.captureTime, duration: frame.duration, planes: out.planes,
-                changedRegions: changed, backing: out)
+                changedRegions: outChanged, backing: out)
             frame.backing?.release()
             if isRealtime {
                 sink.offer(captured)
@@ -281,11 +322,64 @@ public final class LayeredVideoSource: CaptureSource, @unchecked Sendable {
     }
 }
 
+/// What the composite's thread hands on at each frame: the composite copied into a free frame of
+/// the pool, or the last frame again when nothing changed. The composite's thread only.
+final class CompositeOutput {
+    private let compositor: Compositor
+    private let pool: CompositeFramePool
+    /// The frame handed on last (its own reference, released when another replaces it).
+    private var last: CompositeFrame?
+    /// A composite was dropped (no frame free): the canvas holds what it changed, `last` does not,
+    /// so the next frame is a new one, said to be changed everywhere.
+    private var dropped = false
+
+    init(compositor: Compositor, pool: CompositeFramePool) {
+        self.compositor = compositor
+        self.pool = pool
+    }
+
+    /// After the compositor's `redraw` answered `redrawn`: the frame to hand on, with a reference
+    /// for the receiver, and what changed in it since the frame handed on before (nil: everything).
+    /// Nil when no frame is free (`acquire`'s `wait` and `shouldStop`): this composite is dropped.
+    func next(after redrawn: Compositor.Redraw, wait: Bool, shouldStop: () -> Bool) -> (frame: CompositeFrame, changed: [PixelRegion]?)? {
+        if !dropped, redrawn == .nothing, let last {
+            // Nothing changed: the last composite again, nothing drawn or copied.
+            last.retain()
+            return (last, [])
+        }
+        guard let free = pool.acquire(wait: wait, shouldStop: shouldStop) else {
+            dropped = true
+            return nil
+        }
+        compositor.copyComposite(into: free.planes)
+        last?.release()
+        last = free
+        free.retain()
+        let whole = dropped
+        dropped = false
+        guard redrawn == .regions, !whole else { return (free, nil) }
+        // Into the frame's own array: no one else holds it once the frame is free (the session
+        // lets go of a buffer before it releases its backing), so this allocates nothing.
+        free.changed.removeAll(keepingCapacity: true)
+        for region in compositor.redrawnRegions { free.changed.append(region) }
+        return (free, free.changed)
+    }
+
+    /// Lets go of the last frame.
+    func stop() {
+        last?.release()
+        last = nil
+    }
+}
+
 /// A composite picture the session holds: counted references (the composite keeps the last one to
 /// send again when nothing changed; each delivery adds one), free again at zero.
 final class CompositeFrame: SampleBufferBacking, @unchecked Sendable {
     let memory: UnsafeMutableRawPointer
     let planes: [Plane]
+    /// What changed in this frame, handed on with it (the composite's thread writes it while it
+    /// holds the only reference).
+    var changed: [PixelRegion] = []
     fileprivate let references = ManagedAtomic<Int>(0)
     private let pool: Wakeup?
 
@@ -299,6 +393,7 @@ final class CompositeFrame: SampleBufferBacking, @unchecked Sendable {
             Plane(base: UnsafeRawPointer(memory + luma + chroma), count: chroma, bytesPerRow: width / 2),
         ]
         self.pool = pool
+        changed.reserveCapacity(64)
     }
 
     deinit { memory.deallocate() }

@@ -92,6 +92,9 @@ final class Scaler {
     private var regionContexts: [RegionSize: RegionContext] = [:]
     private var scratch: ScratchFrame?
     private static let regionContextLimit = 24
+    /// The frame's planes and strides for sws_scale, kept so a conversion makes no arrays.
+    private var destinationPlanes: [UnsafeMutablePointer<UInt8>?] = [nil, nil, nil, nil]
+    private var destinationStrides: [Int32] = [0, 0, 0, 0]
     /// Pixels converted since the scaler was made (benchmarks and tests).
     private(set) var convertedPixels = 0
 
@@ -353,8 +356,11 @@ final class Scaler {
         strides sourceStrides: inout [Int32]
     ) throws(FFmpegError) -> UnsafeMutablePointer<AVFrame> {
         try check(av_frame_make_writable(frame.pointer), "making a video frame writable")
-        var destinationPlanes: [UnsafeMutablePointer<UInt8>?] = (0..<4).map { frame.plane($0) }
-        var destinationStrides: [Int32] = (0..<4).map { frame.bytesPerRow($0) }
+        // Rewritten in place (the frame's buffers may have moved): no arrays made per picture.
+        for index in 0..<4 {
+            destinationPlanes[index] = frame.plane(index)
+            destinationStrides[index] = frame.bytesPerRow(index)
+        }
         let rows = sws_scale(
             context.pointer, &sourcePlanes, &sourceStrides, 0, source.height,
             &destinationPlanes, &destinationStrides

@@ -128,6 +128,11 @@ import Testing
         ("test?on_loss=maybe", "on_loss=maybe: expected hide or slate"),
         ("none?x=0", "a layer needs a source"),
         ("x11::0?cursor=sideways,x=0", "cursor"),
+        // issue 35 item 22: a key given twice, a key of neither the layer nor its source.
+        ("test?x=10,y=0,x=20", "x is given twice"),
+        ("test?x=0,size=big", "unknown key 'size': a layer's keys are x, y, width, height, fit, crop, on_loss"),
+        ("/dev/video0?zoom=2", "unknown key 'zoom'"),
+        ("test?crop=0x2+0+0", "crop=0x2+0+0: expected WIDTHxHEIGHT+X+Y"),
     ])
     func badPlacementIsRefused(layer: String, expected: String) throws {
         let dir = try TemporaryDirectory()
@@ -137,6 +142,33 @@ import Testing
         #expect(r.stderr.split(separator: "\n").count == 1, "one line: \(r.stderr)")
         #expect(r.stderr.contains(expected), "expected '\(expected)' in: \(r.stderr)")
         #expect(dir.contents.isEmpty, "nothing may be created: \(dir.contents)")
+    }
+
+    /// issue 35 item 22: a crop with nothing of it inside its source's picture is not drawn as if
+    /// there were none: the layer shows what `on_loss` says and one line says why and what shows;
+    /// a 1x1 crop at the picture's corner is a crop like any other.
+    @Test func aCropOutsideItsSourceIsSaidAndATinyCropIsTaken() throws {
+        let screen = try redScreen()
+        defer { screen.stop() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let file = dir.path("crops.mp4")
+        let r = try broadcast([
+            "record", file, "--video", "x11:\(screen.name)?cursor=off",
+            "--video", "test?x=0,y=0,width=320,height=180,crop=10x10+5000+5000,on_loss=slate",
+            "--video", "test?x=640,y=0,width=320,height=180,crop=1x1+319+179",
+            "--audio-mic", "none", "--fps", "30", "--duration", "2s",
+        ])
+        #expect(r.status == 0, "record failed: \(r.stderr)")
+        let said = r.stderr.split(separator: "\n").filter { $0.contains("10x10+5000+5000") }
+        #expect(said.count == 1, "one line about the crop: \(r.stderr)")
+        #expect(said.first?.contains("has nothing inside the source's 320x180 picture") == true, "\(said)")
+        #expect(said.first?.contains("shown as a slate from now on") == true, "what shows, as shown: \(said)")
+        #expect(!r.stderr.contains("1x1+319+179"), "the tiny crop is taken: \(r.stderr)")
+        let p = try rgbPixels(file, at: 1.0, width: 1280, height: 720, points: [(160, 90), (800, 90), (1100, 400)])
+        #expect(near(p[0], Self.slate), "the slate where the crop found nothing: \(p)")
+        #expect(!near(p[1], Self.red), "the tiny crop's picture in its box: \(p)")
+        #expect(near(p[2], Self.red), "the screen elsewhere: \(p)")
     }
 
     @Test func placementOnTheBaseIsRefused() throws {
@@ -153,7 +185,7 @@ import Testing
         try """
             [video]
             source = "test"
-            layers = ["test?x=10%", "test?crop=1x1"]
+            layers = ["test?x=10%", "test?crop=0x1"]
             [[output]]
             name = "a"
             path = "\(dir.path("a.mkv"))"
@@ -162,7 +194,7 @@ import Testing
         #expect(r.status == 2, "exit \(r.status): \(r.stderr)")
         #expect(r.stderr.split(separator: "\n").count == 1, "one line: \(r.stderr)")
         #expect(r.stderr.contains("\(file):3: video.layers: "), "file:line: key in: \(r.stderr)")
-        #expect(r.stderr.contains("crop=1x1"), "the value in: \(r.stderr)")
+        #expect(r.stderr.contains("crop=0x1"), "the value in: \(r.stderr)")
     }
 
     /// A layout whose pictures cannot fit the memory budget is refused at start with the figures.

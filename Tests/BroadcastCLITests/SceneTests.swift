@@ -147,4 +147,65 @@ import Testing
             #expect(r.stderr.contains(file + expected), "expected '\(expected)' in: \(r.stderr)")
         }
     }
+
+    /// issue 35 item 16: a layer's loss is not invisible: a `layer` event says it is lost and shows
+    /// its slate, another that it is back; the status lists each layer of the scene with its source
+    /// state, what shows, its losses and drops, and /metrics has them by layer.
+    @Test func aLostLayerIsSeenInTheEventsStatusAndMetrics() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let sections = """
+            [video]
+            source = "test"
+            size = "320x180"
+            layers = ["test:lost=1s-4s?x=0,y=0,width=160,height=90,on_loss=slate", "test?x=160,y=90,width=160,height=90"]
+            [audio]
+            mic = "none"
+            """
+        let (daemon, socket) = try launchDaemon(dir, sections: sections)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        _ = try waitUntilRecording(socket)
+        // Every event since the start (the history), whenever this connects.
+        let watcher = try #require(SocketConnection(socket))
+        watcher.send("GET /v1/events HTTP/1.1\r\nLast-Event-ID: 0\r\n\r\n")
+        // The first layer lost, its slate shown; then back, its picture shown (other layer events,
+        // a picture's first showing at the start, may come before).
+        func layerEvents() -> [[String: Any]] {
+            watcher.events.filter { $0.type == "layer" }.compactMap {
+                (try? JSONSerialization.jsonObject(with: Data($0.data.utf8))) as? [String: Any]
+            }
+        }
+        func isFirst(_ event: [String: Any], _ state: String, _ shown: String) -> Bool {
+            event["index"] as? Int == 1 && event["state"] as? String == state && event["shown"] as? String == shown
+        }
+        var seenBack = false
+        for count in 1...64 where !seenBack {
+            guard watcher.read(until: "event: layer", occurrences: count) else { break }
+            let events = layerEvents()
+            if let lost = events.firstIndex(where: { isFirst($0, "device-lost", "slate") }) {
+                seenBack = events[(lost + 1)...].contains { isFirst($0, "capturing", "picture") }
+            }
+        }
+        #expect(seenBack, "a layer event when it is lost (its slate shown), then one when it is back: \(layerEvents())")
+        let status = try broadcast(["status", "--socket", socket, "--json"], timeout: 30).stdout
+        let parsed = (try? JSONSerialization.jsonObject(with: Data(status.utf8))) as? [String: Any]
+        let layers = parsed?["layers"] as? [[String: Any]] ?? []
+        #expect(layers.map { $0["index"] as? Int } == [1, 2], "each layer of the scene: \(status)")
+        let first = layers.first ?? [:]
+        #expect(
+            first["source_state"] as? String == "capturing" && first["shown"] as? String == "picture" && first["device_losses"] as? Int == 1
+                && first["dropped"] as? Int != nil,
+            "the first layer, back, lost once: \(first)")
+        let metrics = try #require(SocketConnection(socket))
+        metrics.send("GET /metrics HTTP/1.1\r\n\r\n")
+        _ = metrics.readToEnd()
+        let lines = metrics.text.split(separator: "\n")
+        func value(_ prefix: String) -> Double? {
+            lines.first { $0.hasPrefix(prefix) }.flatMap { $0.split(separator: " ").last }.flatMap { Double($0) }
+        }
+        #expect(value("broadcast_layer_device_losses_total{layer=\"1\"") == 1, "\(metrics.text)")
+        #expect(value("broadcast_layer_device_lost{layer=\"1\"") == 0, "\(metrics.text)")
+        #expect(value("broadcast_layer_shown{layer=\"1\"") == 1, "\(metrics.text)")
+        #expect(value("broadcast_layer_dropped_total{layer=\"2\"") != nil, "\(metrics.text)")
+    }
 }

@@ -199,6 +199,123 @@ struct CompositorTests {
         _ = try compositor.compose()
         #expect(Self.luma(compositor) == shown, "back")
     }
+
+    /// A frame's luma plane (rows without padding: the pool's frames have none).
+    static func luma(_ frame: CompositeFrame) -> [UInt8] {
+        Array(UnsafeRawBufferPointer(start: frame.planes[0].base, count: width * height))
+    }
+
+    /// issue 35 item 6: a composite the pool had no frame for is not lost: the next frame handed on
+    /// holds it (and says everything changed), even when nothing changed since.
+    @Test func aCompositeDroppedForWantOfAFrameIsInTheNextOne() throws {
+        let screen = Picture(width: Self.width, height: Self.height, colour: 0x0000_00ff)
+        let layer = Picture(width: 64, height: 48, colour: 0x00ff_0000)
+        let compositor = try Compositor(
+            width: Self.width, height: Self.height, colour: .bt601, placements: [Self.placement(x: 200, y: 100, width: 64, height: 48)])
+        let output = CompositeOutput(compositor: compositor, pool: CompositeFramePool(count: 2, width: Self.width, height: Self.height))
+        defer { output.stop() }
+        func frame(layerColour: UInt32?) throws -> Compositor.Redraw {
+            try compositor.updateBase(screen.captured(changed: []))
+            if let layerColour {
+                layer.fill(PixelRegion(x: 0, y: 0, width: 64, height: 48), layerColour)
+                try compositor.updateLayer(0, with: layer.captured(changed: nil), show: .picture)
+            } else {
+                try compositor.updateLayer(0, with: nil, show: .picture)
+            }
+            return try compositor.redraw()
+        }
+        // Red, then green: two frames, both held by the receiver (as a slow encoder holds them).
+        try compositor.updateBase(screen.captured(changed: nil))
+        try compositor.updateLayer(0, with: layer.captured(changed: nil), show: .picture)
+        let first = try #require(output.next(after: try compositor.redraw(), wait: false, shouldStop: { false }))
+        let second = try #require(output.next(after: try frame(layerColour: 0x0000_ff00), wait: false, shouldStop: { false }))
+        // Red again: no frame free, dropped.
+        #expect(output.next(after: try frame(layerColour: 0x00ff_0000), wait: false, shouldStop: { false }) == nil)
+        let red = Self.luma(compositor)
+        first.frame.release()
+        second.frame.release()
+        // Nothing new after that: the frame handed on is the red composite, whole.
+        let after = try #require(output.next(after: try frame(layerColour: nil), wait: false, shouldStop: { false }))
+        defer { after.frame.release() }
+        let differing = zip(Self.luma(after.frame), red).filter { $0 != $1 }.count
+        #expect(differing == 0, "the dropped composite's change is in the next frame: \(differing) luma bytes differ")
+        #expect(after.changed == nil, "and it says everything changed: \(String(describing: after.changed))")
+    }
+
+    /// A yuv420p picture (rows without padding) as a captured buffer of three planes.
+    static func yuv420p(_ bytes: UnsafeRawBufferPointer, width: Int, height: Int, changed: [PixelRegion]? = nil) -> CapturedBuffer {
+        let luma = width * height
+        return CapturedBuffer(
+            format: .video(VideoFormat(pixelFormat: .yuv420p, width: width, height: height)), captureTime: 0,
+            duration: MediaTime(value: 1, timescale: 30),
+            planes: [
+                Plane(base: bytes.baseAddress!, count: luma, bytesPerRow: width),
+                Plane(base: bytes.baseAddress! + luma, count: luma / 4, bytesPerRow: width / 2),
+                Plane(base: bytes.baseAddress! + luma * 5 / 4, count: luma / 4, bytesPerRow: width / 2),
+            ],
+            changedRegions: changed)
+    }
+
+    /// One frame of an ffmpeg source filter as raw yuv420p.
+    static func rawFrame(_ filter: String, in directory: TemporaryDirectory, _ name: String) throws -> [UInt8] {
+        let path = directory.file(name)
+        let result = try run([
+            "ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "lavfi", "-i", filter, "-frames:v", "1", "-pix_fmt", "yuv420p",
+            "-f", "rawvideo", path,
+        ])
+        guard result.status == 0 else { throw ProbeError(message: "ffmpeg could not make \(name): \(result.standardError)") }
+        return [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
+    }
+
+    /// issue 35 item 8: a box partly outside the frame is cut at the frame's edge, as ffmpeg's
+    /// overlay does, not squeezed into the part inside it. Base and layer are yuv420p (no
+    /// conversion on either side), so the composite must be ffmpeg's overlay byte for byte.
+    @Test(arguments: [(288, 160), (300, 20), (10, 170), (318, 190)])
+    func aBoxPartlyOutsideTheFrameIsCutAsFfmpegsOverlayCutsIt(x: Int, y: Int) throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let base = try Self.rawFrame("testsrc2=size=\(Self.width)x\(Self.height):rate=1", in: directory, "base.raw")
+        let layer = try Self.rawFrame("testsrc=size=64x48:rate=1", in: directory, "layer.raw")
+        let result = try run([
+            "ffmpeg", "-nostdin", "-v", "error", "-y",
+            "-f", "rawvideo", "-pix_fmt", "yuv420p", "-s", "\(Self.width)x\(Self.height)", "-i", directory.file("base.raw"),
+            "-f", "rawvideo", "-pix_fmt", "yuv420p", "-s", "64x48", "-i", directory.file("layer.raw"),
+            "-filter_complex", "[0][1]overlay=\(x):\(y):format=yuv420", "-frames:v", "1", "-pix_fmt", "yuv420p", "-f", "rawvideo",
+            directory.file("overlay.raw"),
+        ])
+        #expect(result.status == 0, "ffmpeg overlay: \(result.standardError)")
+        let overlay = [UInt8](try Data(contentsOf: URL(fileURLWithPath: directory.file("overlay.raw"))))
+
+        var placement = Self.placement(x: x, y: y, width: 64, height: 48)
+        placement.fill = true
+        let compositor = try Compositor(width: Self.width, height: Self.height, colour: .bt601, placements: [placement])
+        try base.withUnsafeBytes { try compositor.updateBase(Self.yuv420p($0, width: Self.width, height: Self.height)) }
+        try layer.withUnsafeBytes { try compositor.updateLayer(0, with: Self.yuv420p($0, width: 64, height: 48), show: .picture) }
+        _ = try compositor.compose()
+        let composite = Self.planes(compositor)
+        #expect(composite.count == overlay.count)
+        let differing = zip(composite, overlay).filter { $0 != $1 }.count
+        #expect(differing == 0, "box at \(x),\(y): \(differing) of \(overlay.count) bytes differ from ffmpeg's overlay")
+
+        // The layer's next picture redraws its visible part only, and stays the same.
+        try base.withUnsafeBytes { try compositor.updateBase(Self.yuv420p($0, width: Self.width, height: Self.height, changed: [])) }
+        try layer.withUnsafeBytes { try compositor.updateLayer(0, with: Self.yuv420p($0, width: 64, height: 48), show: .picture) }
+        let redrawn = try #require(try compositor.compose())
+        #expect(redrawn.allSatisfy { $0.x >= 0 && $0.y >= 0 && $0.x + $0.width <= Self.width && $0.y + $0.height <= Self.height }, "\(redrawn)")
+        #expect(Self.planes(compositor) == composite)
+    }
+
+    /// The composite's three planes, rows without padding.
+    static func planes(_ compositor: Compositor) -> [UInt8] {
+        let bytes = UnsafeMutableRawPointer.allocate(byteCount: width * height * 3 / 2, alignment: 64)
+        defer { bytes.deallocate() }
+        compositor.copyComposite(into: [
+            Plane(base: bytes, count: width * height, bytesPerRow: width),
+            Plane(base: bytes + width * height, count: width * height / 4, bytesPerRow: width / 2),
+            Plane(base: bytes + width * height * 5 / 4, count: width * height / 4, bytesPerRow: width / 2),
+        ])
+        return Array(UnsafeBufferPointer(start: bytes.assumingMemoryBound(to: UInt8.self), count: width * height * 3 / 2))
+    }
 }
 
 /// A composite in a real session: a layer whose source fails while the base goes on.
@@ -296,5 +413,141 @@ struct LayeredSessionTests {
         // Green (BT.601 limited: Y 145) while the layer shows; the red screen (Y 81) once it failed.
         #expect(probe.lumas.prefix(3).allSatisfy { abs(Int($0) - 145) <= 3 }, "the layer was shown: \(probe.lumas)")
         #expect(probe.lumas.suffix(20).allSatisfy { abs(Int($0) - 81) <= 3 }, "hidden after it failed: \(probe.lumas.suffix(20))")
+    }
+}
+
+extension LayeredSessionTests {
+    /// issue 35 item 22: a failed layer with `on_loss=slate` shows its slate, and the line that
+    /// says it failed says so (it said "hidden from now on").
+    @Test func aFailedLayerWithASlateSaysItShowsTheSlate() throws {
+        let steps = Steps()
+        let base = SolidSource(name: "screen", width: 160, height: 96, colour: 0x00ff_0000, frames: 60, fails: false, steps: steps)
+        let layer = SolidSource(name: "camera", width: 32, height: 32, colour: 0x0000_ff00, frames: 5, fails: true, steps: steps)
+        var placement = LayerPlacement()
+        (placement.x, placement.y, placement.width, placement.height) = (.pixels(100), .pixels(40), .pixels(32), .pixels(32))
+        placement.onLoss = .slate
+        let recorded = RecordedLog()
+        let composite = LayeredVideoSource(
+            base: base, inputs: [layer], scenes: [.init(name: "default", layers: [.init(input: 0, placement: placement)])],
+            width: 160, height: 96, colour: nil, logger: Logger(label: "test") { _ in RecordingLogHandler(log: recorded) })
+        let probe = LumaProbe(x: 116, y: 56, steps: steps)
+        let summary = try BroadcastSession(handler: probe, sources: [(.video, composite)]).run(setupInfo: [:])
+        #expect(summary.reason == .sourcesEnded, "\(summary.reason)")
+        #expect(probe.lumas.suffix(20).allSatisfy { $0 == 40 }, "the slate after it failed: \(probe.lumas.suffix(20))")
+        let lines = recorded.records.map(\.1).filter { $0.contains("camera") }
+        #expect(lines.count == 1 && lines[0].contains("failed, shown as a slate from now on"), "\(lines)")
+    }
+}
+
+/// issue 35 item 5: a crop of a packed picture (a camera's YUYV/UYVY, a screen's BGR0, RGB24)
+/// takes the columns and rows asked for, up to the picture's right and bottom edges and not past
+/// them. Each is judged against ffmpeg's crop of the same frame, drawn through the same conversion:
+/// the cropped layer's composite must equal, byte for byte, the composite of ffmpeg's crop drawn
+/// uncropped.
+@Suite("A crop takes the part asked for")
+struct CompositorCropTests {
+    static let sourceWidth = 320
+    static let sourceHeight = 240
+
+    static let packedFormats: [PixelFormat] = [.yuyv422, .uyvy422, .rgb24, .bgr24, .bgra, .bgr0]
+
+    /// Bytes of one pixel of a packed format.
+    static func bytesPerPixel(_ format: PixelFormat) -> Int {
+        switch format {
+        case .yuyv422, .uyvy422: 2
+        case .rgb24, .bgr24: 3
+        default: 4
+        }
+    }
+
+    /// ffmpeg's testsrc frame in `format`, raw, `width` x `height`.
+    static func testFrame(_ format: PixelFormat, in directory: TemporaryDirectory) throws -> [UInt8] {
+        let path = directory.file("full-\(format.rawValue).raw")
+        let result = try run([
+            "ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc=size=\(sourceWidth)x\(sourceHeight):rate=1",
+            "-frames:v", "1", "-pix_fmt", format.rawValue, "-f", "rawvideo", path,
+        ])
+        guard result.status == 0 else { throw ProbeError(message: "ffmpeg could not make a \(format) frame: \(result.standardError)") }
+        return [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
+    }
+
+    /// ffmpeg's `crop` of the raw frame at `path`, in the same format.
+    static func ffmpegCrop(_ format: PixelFormat, _ crop: PixelRegion, in directory: TemporaryDirectory) throws -> [UInt8] {
+        let path = directory.file("crop-\(format.rawValue)-\(crop.description).raw")
+        let result = try run([
+            "ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", format.rawValue,
+            "-s", "\(sourceWidth)x\(sourceHeight)", "-i", directory.file("full-\(format.rawValue).raw"),
+            "-vf", "crop=\(crop.width):\(crop.height):\(crop.x):\(crop.y)", "-pix_fmt", format.rawValue, "-f", "rawvideo", path,
+        ])
+        guard result.status == 0 else { throw ProbeError(message: "ffmpeg could not crop: \(result.standardError)") }
+        return [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
+    }
+
+    /// The composite (all three planes, rows without padding) of a grey base with `picture`
+    /// (`width` x `height` in `format`) drawn at the origin, cropped by `crop`, filling a box
+    /// of the crop's size (no scaling).
+    static func composite(
+        _ picture: [UInt8], _ format: PixelFormat, width: Int, height: Int, crop: PixelRegion?, box: PixelRegion
+    ) throws -> [UInt8] {
+        let (frameWidth, frameHeight) = (96, 64)
+        var placement = CompositorTests.placement(x: 0, y: 0, width: box.width, height: box.height)
+        placement.fill = true
+        placement.crop = crop
+        let compositor = try Compositor(width: frameWidth, height: frameHeight, colour: .bt601, placements: [placement])
+        let base = [UInt32](repeating: 0x0080_8080, count: frameWidth * frameHeight)
+        try base.withUnsafeBytes { bytes in
+            try compositor.updateBase(
+                CapturedBuffer(
+                    format: .video(VideoFormat(pixelFormat: .bgr0, width: frameWidth, height: frameHeight)), captureTime: 0,
+                    duration: MediaTime(value: 1, timescale: 30),
+                    planes: [Plane(base: bytes.baseAddress!, count: bytes.count, bytesPerRow: frameWidth * 4)]))
+        }
+        // The picture's own memory, exactly its size: a read past it is a read past the frame.
+        let memory = UnsafeMutableRawBufferPointer.allocate(byteCount: picture.count, alignment: 64)
+        defer { memory.deallocate() }
+        memory.copyMemory(from: UnsafeRawBufferPointer(start: picture, count: picture.count))
+        try compositor.updateLayer(
+            0,
+            with: CapturedBuffer(
+                format: .video(VideoFormat(pixelFormat: format, width: width, height: height)), captureTime: 0,
+                duration: MediaTime(value: 1, timescale: 30),
+                planes: [Plane(base: memory.baseAddress!, count: memory.count, bytesPerRow: width * bytesPerPixel(format))]),
+            show: .picture)
+        _ = try compositor.compose()
+        let out = UnsafeMutableRawPointer.allocate(byteCount: frameWidth * frameHeight * 3 / 2, alignment: 64)
+        defer { out.deallocate() }
+        let luma = frameWidth * frameHeight
+        compositor.copyComposite(into: [
+            Plane(base: out, count: luma, bytesPerRow: frameWidth),
+            Plane(base: out + luma, count: luma / 4, bytesPerRow: frameWidth / 2),
+            Plane(base: out + luma * 5 / 4, count: luma / 4, bytesPerRow: frameWidth / 2),
+        ])
+        return Array(UnsafeBufferPointer(start: out.assumingMemoryBound(to: UInt8.self), count: luma * 3 / 2))
+    }
+
+    @Test(arguments: packedFormats)
+    func aCropOfAPackedPictureIsFfmpegsCrop(format: PixelFormat) throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let full = try Self.testFrame(format, in: directory)
+        #expect(full.count == Self.sourceWidth * Self.sourceHeight * Self.bytesPerPixel(format))
+        let crops = [
+            PixelRegion(x: 256, y: 192, width: 64, height: 48),  // the bottom-right corner
+            PixelRegion(x: 318, y: 238, width: 2, height: 2),  // its last pixels
+            PixelRegion(x: 240, y: 0, width: 80, height: 40),  // the right edge, the top
+            PixelRegion(x: 0, y: 200, width: 90, height: 40),  // the bottom edge, the left
+            PixelRegion(x: 200, y: 100, width: 60, height: 30),  // inside
+        ]
+        for crop in crops {
+            let reference = try Self.ffmpegCrop(format, crop, in: directory)
+            let expected = try Self.composite(
+                reference, format, width: crop.width, height: crop.height, crop: nil,
+                box: PixelRegion(x: 0, y: 0, width: crop.width, height: crop.height))
+            let cropped = try Self.composite(
+                full, format, width: Self.sourceWidth, height: Self.sourceHeight, crop: crop,
+                box: PixelRegion(x: 0, y: 0, width: crop.width, height: crop.height))
+            let differing = zip(cropped, expected).filter { $0 != $1 }.count
+            #expect(differing == 0, "\(format) crop \(crop): \(differing) of \(expected.count) composite bytes differ from ffmpeg's crop")
+        }
     }
 }
