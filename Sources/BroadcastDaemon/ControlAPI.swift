@@ -118,6 +118,16 @@ struct MetricsFigures {
         var replay: ReplayStatistics?
         /// WHIP outputs: what the viewer's RTCP says.
         var webRTC: WebRTCFigures? = nil
+        /// Adaptive outputs: the video bitrate asked of their encode now.
+        var targetBitrate: Int? = nil
+    }
+
+    /// One video encode: its size, the outputs it feeds, what it makes.
+    struct EncodeFigures {
+        var size: String
+        var outputs: String
+        var bitrate: Int
+        var frames: Int
     }
 
     /// A WHIP output's RTCP figures (nil: no receiver report yet).
@@ -144,6 +154,7 @@ struct MetricsFigures {
     /// Per ALSA device: its clock's drift against the monotonic clock.
     var audioDrift: [(device: String, ppm: Double)] = []
     var outputs: [OutputFigures] = []
+    var encodes: [EncodeFigures] = []
     /// Clients following /v1/events.
     var eventClients = 0
     /// The memory budget (`--memory-budget`, `[limits] memory`) the footprint is held to.
@@ -266,6 +277,7 @@ public final class DaemonMetrics: Sendable {
                 gauge("broadcast_output_backlog_seconds", Double(o.backlogMilliseconds) / 1000, output, into: &now)
                 gauge("broadcast_output_bitrate_bits_per_second", Double(o.bitrate), output, into: &now)
                 gauge("broadcast_output_paused", o.paused ? 1 : 0, output, into: &now)
+                if let target = o.targetBitrate { gauge("broadcast_output_target_bitrate_bits_per_second", Double(target), output, into: &now) }
                 gauge("broadcast_output_up", ["live", "recording"].contains(o.state) && !o.paused ? 1 : 0, output, into: &now)
                 for (reason, count) in o.drops {
                     counter("broadcast_output_dropped_packets_total", count, output + [("reason", reason)], of: owner, last: last, into: &now)
@@ -282,6 +294,11 @@ public final class DaemonMetrics: Sendable {
                     gauge("broadcast_replay_saves_done", Double(r.savesDone), output, into: &now)
                     gauge("broadcast_replay_saves_failed", Double(r.savesFailed), output, into: &now)
                 }
+            }
+            for (index, e) in figures.encodes.enumerated() {
+                let encode = [("encode", "\(index)"), ("size", e.size), ("outputs", e.outputs)]
+                gauge("broadcast_encode_bitrate_bits_per_second", Double(e.bitrate), encode, into: &now)
+                gauge("broadcast_encode_frames", Double(e.frames), encode, into: &now)
             }
             // Memory: the process's footprint, and of it the replay buffers (room for more figures).
             let memory = BroadcastController.memoryFigures(figures.outputs.compactMap(\.replay))

@@ -874,7 +874,13 @@ final class BroadcastController: Sendable {
                 replay: output.replayStatistics(),
                 webRTC: o.keyframeRequests.map {
                     .init(roundTripSeconds: o.roundTripMilliseconds.map { $0 / 1000 }, packetsLost: o.packetsLost, fractionLost: o.fractionLost, keyframeRequests: $0)
-                })
+                },
+                targetBitrate: o.targetBitrate)
+        }
+        figures.encodes = (running.encodes?.all ?? []).map { encode in
+            .init(
+                size: "\(encode.settings.width)x\(encode.settings.height)", outputs: encode.outputs.joined(separator: ","),
+                bitrate: encode.bitrate, frames: encode.frames)
         }
         return figures
     }
@@ -907,7 +913,10 @@ final class BroadcastController: Sendable {
                 let files = output.finishedFiles
                 // Paused as soon as asked; once resumed, "resuming" until its worker takes packets again.
                 let state = output.isPaused ? "paused" : output.state == .paused ? "resuming" : "\(output.state)"
-                return .init(name: output.name, state: state, files: files.count, lastFile: files.last)
+                let o = output.statistics()
+                return .init(
+                    name: output.name, state: state, files: files.count, lastFile: files.last, targetBitrate: o.targetBitrate,
+                    maximumBitrate: o.maximumBitrate)
             },
             devices: stats.sorted { $0.key.rawValue < $1.key.rawValue }.map { ($0.key.rawValue, $0.value.sourceHealth.state == .deviceLost) },
             scene: runningComposite()?.shownSceneName,

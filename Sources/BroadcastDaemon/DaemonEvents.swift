@@ -14,6 +14,9 @@ struct EventSnapshot {
         /// Files finished so far and the last one's path.
         var files: Int
         var lastFile: String?
+        /// Adaptive outputs: the video bitrate asked of their encode, and its maximum.
+        var targetBitrate: Int? = nil
+        var maximumBitrate: Int? = nil
     }
 
     /// The running session's identity (a new start is a new broadcast); nil: none ever ran.
@@ -74,6 +77,12 @@ struct EventSnapshot {
             let old = previous[output.name]
             if output.state != old?.state {
                 events.append(("output", [("name", .string(output.name)), ("state", .string(output.state))]))
+            }
+            // An adaptive output's bitrate moved (its controller changes it at most once a second).
+            if let target = output.targetBitrate, let maximum = output.maximumBitrate, target != (old?.targetBitrate ?? maximum) {
+                events.append(("bitrate", [
+                    ("output", .string(output.name)), ("target", .number(Double(target))), ("max", .number(Double(maximum))),
+                ]))
             }
             if output.files != (old?.files ?? 0), let path = output.lastFile {
                 events.append(("file", [

@@ -58,4 +58,57 @@ import Testing
             #expect(drops > encoded / 20, "a fixed bitrate lost only \(drops) frames in the dip: is the dip real? \(summary)")
         }
     }
+
+    /// The daemon: `adaptive = true` on a live output; while the path dips, a `bitrate` event, the
+    /// target in the status and in /metrics; the recording beside it and the encodes as before.
+    @Test func theDaemonSaysWhereTheBitrateStands() throws {
+        let server = try RTMPServer()
+        defer { server.cleanup() }
+        let proxy = try ThrottlingProxy(target: server.port, bytesPerSecond: 2_000_000)
+        defer { proxy.stop() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        let config = """
+            [video]
+            size = "320x180"
+            [encoder]
+            preset = "ultrafast"
+            video_bitrate = "1M"
+            audio_bitrate = "32k"
+            [control]
+            socket = "\(socket)"
+            [[output]]
+            name = "rec"
+            path = "\(dir.path("rec.mkv"))"
+            [[output]]
+            name = "live"
+            url = "rtmp://127.0.0.1:\(proxy.port)/live/adaptive"
+            adaptive = true
+            min_video_bitrate = "40k"
+            """
+        let daemon = try spawnDaemon(config: config, in: dir)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        _ = try waitUntilRecording(socket)
+        let watcher = try #require(SocketConnection(socket))
+        watcher.send("GET /v1/events HTTP/1.1\r\n\r\n")
+        #expect(watcher.read(until: "event: state"), "\(watcher.text)")
+        proxy.setRate(16_000)
+        #expect(watcher.read(until: "event: bitrate"), "no bitrate event: \(watcher.text.suffix(2000)) \(daemon.stderrSoFar.suffix(2000))")
+        #expect(watcher.text.contains("\"output\":\"live\""), "\(watcher.text.suffix(2000))")
+        let status = try broadcast(["status", "--json", "--socket", socket]).stdout
+        let json = try JSONSerialization.jsonObject(with: Data(status.utf8)) as? [String: Any]
+        let live = (json?["outputs"] as? [[String: Any]])?.first { $0["name"] as? String == "live" }
+        let target = try #require(live?["target_bitrate"] as? Double, "\(status)")
+        #expect(target < 1_000_000 && live?["max_bitrate"] as? Double == 1_000_000, "\(status)")
+        let encodes = json?["encodes"] as? [[String: Any]] ?? []
+        #expect(encodes.count == 2 && encodes.last?["outputs"] as? [String] == ["live"], "\(encodes)")
+        let metrics = try run("/usr/bin/curl", ["-s", "--unix-socket", socket, "http://localhost/metrics"]).stdout
+        #expect(metrics.contains("broadcast_output_target_bitrate_bits_per_second{output=\"live\"}"), "\(metrics)")
+        #expect(metrics.contains("broadcast_encode_bitrate_bits_per_second"), "\(metrics)")
+        proxy.setRate(2_000_000)
+        daemon.signal(SIGTERM)
+        #expect(daemon.wait(timeout: 60).status == 0)
+        try expectDecodesCleanly(dir.path("rec.mkv"))
+    }
 }

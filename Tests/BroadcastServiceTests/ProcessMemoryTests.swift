@@ -20,16 +20,24 @@ import Testing
         #expect(ProcessMemory.parse("Rss: 12 kB\n") == nil)
     }
 
-    /// Memory this process writes shows in its footprint; shared library code does not.
+    /// Memory this process writes shows in its footprint; shared library code does not. The
+    /// footprint is the whole test process's, where other suites free memory meanwhile (a run of
+    /// the full suite saw 41 of the 64 MiB written): tried up to five times, one attempt must
+    /// see at least 90 % of what it wrote.
     @Test func writtenMemoryCountsAndLibraryCodeDoesNot() throws {
-        let before = try #require(ProcessMemory.current())
         let size = 64 << 20
-        let block = UnsafeMutableRawPointer.allocate(byteCount: size, alignment: 4096)
-        defer { block.deallocate() }
-        block.initializeMemory(as: UInt8.self, repeating: 1, count: size)
-        let after = try #require(ProcessMemory.current())
-        #expect(after.privateDirtyBytes - before.privateDirtyBytes >= Int64(size) * 9 / 10, "\(before) → \(after)")
-        #expect(after.residentBytes > after.privateDirtyBytes, "resident counts library pages too: \(after)")
-        #expect(block.load(fromByteOffset: size - 1, as: UInt8.self) == 1)
+        var seen: [String] = []
+        for _ in 0..<5 {
+            let before = try #require(ProcessMemory.current())
+            let block = UnsafeMutableRawPointer.allocate(byteCount: size, alignment: 4096)
+            defer { block.deallocate() }
+            block.initializeMemory(as: UInt8.self, repeating: 1, count: size)
+            let after = try #require(ProcessMemory.current())
+            #expect(after.residentBytes > after.privateDirtyBytes, "resident counts library pages too: \(after)")
+            #expect(block.load(fromByteOffset: size - 1, as: UInt8.self) == 1)
+            if after.privateDirtyBytes - before.privateDirtyBytes >= Int64(size) * 9 / 10 { return }
+            seen.append("\(before) → \(after)")
+        }
+        Issue.record("64 MiB written never showed in the private dirty figure: \(seen)")
     }
 }
