@@ -28,7 +28,8 @@
 #                        /lib/systemd/systemd as PID 1, which runs the script as the
 #                        oneshot vmh-guest.service (target vmh-guest.target: sysinit,
 #                        sockets and udev, no timers or getty), then powers off. For tests
-#                        of systemd units under real systemd (vm/guest-systemd.sh).
+#                        of systemd units under real systemd (vm/guest-systemd.sh). The boot
+#                        empties /tmp (tmpfiles' "D /tmp"; /tmp/out stays): hand in no /tmp paths.
 #        VM_NICE=-10     qemu's nice value (negative only as root; 0 = as the caller).
 #                        The emulated machine is test equipment: a real capture box's
 #                        CPU is not time-shared with the host's other work, so qemu runs
@@ -166,7 +167,7 @@ Requires=vmh-guest.service
 After=vmh-guest.service
 AllowIsolate=yes
 UNIT
-    if [ "$LIVE" = 1 ]; then TO='| tee guest.log > /dev/console'; else TO='> guest.log'; fi
+    if [ "$LIVE" = 1 ]; then TO='2>&1 | tee guest.log > /dev/console'; else TO='> guest.log 2>&1'; fi
     cat > $U/vmh-guest.service <<UNIT
 [Unit]
 Description=vmh: the guest script /tmp/out/cmd.sh
@@ -177,7 +178,7 @@ FailureAction=poweroff-force
 Type=oneshot
 WorkingDirectory=/tmp/out
 Environment=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp TERM=dumb LANG=C.UTF-8
-ExecStart=/bin/bash -c 'set -o pipefail; { if head -c2 cmd.sh | grep -q "#!"; then ./cmd.sh; else /bin/sh ./cmd.sh; fi; } 2>&1 $TO; echo \$\$? > rc; sync'
+ExecStart=/bin/bash -c 'set -o pipefail; { if head -c2 cmd.sh | grep -q "#!"; then ./cmd.sh; else /bin/sh ./cmd.sh; fi; } $TO; echo \$\$? > rc; sync'
 StandardOutput=journal+console
 TimeoutStartSec=infinity
 UNIT
