@@ -136,14 +136,16 @@ sleep 4
 check "broadcast.service still active after the reload, same process" \
     sh -c "[ \"\$(systemctl is-active broadcast)\" = active ] && [ \"\$(systemctl show -p MainPID --value broadcast)\" = $pid ]"
 /usr/local/bin/broadcast status --json --socket /run/broadcast/control.sock > status-late.json 2>&1
+check "no restart (watchdog or failure) while it ran" sh -c "[ \"\$(systemctl show -p NRestarts --value broadcast)\" = 0 ]"
+active_before_stop=$(systemctl is-active broadcast)
 
 ts "5. systemctl stop broadcast"
 systemctl stop broadcast; rc=$?
 journal
 check "systemctl stop succeeded" [ "$rc" = 0 ]
 result=$(systemctl show -p Result --value broadcast); status=$(systemctl show -p ExecMainStatus --value broadcast)
-check "the service ended cleanly (Result=$result, exit status $status)" sh -c "[ '$result' = success ] && [ '$status' = 0 ]"
-check "no restart by the watchdog or a failure" sh -c "[ \"\$(systemctl show -p NRestarts --value broadcast)\" = 0 ]"
+check "the running service ended cleanly (was $active_before_stop; Result=$result, exit status $status)" \
+    sh -c "[ '$active_before_stop' = active ] && [ '$result' = success ] && [ '$status' = 0 ]"
 kill $player 2>/dev/null; wait $player 2>/dev/null
 kill $nginx 2>/dev/null; wait $nginx 2>/dev/null
 grep -vE '^$' journal.txt | tail -25
