@@ -23,6 +23,13 @@
 #        KAPPEND=quiet   extra kernel command line ("quiet vmh.root=ro" = no overlay:
 #                        read-only host root, tmpfs /tmp, host /tmp at /run/hosttmp)
 #        QEMU_TIMEOUT=600 LIVE=1 (copy guest script output to the console live)
+#        VM_INIT=chroot  chroot = run the script chrooted into the overlay (busybox is PID 1);
+#                        systemd = switch_root into the overlay and boot the host's
+#                        /lib/systemd/systemd as PID 1, which runs the script as the
+#                        oneshot vmh-guest.service (target vmh-guest.target: sysinit,
+#                        sockets and udev, no timers or getty), then powers off. For tests
+#                        of systemd units under real systemd (vm/guest-systemd.sh). The boot
+#                        empties /tmp (tmpfiles' "D /tmp"; /tmp/out stays): hand in no /tmp paths.
 #        VM_NICE=-10     qemu's nice value (negative only as root; 0 = as the caller).
 #                        The emulated machine is test equipment: a real capture box's
 #                        CPU is not time-shared with the host's other work, so qemu runs
@@ -31,6 +38,7 @@
 #                        too slow to encode audio in real time (vm/README.md, "Under load")
 # In the guest the script runs as root, chrooted into an overlay of the host's /
 # (writes go to guest RAM and vanish), cwd /tmp/out (= $OUT, read-write 9p).
+# (VM_INIT=systemd: the same root, booted; the script runs as a service of PID 1.)
 # Its stdout+stderr land in $OUT/guest.log, exit code in $OUT/rc; the exit code
 # of run-guest.sh is that rc (or 1xx/124 for boot problems/timeouts).
 set -euo pipefail
@@ -46,6 +54,8 @@ KBOOT=${KBOOT:-vmlinux}
 QEMU_TIMEOUT=${QEMU_TIMEOUT:-600}
 LIVE=${LIVE:-1}
 GUEST_MODULES=${GUEST_MODULES:-vivid n_devs=1;snd-aloop index=0 pcm_substreams=2}
+VM_INIT=${VM_INIT:-chroot}
+case $VM_INIT in chroot|systemd) ;; *) echo "VM_INIT=$VM_INIT: chroot or systemd" >&2; exit 2 ;; esac
 T0=$(date +%s.%N)
 [ -f "$GUEST_SCRIPT" ] || { echo "no guest script $GUEST_SCRIPT" >&2; exit 2; }
 mkdir -p "$VMH"
@@ -87,8 +97,11 @@ MODDIR=$VMH/kpkg/lib/modules/$KV
 # ------------------------------------------------------------- initramfs ---
 # 2. tiny initramfs: static busybox + virtio-pci/9p/overlay .ko files + /init.
 #    vivid, snd-aloop & deps are modprobe'd later from the unpacked tree via 9p.
-if [ ! -f "$VMH/initrd.cpio" ] || [ "$SELF" -nt "$VMH/initrd.cpio" ]; then
-    R=$VMH/initramfs
+# Named by this script's hash: runs of other versions of it sharing $VMH (other branches) each
+# keep their own initrd instead of rebuilding one file under each other's running qemu.
+INITRD=$VMH/initrd-$(sha256sum "$SELF" | cut -c1-16).cpio
+if [ ! -f "$INITRD" ]; then
+    R=$VMH/initramfs-$$
     rm -rf "$R"; mkdir -p "$R"/{bin,proc,sys,dev,host,lower,rw,lib/modules}
     cp /bin/busybox "$R/bin/busybox"          # Debian busybox-static
     : > "$R/modules.list"
@@ -105,9 +118,10 @@ mount -t proc proc /proc; mount -t sysfs sysfs /sys; mount -t devtmpfs devtmpfs 
 log() { echo "vmh: [$(cut -d' ' -f1 /proc/uptime)s] $*"; }
 die() { log "FATAL: $*"; echo o > /proc/sysrq-trigger; sleep 5; poweroff -f; }
 log "init started"
-KMOD=; LIVE=1; ROOT=overlay
+KMOD=; LIVE=1; ROOT=overlay; INIT=chroot
 for a in $(cat /proc/cmdline); do
-    case $a in vmh.kmod=*) KMOD=${a#vmh.kmod=} ;; vmh.live=*) LIVE=${a#vmh.live=} ;; vmh.root=*) ROOT=${a#vmh.root=} ;; esac
+    case $a in vmh.kmod=*) KMOD=${a#vmh.kmod=} ;; vmh.live=*) LIVE=${a#vmh.live=} ;; vmh.root=*) ROOT=${a#vmh.root=} ;;
+               vmh.init=*) INIT=${a#vmh.init=} ;; esac
 done
 while read -r ko; do insmod "/lib/modules/$ko" || log "insmod $ko FAILED"; done < /modules.list
 O9P="trans=virtio,version=9p2000.L,msize=512000"
@@ -141,6 +155,41 @@ log "root=$ROOTMODE; loading guest modules"
 IFS=';'; for spec in $(cat /host/tmp/out/.vmh-modules 2>/dev/null); do
     IFS=' '; [ -n "$spec" ] && { chroot /host /sbin/modprobe -d /run/kroot $spec || log "modprobe $spec FAILED"; }
 done; IFS=' '
+if [ "$INIT" = systemd ]; then
+    [ $ROOTMODE = overlay ] || die "vmh.init=systemd needs the overlay root"
+    # The script as a oneshot service of the booted system (the kernel command line names the
+    # target: systemd.unit=vmh-guest.target). Written into the overlay's /etc: guest RAM only.
+    U=/host/etc/systemd/system
+    cat > $U/vmh-guest.target <<'UNIT'
+[Unit]
+Description=vmh: run the guest script
+Requires=vmh-guest.service
+After=vmh-guest.service
+AllowIsolate=yes
+UNIT
+    if [ "$LIVE" = 1 ]; then TO='2>&1 | tee guest.log > /dev/console'; else TO='> guest.log 2>&1'; fi
+    cat > $U/vmh-guest.service <<UNIT
+[Unit]
+Description=vmh: the guest script /tmp/out/cmd.sh
+After=basic.target systemd-udev-trigger.service
+SuccessAction=poweroff-force
+FailureAction=poweroff-force
+[Service]
+Type=oneshot
+WorkingDirectory=/tmp/out
+Environment=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp TERM=dumb LANG=C.UTF-8
+ExecStart=/bin/bash -c 'set -o pipefail; { if head -c2 cmd.sh | grep -q "#!"; then ./cmd.sh; else /bin/sh ./cmd.sh; fi; } $TO; echo \$\$? > rc; sync'
+StandardOutput=journal+console
+TimeoutStartSec=infinity
+UNIT
+    # Only what a service needs: no timers (apt-daily would start apt in the guest), no NTP.
+    for unit in timers.target systemd-timesyncd.service getty.target; do ln -sf /dev/null $U/$unit; done
+    # A host that is a container has /.dockerenv: systemd would take the VM for a container
+    # ("Detected virtualization docker") and skip what only a real machine does.
+    rm -f /host/.dockerenv
+    log "switch_root: systemd as PID 1, systemd.unit=vmh-guest.target"
+    exec switch_root /host /lib/systemd/systemd --unit=vmh-guest.target --show-status=error
+fi
 log "running /tmp/out/cmd.sh"
 CMD='cd /tmp/out && if head -c2 cmd.sh | grep -q "#!"; then exec ./cmd.sh; else exec /bin/sh ./cmd.sh; fi'
 set -o pipefail
@@ -158,7 +207,8 @@ sync; umount /host/tmp/out
 poweroff -f
 EOF
     chmod +x "$R/init"
-    (cd "$R" && find . | cpio -o -H newc --quiet) > "$VMH/initrd.cpio"
+    (cd "$R" && find . | cpio -o -H newc --quiet) > "$INITRD.$$"
+    mv "$INITRD.$$" "$INITRD"; rm -rf "$R"
 fi
 
 # ------------------------------------------------------------------ run ---
@@ -188,14 +238,16 @@ NICE=()
 if [ "$VM_NICE" != 0 ] && { [ "$VM_NICE" -gt 0 ] || [ "$(id -u)" = 0 ]; }; then NICE=(nice -n "$VM_NICE"); fi
 echo "vmh: qemu at nice ${NICE[2]:-$(nice)}"
 
+SYSTEMD_ARGS=
+[ "$VM_INIT" = systemd ] && SYSTEMD_ARGS="systemd.unit=vmh-guest.target systemd.show_status=error"   # also as arguments (switch_root)
 T1=$(date +%s.%N)
 set +e
 timeout "$QEMU_TIMEOUT" "${NICE[@]}" qemu-system-x86_64 \
     "${ACCEL_OPTS[@]}" -machine pc -smp "$SMP" -m "$MEM" \
     -nodefaults -no-user-config -display none -no-reboot \
     -chardev stdio,id=ser0,signal=on -serial chardev:ser0 -monitor none \
-    -kernel "$KIMG" -initrd "$VMH/initrd.cpio" \
-    -append "console=ttyS0 panic=-1 mitigations=off vmh.kmod=$MODDIR vmh.live=$LIVE ${KAPPEND:-quiet}" \
+    -kernel "$KIMG" -initrd "$INITRD" \
+    -append "console=ttyS0 panic=-1 mitigations=off vmh.kmod=$MODDIR vmh.live=$LIVE vmh.init=$VM_INIT $SYSTEMD_ARGS ${KAPPEND:-quiet}" \
     -fsdev local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap \
     -device virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot \
     -fsdev local,id=out,path="$OUT",security_model=none \
