@@ -55,6 +55,8 @@ extension ControlPage {
             <section>
               <h2>Outputs</h2>
               <div id="outputs"></div>
+              <h2>Encodes</h2>
+              <table id="encodes"><thead><tr><th>Size</th><th>Rate</th><th>Bitrate</th><th>Outputs</th></tr></thead><tbody></tbody></table>
               <h2>Sources</h2>
               <table id="sources"><thead><tr><th>Type</th><th>State</th><th>Device losses</th><th>Delivered</th><th>Dropped</th></tr></thead><tbody></tbody></table>
             </section>
@@ -283,6 +285,7 @@ extension ControlPage {
             const resident = memory.resident_bytes, budget = memory.budget_bytes;
             $("memory").textContent = bytes(resident) + (budget ? " of " + bytes(budget) + " budget" : "");
             outputs(status.outputs || [], sample);
+            encodes(status.encodes || []);
             sources(status.types || {}, status.layers || []);
           }
 
@@ -302,6 +305,7 @@ extension ControlPage {
                 drops: Object.entries(o.drops || {}).filter(([, n]) => n > 0).map(([r, n]) => n + " " + r).join(", ") || "none",
                 error: o.error || "none",
               };
+              if (o.target_bitrate != null) values.adapting = bits(o.target_bitrate) + " of " + bits(o.max_bitrate);
               if (o.kind === "replay") {
                 values.buffered = (o.buffered_seconds ?? 0).toFixed(1) + " s of " + o.replay_seconds + " s";
                 values.saves = (o.saves_done ?? 0) + " saved, " + (o.saves_failed ?? 0) + " failed" + (o.last_saved_path ? ", last " + o.last_saved_path : "");
@@ -324,6 +328,21 @@ extension ControlPage {
               graph(card.querySelector("canvas"), series);
             }
             for (const card of Array.from(box.children)) if (!seen.has(card.dataset.output)) card.remove();
+          }
+
+          // Each video encode: the broadcast's first, then the outputs' own, with the outputs it feeds.
+          function encodes(list) {
+            const body = $("encodes").querySelector("tbody");
+            body.replaceChildren(...list.map(e => {
+              const row = document.createElement("tr");
+              row.dataset.encode = e.size + " " + (e.outputs || []).join(",");
+              for (const text of [e.size, e.rate_control + " " + bits(e.video_bitrate) + ", " + e.fps + " fps", bits(e.bitrate), (e.outputs || []).join(", ")]) {
+                const cell = document.createElement("td");
+                cell.textContent = text;
+                row.append(cell);
+              }
+              return row;
+            }));
           }
 
           function makeOutput(box, o) {

@@ -393,6 +393,32 @@ final class PollState: Sendable {
         }
     }
 
+    /// The page lists each video encode with the outputs it feeds (issue 36): the broadcast's, and
+    /// an output's own at its size; in Chromium, through `broadcast ui`.
+    @Test func thePageListsTheEncodes() throws {
+        try withRecordingDaemon(sections: """
+            [video]
+            size = "320x240"
+            """, outputs: { dir in recordingOutput(dir) + recordingOutput(dir, name: "small", file: "small.mkv") + "size = \"160x120\"\n" }) {
+            dir, socket, _, _ in
+            let ui = try Child(broadcastBinary, ["ui", "--socket", socket])
+            defer { ui.signal(SIGKILL); _ = ui.wait(timeout: 10) }
+            var url = ""
+            for _ in 0..<300 where url.isEmpty {
+                url = ui.stdoutSoFar.split(separator: "\n").first.map(String.init) ?? ""
+                usleep(100_000)
+            }
+            try #require(url.contains("#token="), "printed: \(url) \(ui.stderrSoFar)")
+            let browser = try WebDriver()
+            defer { browser.quit() }
+            try browser.navigate(url)
+            #expect(try browser.waitFor("return document.querySelectorAll('#encodes tbody tr').length === 2") != nil,
+                    "\((try? browser.string("return document.querySelector('#encodes').outerHTML")) ?? "")")
+            #expect(try browser.string("return document.querySelector('#encodes tbody tr:nth-child(1)').dataset.encode") == "320x240 rec")
+            #expect(try browser.string("return document.querySelector('#encodes tbody tr:nth-child(2)').dataset.encode") == "160x120 small")
+        }
+    }
+
     /// `ui --open`: xdg-open's arguments (which every local user reads in /proc/PID/cmdline) carry
     /// a one-time login code, never the token; the page exchanges it for the token once; a second
     /// use is refused; xdg-open is reaped. Issue 35 item 2.
