@@ -134,7 +134,7 @@ public struct EncoderSettings: Sendable, Hashable {
     /// validated, then sized within `budget` (which also sizes the sources' pools).
     public func configuration(
         for sources: [(type: SampleBufferType, source: any CaptureSource)],
-        size: VideoSize, frameRate: FrameRate,
+        size: VideoSize, encodeSize: VideoSize? = nil, frameRate: FrameRate,
         outputs: [OutputConfiguration], encodes: [String: OutputEncode] = [:], liveTuning: Bool, budget: Int64,
         replayLimitsSet: Set<String>
     ) throws -> (EncodingConfiguration, MemoryPlan) {
@@ -149,7 +149,7 @@ public struct EncoderSettings: Sendable, Hashable {
             }
         }
         var configuration = EncodingConfiguration(
-            video: hasVideo ? try videoSettings(size: size, frameRate: frameRate, live: liveTuning) : nil,
+            video: hasVideo ? try videoSettings(size: encodeSize ?? size, frameRate: frameRate, live: liveTuning) : nil,
             audio: hasAudio ? audioSettings() : nil,
             recordings: [],
             outputs: outputs

@@ -24,13 +24,17 @@ public struct PipelineAssembly {
     ///     `outputs` is live. The daemon passes true: a reload may add a stream to a running encode.
     ///   - replayLimitsSet: the replay outputs whose memory limit was given (kept as is by the plan).
     ///   - encodes: the outputs (by name) that ask for an encode of their own.
+    ///   - encodeSize: the broadcast's own encode's size when it is smaller than the picture (the
+    ///     stream's `--size` under a larger `--record-size`); nil: the picture's.
     public init(
         sources settings: SourceSettings, encoder: EncoderSettings, outputs: [OutputConfiguration],
-        encodes: [String: OutputEncode] = [:], liveTuning: Bool? = nil, budget: Int64, replayLimitsSet: Set<String>, logger: Logger
+        encodes: [String: OutputEncode] = [:], encodeSize: VideoSize? = nil, liveTuning: Bool? = nil, budget: Int64,
+        replayLimitsSet: Set<String>, logger: Logger
     ) throws {
         let sources = try settings.makeSources(logger: logger)
         (configuration, plan) = try encoder.configuration(
-            for: sources, size: settings.outputSize(for: sources), frameRate: settings.frameRate, outputs: outputs, encodes: encodes,
+            for: sources, size: settings.outputSize(for: sources), encodeSize: encodeSize, frameRate: settings.frameRate, outputs: outputs,
+            encodes: encodes,
             liveTuning: liveTuning ?? outputs.contains { $0.destination.isLive }, budget: budget,
             replayLimitsSet: replayLimitsSet)
         self.sources = sources

@@ -175,6 +175,20 @@ struct Stream: ParsableCommand {
             configured.append(OutputConfiguration(destination: try OutputDestination.parse(text), live: live, overwrite: overwrite))
         }
         if let replay = try replayOptions.output(beside: record) { configured.append(replay) }
+        // The picture is captured once, at the largest size asked: a --record-size above --size
+        // makes the picture the recording's, and the stream's encode scales it down to --size.
+        var sourceSettings = try sources.settings()
+        var streamSize: VideoSize?
+        if let recordSize = recordEncode?.size, let asked = sourceSettings.size,
+            recordSize.width > asked.width || recordSize.height > asked.height
+        {
+            guard recordSize.width >= asked.width, recordSize.height >= asked.height else {
+                throw ValueError(
+                    "--record-size \(recordSize.width)x\(recordSize.height) and --size \(asked.width)x\(asked.height): one must hold the other (the picture is captured once, at the larger)")
+            }
+            streamSize = asked
+            sourceSettings.size = recordSize
+        }
         var encodes: [String: OutputEncode] = [:]
         if let record, let recordEncode { encodes[OutputDestination.file(record).description] = recordEncode }
         if minVideoBitrate != nil, !adaptive { throw ValueError("--min-video-bitrate applies to --adaptive streams: add --adaptive") }
@@ -182,7 +196,7 @@ struct Stream: ParsableCommand {
             let minimum = try minVideoBitrate.map { try Options.minVideoBitrate.parse($0) }
             for output in configured where output.destination.isLive {
                 if let problem = OutputEncode.adaptiveProblem(output.destination) { throw ValueError("--adaptive: \(problem)") }
-                encodes[output.name] = OutputEncode(encoder: encoderSettings, adaptive: true, minimumBitrate: minimum)
+                encodes[output.name] = OutputEncode(encoder: encoderSettings, size: streamSize, adaptive: true, minimumBitrate: minimum)
             }
         }
         if let whipToken {
@@ -210,8 +224,8 @@ struct Stream: ParsableCommand {
 
         let logger = Logging.bootstrap(level: level)
         let assembly = try PipelineAssembly(
-            sources: try sources.settings(), encoder: encoderSettings, outputs: configured,
-            encodes: encodes,
+            sources: sourceSettings, encoder: encoderSettings, outputs: configured,
+            encodes: encodes, encodeSize: streamSize,
             budget: try memory.budget(), replayLimitsSet: replayOptions.replayMaxMemory != nil ? ["replay"] : [], logger: logger)
         let budget = assembly.plan.budget
         let setupInfo = try sources.setupInfo()

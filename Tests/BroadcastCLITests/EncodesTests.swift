@@ -27,29 +27,32 @@ import Testing
     }
 
     /// `stream --record` with `--record-*`: the stream keeps --size and --video-bitrate, the
-    /// recording has its own size and bitrate, and each has every frame it was sent.
-    @Test func theRecordingHasItsOwnEncodeBesideTheStream() throws {
+    /// recording has its own size and bitrate, and each has every frame it was sent. A recording
+    /// larger than the stream makes the picture the recording's size (captured once, at the larger),
+    /// and the stream's encode scales it down.
+    @Test(arguments: [((640, 360), 1_200_000, (320, 180), 300_000), ((320, 180), 300_000, (640, 360), 1_200_000)])
+    func theRecordingHasItsOwnEncodeBesideTheStream(stream: (Int, Int), streamRate: Int, record: (Int, Int), recordRate: Int) throws {
         let server = try RTMPServer()
         defer { server.cleanup() }
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
         let local = dir.path("local.mkv")
         let r = try broadcast(
-            ["stream", "rtmp://127.0.0.1:\(server.port)/live/encodes", "--record", local, "--size", "640x360",
-             "--video-bitrate", "1200k", "--preset", "ultrafast", "--record-size", "320x180", "--record-video-bitrate", "300k",
-             "--record-rate-control", "cbr", "--duration", "8s"],
+            ["stream", "rtmp://127.0.0.1:\(server.port)/live/encodes", "--record", local, "--size", "\(stream.0)x\(stream.1)",
+             "--video-bitrate", "\(streamRate / 1000)k", "--preset", "ultrafast", "--record-size", "\(record.0)x\(record.1)",
+             "--record-video-bitrate", "\(recordRate / 1000)k", "--record-rate-control", "cbr", "--duration", "8s"],
             timeout: 120)
         #expect(r.status == 0, "stream failed: \(r.stderr.suffix(3000))")
         server.stop()
         let copy = try #require(server.recordings.first, "nginx recorded nothing")
-        let stream = try probe(copy)
+        let streamed = try probe(copy)
         let recording = try probe(local)
-        #expect(stream.video?.width == 640 && stream.video?.height == 360, "the stream: \(String(describing: stream.video))")
-        #expect(recording.video?.width == 320 && recording.video?.height == 180, "the recording: \(String(describing: recording.video))")
-        let streamRate = try Self.videoBitrate(copy)
-        let recordingRate = try Self.videoBitrate(local)
-        #expect(streamRate > 0.6 * 1_200_000 && streamRate < 1.4 * 1_200_000, "the stream's video: \(Int(streamRate)) b/s, asked 1200k")
-        #expect(recordingRate > 0.6 * 300_000 && recordingRate < 1.4 * 300_000, "the recording's video: \(Int(recordingRate)) b/s, asked 300k")
+        #expect(streamed.video?.width == stream.0 && streamed.video?.height == stream.1, "the stream: \(String(describing: streamed.video))")
+        #expect(recording.video?.width == record.0 && recording.video?.height == record.1, "the recording: \(String(describing: recording.video))")
+        let streamBits = try Self.videoBitrate(copy)
+        let recordingBits = try Self.videoBitrate(local)
+        #expect(streamBits > 0.6 * Double(streamRate) && streamBits < 1.4 * Double(streamRate), "the stream's video: \(Int(streamBits)) b/s, asked \(streamRate)")
+        #expect(recordingBits > 0.6 * Double(recordRate) && recordingBits < 1.4 * Double(recordRate), "the recording's video: \(Int(recordingBits)) b/s, asked \(recordRate)")
         let sent = try #require(Self.videoPacketsSent(r.stderr, output: local), "\(r.stderr)")
         #expect(recording.video?.frames == sent, "the recording has \(recording.video?.frames ?? 0) of \(sent) frames")
         try expectDecodesCleanly(local)
@@ -59,7 +62,7 @@ import Testing
     /// What cannot be an output's encode is refused before anything starts: exit 2, one line.
     @Test(arguments: [
         (["--record-size", "320x180"], "--record-size applies to the recording: add --record FILE"),
-        (["--record", "R", "--size", "640x360", "--record-size", "1280x720"], "larger than the picture (640x360)"),
+        (["--record", "R", "--size", "640x360", "--record-size", "1280x240"], "one must hold the other"),
         (["--record", "R", "--record-size", "321x180"], "invalid --record-size '321x180'"),
         (["--record", "R", "--record-size", "0x0"], "invalid --record-size '0x0'"),
         (["--record", "R", "--record-video-bitrate", "5"], "invalid --record-video-bitrate '5'"),
