@@ -315,6 +315,25 @@ def make_cases(args, work, rtmp, patterns):
                 + ffmpeg_encode(w, h, r, s) + ["-flags", "+global_header", "-f", "tee",
                                                f"[f=mp4:movflags=+faststart]{o_}|[f=flv]{u}"],
                 s, s * FPS, True, latency=True, needs_stream=True))
+    # Two encodes from one 1080p30 picture (issue 36): the recording at 1920x1080 8M, the stream at
+    # 1280x720 CBR 2.5M to nginx; ffmpeg does the same work with split + scale and identical x264
+    # settings, from the same pictures.
+    pat = patterns.get("1080")
+    if rtmp and pat:
+        s = args.seconds
+        mp4a, mp4b = os.path.join(work, "a-encodes.mp4"), os.path.join(work, "b-encodes.mp4")
+        cases.append(Case(
+            "encodes-1080", "1080p30 record 8M + 720p stream 2.5M, two encodes, realtime, same pictures",
+            lambda s=s, u=f"{rtmp}/aenc", o=mp4a: [args.broadcast, "stream", u, "--record", o, "--record-size", "1920x1080",
+                                                    "--record-video-bitrate", "8M", "--record-rate-control", "cbr"]
+            + broadcast_encode(1280, 720, "2500k", s, True),
+            lambda s=s, u=f"{rtmp}/benc", o=mp4b, pat=pat: FF + ffmpeg_same_inputs(pat, 1920, 1080, True)
+            + ["-t", str(s), "-filter_complex", "[0:v]split=2[full][small];[small]scale=1280:720[s720]",
+               "-map", "[full]", "-map", "1:a", "-c:v", "libx264"] + X264 + x264_rc("8M")
+            + ["-c:a", "aac", "-b:a", "128k", "-ac", "2", "-ar", "48000", "-movflags", "+faststart", o,
+               "-map", "[s720]", "-map", "1:a", "-c:v", "libx264"] + X264 + x264_rc("2500k")
+            + ["-c:a", "aac", "-b:a", "128k", "-ac", "2", "-ar", "48000", "-f", "flv", u],
+            s, s * FPS, True, needs_stream=True))
     return [c for c in cases if wanted(args, c.name)]
 
 
@@ -640,7 +659,7 @@ def main():
         try:
             patterns = {key: make_pattern(args.broadcast, work, key, w, h) for key, (w, h, _) in SIZES.items()
                         if wanted(args, f"same-{key}") or wanted(args, f"same-offline-{key}")
-                        or wanted(args, f"overhead-{key}")}
+                        or wanted(args, f"overhead-{key}") or (key == "1080" and wanted(args, "encodes-1080"))}
             results = []
             layers = (layer_cases(args, work, make_pattern(args.broadcast, work, "layer", *LAYER_SIZE))
                       if wanted(args, "layer-moving") or wanted(args, "layer-static") else [])
