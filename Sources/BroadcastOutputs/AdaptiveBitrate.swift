@@ -9,7 +9,7 @@
 /// accepted over the last second) is the best estimate of the path, so the target goes a little
 /// below it at once. Raising is a probe: a step of a tenth of the range after a calm stretch, so a
 /// path that is still narrow costs a short backlog, not a frozen picture.
-public struct AdaptiveBitrateController: Sendable, Hashable {
+public struct AdaptiveBitrateController: Sendable {
     public let minimum: Int
     public let maximum: Int
     /// The bitrate asked of the encoder now.
@@ -30,6 +30,13 @@ public struct AdaptiveBitrateController: Sendable, Hashable {
     private var lastDecrease: Int64?
     private var calmSince: Int64?
     private var previousBacklog: Int64 = 0
+    /// Where the current measuring window of the backlog's growth began (time, backlog), and the
+    /// growth measured over the last whole window: seconds of media per second (0.5: the path
+    /// takes half of what is sent).
+    private var growthWindow: (time: Int64, backlog: Int64)?
+    private var growth = 0.0
+    /// A window of the backlog's growth.
+    static let growthWindowLength: Int64 = 250_000_000
 
     public init(minimum: Int, maximum: Int) {
         precondition(minimum > 0 && minimum <= maximum, "adaptive range \(minimum)...\(maximum)")
@@ -43,13 +50,32 @@ public struct AdaptiveBitrateController: Sendable, Hashable {
     /// Returns the new target when it changed.
     public mutating func observe(now: Int64, backlog: Int64, sentBitsPerSecond: Int, audioBitsPerSecond: Int = 0) -> Int? {
         defer { previousBacklog = backlog }
+        if let window = growthWindow {
+            if now - window.time >= Self.growthWindowLength {
+                growth = Double(backlog - window.backlog) / Double(now - window.time)
+                growthWindow = (now, backlog)
+            }
+        } else {
+            growthWindow = (now, backlog)
+        }
         if backlog >= Self.congestedBacklog {
             calmSince = nil
             let growing = backlog >= previousBacklog
             guard growing || backlog >= 2 * Self.congestedBacklog else { return nil }
-            if let lastDecrease, now - lastDecrease < Self.decreaseInterval { return nil }
-            // Below what the path took (its video part), and at least a quarter down.
-            let path = sentBitsPerSecond > audioBitsPerSecond ? Double(sentBitsPerSecond - audioBitsPerSecond) * 0.85 : .infinity
+            // Past twice the threshold and still growing, the last decrease was not enough: the
+            // next may come after half the interval (a loaded run's first estimate of the path
+            // still held the fast path's last second, and its backlog reached 1.3 s).
+            let severe = backlog >= 2 * Self.congestedBacklog && growing
+            let interval = severe ? Self.decreaseInterval / 2 : Self.decreaseInterval
+            if let lastDecrease, now - lastDecrease < interval { return nil }
+            // Below what the path took (its video part), and at least a quarter down; further
+            // below when the backlog is long, so it drains.
+            let share = severe ? 0.7 : 0.85
+            // What the path takes: the socket's rate over the last second, less the part of it
+            // that is only the backlog growing (the rate still holds the time before the dip:
+            // growing by half a second a second, the path takes half of it).
+            let taken = Double(sentBitsPerSecond) * max(0.2, min(1, 1 - growth)) - Double(audioBitsPerSecond)
+            let path = sentBitsPerSecond > audioBitsPerSecond && taken > 0 ? taken * share : Double(minimum)
             let next = max(minimum, Int(min(Double(target) * 0.75, path)))
             lastDecrease = now
             return change(to: next, at: now)

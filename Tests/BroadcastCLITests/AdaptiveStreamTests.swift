@@ -34,11 +34,13 @@ import Testing
         server.stop()
         let summary = try #require(outputSummary(r.stderr, target: "rtmp://"), "\(r.stderr)")
         #expect(summary.contains("reconnects=0"), "\(summary)")
-        let drops = dropCounts(summary).filter { $0.key.hasPrefix("backlog") }.values.reduce(0, +)
         let copy = try #require(server.recordings.first, "nginx recorded nothing")
         let delivered = try #require(try probe(copy).video?.frames)
         let recorded = try probe(local)
         let encoded = try #require(EncodesTests.videoPacketsSent(r.stderr, output: local), "\(r.stderr)")
+        // Frames that never reached the server: dropped by backlog, and after such a drop until the
+        // next keyframe (seen loaded: 28 of 780 with --adaptive, 381 without).
+        let lost = encoded - delivered
         // The recording: every frame, at its full bitrate whatever the stream did.
         #expect(recorded.video?.frames == encoded, "the recording has \(recorded.video?.frames ?? 0) of \(encoded) frames")
         let recordingRate = try EncodesTests.videoBitrate(local)
@@ -50,12 +52,11 @@ import Testing
             }
             #expect(lowered.contains { $0 < 128 }, "the target never went under the path's 128 kbit/s: \(lowered)")
             #expect(lowered.last.map { $0 > 128 } == true, "the target did not come back after the dip: \(lowered)")
-            // The picture kept moving: at most a few frames lost to the backlog, the server got the rest.
-            #expect(drops <= encoded / 20, "\(drops) frames dropped by backlog of \(encoded): \(summary)")
-            #expect(delivered >= encoded * 85 / 100, "the server got \(delivered) of \(encoded) frames: \(summary)")
+            // The picture kept moving: few frames lost, the server got the rest.
+            #expect(lost <= encoded / 10, "\(lost) of \(encoded) frames never reached the server: \(summary)")
         } else {
-            // The control: at a fixed 1 Mbit/s the same dip drops frames by backlog.
-            #expect(drops > encoded / 20, "a fixed bitrate lost only \(drops) frames in the dip: is the dip real? \(summary)")
+            // The control: at a fixed 1 Mbit/s the same dip loses a large part of the picture.
+            #expect(lost > encoded / 4, "a fixed bitrate lost only \(lost) of \(encoded) frames in the dip: is the dip real? \(summary)")
         }
     }
 
