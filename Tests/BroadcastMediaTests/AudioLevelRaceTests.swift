@@ -36,7 +36,7 @@ import Testing
         let quiet = AudioLevel(volumeDecibels: -12, muted: false)
         var disagreements: [String] = []
         Self.race(
-            rounds: 20_000, { _ in control.set(loudMuted, of: .audioMic) }, { _ in control.set(quiet, of: .audioMic) },
+            rounds: 5_000, { _ in control.set(loudMuted, of: .audioMic) }, { _ in control.set(quiet, of: .audioMic) },
             check: { round in
                 let level = control.level(of: .audioMic)
                 let gain = control.gain(of: .audioMic)
@@ -52,7 +52,7 @@ import Testing
         let control = AudioSourceControl()
         var lost: [String] = []
         Self.race(
-            rounds: 20_000, { round in control.setMuted(round % 2 == 0, of: .audioApp) },
+            rounds: 5_000, { round in control.setMuted(round % 2 == 0, of: .audioApp) },
             { round in
                 // What a reload of the volume alone does (the daemon's applyAudioLevels).
                 control.update(.audioApp) { $0.volumeDecibels = Double(round % 40) - 20 }
