@@ -525,11 +525,8 @@ public struct DaemonConfiguration: Sendable {
         try applyReplayKeys(output.replay, to: &made)
         try applyTLSKeys(output.tls, to: &made)
         made.encodeLines = Dictionary(output.encode.map { ($0.key, $0.line) }, uniquingKeysWith: { $1 })
-        if !output.encode.isEmpty {
-            // Kept as written until [encoder] is known: `applyOutputEncodes`.
-            made.encode = OutputEncode(encoder: EncoderSettings())
-            pendingEncodes[name] = output.encode
-        }
+        // Kept as written until [encoder] is known: `applyOutputEncodes` sets `made.encode`.
+        if !output.encode.isEmpty { pendingEncodes[name] = output.encode }
         if let token = output.token {
             guard case .live(let url) = kind, (try? OutputDestination.parse(url))?.isWHIP == true else {
                 throw error(token.line, "output.token", "token applies to whip+https:// (whip+http://) outputs, not to \"\(name)\"")
