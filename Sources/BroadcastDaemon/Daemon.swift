@@ -735,6 +735,7 @@ final class BroadcastController: Sendable {
                     var output = running.memoryPlan.sized(output, replayLimitSet: entry.maxMemory != nil)
                     // An encode of its own, from the running picture: refused here (the output kept
                     // or not added) when it cannot be made from it (larger than the picture).
+                    output.audioBitrate = entry.encode?.audioBitrate
                     if let encode = entry.encode, let video = running.video {
                         try EncoderSettings.apply(
                             encode, to: &output, picture: VideoSize(width: video.width, height: video.height), frameRate: video.frameRate,

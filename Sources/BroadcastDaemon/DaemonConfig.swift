@@ -231,7 +231,7 @@ public struct DaemonConfiguration: Sendable {
     private mutating func applyOutputEncodes() throws {
         for i in outputs.indices {
             guard let keys = pendingEncodes[outputs[i].name] else { continue }
-            var encode = OutputEncode(encoder: encoder)
+            var encode = OutputEncode(encoder: encoder, asksVideo: false)
             for (key, text, line) in keys {
                 do {
                     try encode.set(key, text)
@@ -643,6 +643,9 @@ public struct DaemonConfiguration: Sendable {
                     replay: output.replay.map { ReplaySettings(seconds: $0.seconds, maxBytes: output.maxMemory ?? ReplaySettings.defaultMaxBytes) })
             case .live(let url):
                 configuration = OutputConfiguration(name: output.name, destination: (try? OutputDestination.parse(url)) ?? .file("/dev/null"))
+            }
+            if let encode = output.encode {
+                configuration.audioBitrate = encode.audioBitrate
             }
             if let encode = output.encode, sources.hasVideo {
                 do {

@@ -84,6 +84,8 @@ public struct EncoderSettings: Sendable, Hashable {
     static func apply(
         _ encode: OutputEncode, to output: inout OutputConfiguration, picture: VideoSize, frameRate: FrameRate, colour: VideoColour?
     ) throws {
+        output.audioBitrate = encode.audioBitrate
+        guard encode.asksVideo else { return }
         var video = try resolve(encode, picture: picture, frameRate: frameRate, live: output.destination.isLive, colour: colour)
         output.video = video
         guard encode.adaptive else { return }
@@ -142,10 +144,12 @@ public struct EncoderSettings: Sendable, Hashable {
         let hasAudio = sources.contains { $0.type.isAudio }
         let colour = SourceSettings.videoColour(sources)
         var outputs = outputs
-        if hasVideo {
-            for i in outputs.indices {
-                guard let encode = encodes[outputs[i].name] else { continue }
+        for i in outputs.indices {
+            guard let encode = encodes[outputs[i].name] else { continue }
+            if hasVideo {
                 try Self.apply(encode, to: &outputs[i], picture: size, frameRate: frameRate, colour: colour)
+            } else {
+                outputs[i].audioBitrate = encode.audioBitrate
             }
         }
         var configuration = EncodingConfiguration(
@@ -176,12 +180,20 @@ public struct OutputEncode: Sendable, Hashable {
     /// from `minimumBitrate` (nil: a quarter of its bitrate) up to its bitrate.
     public var adaptive = false
     public var minimumBitrate: Int?
+    /// The output's own audio bitrate (`audio_bitrate`), nil: the broadcast's.
+    public var audioBitrate: Int?
+    /// Whether a video key was given (or the encode was made for its video): an output that asks
+    /// only for its own audio bitrate keeps the broadcast's video encode.
+    public var asksVideo: Bool
 
-    public init(encoder: EncoderSettings, size: VideoSize? = nil, adaptive: Bool = false, minimumBitrate: Int? = nil) {
+    public init(
+        encoder: EncoderSettings, size: VideoSize? = nil, adaptive: Bool = false, minimumBitrate: Int? = nil, asksVideo: Bool = true
+    ) {
         self.encoder = encoder
         self.size = size
         self.adaptive = adaptive
         self.minimumBitrate = minimumBitrate
+        self.asksVideo = asksVideo
     }
 
     /// Why `destination` cannot adapt its bitrate, or nil.
@@ -196,7 +208,10 @@ public struct OutputEncode: Sendable, Hashable {
 
     /// The keys an output may set, in the config's words (`[[output]]`), each one `[encoder]`'s or
     /// `[video]`'s option: the same names, values and limits.
-    public static let keys = ["size", "video_bitrate", "rate_control", "crf", "preset", "profile", "keyframe_interval", "adaptive", "min_video_bitrate"]
+    public static let keys = [
+        "size", "video_bitrate", "rate_control", "crf", "preset", "profile", "keyframe_interval", "adaptive", "min_video_bitrate",
+        "audio_bitrate",
+    ]
 
     /// Sets `key` (one of `keys`) from `text`, through the option's own parser.
     public mutating func set(_ key: String, _ text: String) throws(OptionError) {
@@ -210,7 +225,9 @@ public struct OutputEncode: Sendable, Hashable {
         case "keyframe_interval": encoder.keyframeInterval = try Options.keyframeInterval.parse(text)
         case "adaptive": adaptive = try Options.adaptive.parse(text)
         case "min_video_bitrate": minimumBitrate = try Options.minVideoBitrate.parse(text)
+        case "audio_bitrate": audioBitrate = try Options.audioBitrate.parse(text)
         default: preconditionFailure("not an output encode key: \(key)")
         }
+        if key != "audio_bitrate" { asksVideo = true }
     }
 }

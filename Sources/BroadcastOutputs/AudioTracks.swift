@@ -196,6 +196,24 @@ final class SourceTrack {
     }
 }
 
+/// A track encoded again at an output's own audio bitrate (`OutputConfiguration.audioBitrate`):
+/// the same samples as the broadcast's encode of the track, another encoder, a stream of its own.
+final class ExtraAudioEncode {
+    /// The track's place in `AudioTrackLayout.tracks`.
+    let track: Int
+    let bitrate: Int
+    let encoder: AudioEncoder
+    /// With its stream index: what the outputs taking this encode are opened with.
+    let stream: StreamDescription
+
+    init(track: Int, bitrate: Int, encoder: AudioEncoder, stream: StreamDescription) {
+        self.track = track
+        self.bitrate = bitrate
+        self.encoder = encoder
+        self.stream = stream
+    }
+}
+
 extension EncodingConfiguration {
     /// How many audio tracks the handler encodes (0 without audio): what the queues are sized for.
     public var audioTrackCount: Int {

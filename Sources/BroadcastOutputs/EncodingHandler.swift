@@ -180,6 +180,8 @@ public final class EncodingHandler: BroadcastSampleHandler {
     private var mixer: AudioMixer?
     /// `separate`/`both`: each source's own track.
     private var sourceTracks: [SourceTrack] = []
+    /// Tracks encoded again at an output's own audio bitrate (session thread).
+    private var extraAudio: [ExtraAudioEncode] = []
     /// The audio tracks encoded, in stream order after the video (set at the start).
     private var audioLayout: AudioTrackLayout?
     /// The sources' volumes and mutes: set from any thread, applied from each source's next buffer.
@@ -309,6 +311,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
             defaultEncodeStatus = VideoEncodeStatus(settings: video)
             for output in outputs { try ensureEncode(for: output.configuration) }
         }
+        for output in outputs { try ensureAudioEncodes(for: output.configuration) }
         // Files are opened here, so a recording that cannot be created fails the start; live
         // outputs connect on their own threads (a server that is down must not stop the recording).
         var workers: [any OutputWorker] = []
@@ -365,6 +368,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
         if joining {
             try addMixTrack(for: output.destination)
             try ensureEncode(for: output.configuration)
+            try ensureAudioEncodes(for: output.configuration)
         }
         let streams = carriedStreams(of: output)
         output.carriedStreams = streams.reduce(0) { $0 | 1 << UInt64($1.streamIndex!) }
@@ -387,8 +391,11 @@ public final class EncodingHandler: BroadcastSampleHandler {
             if let opus = try opusStream() { whipStreams.append(opus) }
             return WHIPWorker(output: output, url: url, streams: whipStreams, engine: configuration.webRTC!, logger: logger)
         case .live(let url):
+            // What it sends: its own encode's bitrates where it has one, else the broadcast's.
             let audioTracks = streams.filter { $0.parameters.mediaType == .audio }.count
-            let totalBitrate = (configuration.video?.bitrate ?? 0) + (configuration.audio?.bitrate ?? 0) * audioTracks
+            let video = videoEncoder == nil ? 0 : (output.configuration.video ?? configuration.video)?.bitrate ?? 0
+            let audio = output.configuration.audioBitrate ?? configuration.audio?.bitrate ?? 0
+            let totalBitrate = video + audio * audioTracks
             return LiveStreamWorker(output: output, url: url, streams: streams, totalBitrate: totalBitrate, logger: logger)
         }
     }
@@ -416,7 +423,41 @@ public final class EncodingHandler: BroadcastSampleHandler {
         if firstAudio == 1, let own = extraEncode(for: output.configuration.video) { video = [own.stream] }
         guard let layout = audioLayout else { return video + streams[firstAudio...] }
         let audio = layout.carried(by: AudioTrackLayout.formatName(of: output.destination), mode: configuration.audioTracks)
-        return video + audio.map { streams[firstAudio + $0] }
+        return video + audio.map { track in
+            extraAudioEncode(track: track, for: output.configuration)?.stream ?? streams[firstAudio + track]
+        }
+    }
+
+    /// The encode of its own of `track` an output with `configuration` takes at its audio
+    /// bitrate; nil for the broadcast's (no bitrate of its own, or the broadcast's).
+    private func extraAudioEncode(track: Int, for configuration: OutputConfiguration) -> ExtraAudioEncode? {
+        guard let bitrate = configuration.audioBitrate, bitrate != self.configuration.audio?.bitrate else { return nil }
+        return extraAudio.first { $0.track == track && $0.bitrate == bitrate }
+    }
+
+    /// Makes the encodes of the tracks `output` carries at its own audio bitrate, those not made
+    /// yet (session thread). WHIP outputs take the Opus encode, whatever they ask.
+    private func ensureAudioEncodes(for output: OutputConfiguration) throws(BroadcastError) {
+        guard let bitrate = output.audioBitrate, let audio = configuration.audio, bitrate != audio.bitrate,
+            let layout = audioLayout
+        else { return }
+        if case .live(let url) = output.destination, url.scheme.isWHIP { return }
+        let globalHeader = self.globalHeader || Self.needsGlobalHeader(output.destination)
+        let carried = layout.carried(by: AudioTrackLayout.formatName(of: output.destination), mode: configuration.audioTracks)
+        for track in carried where extraAudioEncode(track: track, for: output) == nil {
+            var settings = audio
+            settings.bitrate = bitrate
+            let index = nextStreamIndex
+            let encoder = try media { () throws(FFmpegError) in
+                try AudioEncoder(settings: settings, globalHeader: globalHeader, streamIndex: index, logger: logger)
+            }
+            nextStreamIndex += 1
+            var stream = encoder.stream
+            stream.title = layout.tracks[track].title(alone: layout.tracks.count == 1)
+            stream.streamIndex = index
+            extraAudio.append(ExtraAudioEncode(track: track, bitrate: bitrate, encoder: encoder, stream: stream))
+            logger.notice("audio: an encode of its own of track \(track + 1) at \(bitrate / 1000) kb/s")
+        }
     }
 
     /// The encode of its own an output with `settings` takes, nil for the broadcast's (nil, or
@@ -464,6 +505,9 @@ public final class EncodingHandler: BroadcastSampleHandler {
     private func publishEncodes(_ outputs: [Output]) {
         let taken = outputs.compactMap { extraEncode(for: $0.configuration.video) }
         extraEncodes = extraEncodes.filter { encode in taken.contains { $0 === encode } }
+        extraAudio = extraAudio.filter { encode in
+            outputs.contains { extraAudioEncode(track: encode.track, for: $0.configuration) === encode }
+        }
         guard let defaultEncodeStatus else { return }
         var list = [defaultEncodeStatus.feeding(outputs.filter { extraEncode(for: $0.configuration.video) == nil }.map(\.name))]
         for encode in extraEncodes {
@@ -638,6 +682,9 @@ public final class EncodingHandler: BroadcastSampleHandler {
                     if let index = mixTrackIndex { audioTrackTap?(index, mixed) }
                     try route(media { () throws(FFmpegError) in try audioEncoder.encode(mixed) })
                     if let opusEncoder { try route(media { () throws(FFmpegError) in try opusEncoder.encode(mixed) }, opus: true) }
+                    for extra in extraAudio where extra.track == mixTrackIndex {
+                        try route(media { () throws(FFmpegError) in try extra.encoder.encode(mixed) }, own: true)
+                    }
                 }
             }
             for track in sourceTracks where track.type == type {
@@ -645,6 +692,9 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 while let samples = track.aligner.mixed() {
                     if let index = sourceTrackIndex[type] { audioTrackTap?(index, samples) }
                     try route(media { () throws(FFmpegError) in try track.encoder.encode(samples) })
+                    for extra in extraAudio where extra.track == sourceTrackIndex[type] {
+                        try route(media { () throws(FFmpegError) in try extra.encoder.encode(samples) }, own: true)
+                    }
                 }
             }
         }
@@ -689,14 +739,21 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 if let mixed = mixer!.mixed(final: true) {
                     try route(audioEncoder.encode(mixed))
                     if let opusEncoder { try route(opusEncoder.encode(mixed), opus: true) }
+                    for extra in extraAudio where extra.track == mixTrackIndex { try route(extra.encoder.encode(mixed), own: true) }
                 }
                 try route(audioEncoder.flush())
                 if let opusEncoder { try route(opusEncoder.flush(), opus: true) }
             }
             for track in sourceTracks {
-                if let samples = track.aligner.mixed(final: true) { try route(track.encoder.encode(samples)) }
+                if let samples = track.aligner.mixed(final: true) {
+                    try route(track.encoder.encode(samples))
+                    for extra in extraAudio where extra.track == sourceTrackIndex[track.type] {
+                        try route(extra.encoder.encode(samples), own: true)
+                    }
+                }
                 try route(track.encoder.flush())
             }
+            for extra in extraAudio { try route(extra.encoder.flush(), own: true) }
             if let videoEncoder {
                 if let time = unsentRepeatTime {
                     try route(videoEncoder.repeatLastPicture(at: MediaTime(nanoseconds: time)))
@@ -723,6 +780,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
         // in memory; the process's peak stays the recording's.
         videoEncoder = nil
         extraEncodes = []
+        extraAudio = []
         audioEncoder = nil
         opusEncoder = nil
         sourceTracks = []
@@ -747,8 +805,16 @@ public final class EncodingHandler: BroadcastSampleHandler {
     /// the others go on; when every output has failed the broadcast cannot go on. Audio goes to
     /// the outputs of its codec: `opus` (the second encode of the same samples) to WHIP outputs
     /// only, counted there, AAC to the others.
-    private func route(_ packets: [EncodedPacket], opus: Bool = false, encode: VideoEncodeStatus? = nil) throws {
+    private func route(
+        _ packets: [EncodedPacket], opus: Bool = false, encode: VideoEncodeStatus? = nil, own: Bool = false
+    ) throws {
         guard !packets.isEmpty else { return }
+        if own {
+            // An output's own audio encode: to the outputs that carry its stream, not counted in
+            // the broadcast's figures (its first encodes').
+            for packet in packets { for output in outputs where output.carries(packet.streamIndex) { output.offer(packet) } }
+            return
+        }
         if opus {
             for packet in packets { for output in outputs where output.isWebRTC { output.offer(packet) } }
             return

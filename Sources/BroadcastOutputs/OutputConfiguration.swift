@@ -200,6 +200,10 @@ public struct OutputConfiguration: Sendable, Hashable {
     /// A live output whose bitrate follows its network (`adaptive`): between this minimum and its
     /// encode's bitrate (`video`, which is then its own: `adaptiveFor` names this output). nil: fixed.
     public var adaptiveMinimum: Int?
+    /// The audio bitrate this output's tracks are encoded at: nil (or the broadcast's) for the
+    /// broadcast's audio encodes; another for encodes of its own of the tracks it carries, shared
+    /// with every output that asks the same.
+    public var audioBitrate: Int?
 
     public init(
         name: String? = nil,

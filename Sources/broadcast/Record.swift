@@ -29,7 +29,9 @@ struct Record: ParsableCommand {
               broadcast record talk.mkv --size 1920x1080 --fps 30 --video-bitrate 6M
               broadcast record fast.mp4 --no-realtime --duration 1m
                   (as fast as the CPU allows)
-              broadcast record talk.mp4 --video x11::0 \\
+              broadcast record talk.mp4 --output /mnt/backup/talk.mkv
+                  (two files from one encode)
+            broadcast record talk.mp4 --video x11::0 \\
                   --video '/dev/video0?x=75%,y=75%,width=25%,height=25%'
                   (the screen with the camera in its bottom-right corner: a further --video
                   is a layer over the first; see --video)
@@ -45,6 +47,9 @@ struct Record: ParsableCommand {
     @Argument(help: ArgumentHelp("The file to write: .mp4, .mov, .mkv, .ts or .flv.", valueName: "file"))
     var file: String
 
+    @Option(name: .customLong("output"), help: ArgumentHelp("Another file written from the same encode, beside the first (a copy on another disk, an .mkv beside an .mp4); repeatable. A second quality is `stream --record` or the daemon's [[output]] keys.", valueName: "file"))
+    var outputs: [String] = []
+
     @OptionGroup(title: "Sources") var sources: SourceOptions
     @OptionGroup(title: "Encoding") var encoding: EncoderOptions
     @OptionGroup(title: "Run") var runOptions: RunOptions
@@ -59,10 +64,18 @@ struct Record: ParsableCommand {
             throw ValueError("--no-realtime needs --duration: the test sources would run as fast as possible forever")
         }
         let replay = try replayOptions.output(beside: file)
+        var files = [OutputConfiguration(destination: .file(file), overwrite: runOptions.overwrite)]
+        for text in outputs {
+            if StreamURL.looksLikeURL(text) {
+                throw ValueError("--output: record writes files; to stream and record, use broadcast stream URL --record FILE")
+            }
+            files.append(OutputConfiguration(destination: .file(text), overwrite: runOptions.overwrite))
+        }
+        try OutputConfiguration.checkDistinctFiles(files)
         let logger = Logging.bootstrap(level: level)
         let assembly = try PipelineAssembly(
             sources: try sources.settings(), encoder: try encoding.settings(),
-            outputs: [OutputConfiguration(destination: .file(file), overwrite: runOptions.overwrite)] + (replay.map { [$0] } ?? []),
+            outputs: files + (replay.map { [$0] } ?? []),
             budget: try memory.budget(), replayLimitsSet: replayOptions.replayMaxMemory != nil ? ["replay"] : [], logger: logger)
         let budget = assembly.plan.budget
         let setupInfo = try sources.setupInfo()
@@ -87,7 +100,7 @@ struct Record: ParsableCommand {
             if !runOptions.quiet {
                 let media = summary.statistics.values.map(\.mediaTimeNanoseconds).max() ?? 0
                 FileStandardError.write(
-                    "recorded \(file): \(stats.videoFramesEncoded) video frames, "
+                    "recorded \(([file] + self.outputs).joined(separator: ", ")): \(stats.videoFramesEncoded) video frames, "
                         + "\(StatusLine.clock(media)) of media, \(StatusLine.bytes(stats.bytesWritten))\n"
                 )
             }

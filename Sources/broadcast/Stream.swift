@@ -74,6 +74,9 @@ struct Stream: ParsableCommand {
     @Option(name: .customLong("record-crf"), help: ArgumentHelp("The recording's own quality for crf, 0-51.", valueName: "n"))
     var recordCRF: String?
 
+    @Option(name: .customLong("record-audio-bitrate"), help: ArgumentHelp("The recording's own audio bitrate: 320k (alone, the recording keeps the stream's video).", valueName: "rate"))
+    var recordAudioBitrate: String?
+
     @Option(name: .customLong("whip-token"), help: ArgumentHelp("whip+https://: the bearer token the WHIP endpoint asks for (never printed).", valueName: "token"))
     var whipToken: String?
 
@@ -135,13 +138,14 @@ struct Stream: ParsableCommand {
         let given: [(flag: String, key: String, text: String?)] = [
             ("--record-size", "size", recordSize), ("--record-video-bitrate", "video_bitrate", recordVideoBitrate),
             ("--record-rate-control", "rate_control", recordRateControl), ("--record-crf", "crf", recordCRF),
+            ("--record-audio-bitrate", "audio_bitrate", recordAudioBitrate),
         ]
         let set = given.filter { $0.text != nil }
         guard !set.isEmpty else { return nil }
         guard record != nil else {
             throw ValueError("\(set.map(\.flag).joined(separator: ", ")) \(set.count == 1 ? "applies" : "apply") to the recording: add --record FILE")
         }
-        var encode = OutputEncode(encoder: settings)
+        var encode = OutputEncode(encoder: settings, asksVideo: false)
         for (flag, key, text) in set {
             do {
                 try encode.set(key, text!)

@@ -67,6 +67,8 @@ import Testing
         (["--record", "R", "--record-size", "0x0"], "invalid --record-size '0x0'"),
         (["--record", "R", "--record-video-bitrate", "5"], "invalid --record-video-bitrate '5'"),
         (["--record", "R", "--record-rate-control", "fast"], "invalid --record-rate-control 'fast'"),
+        (["--record-audio-bitrate", "256k"], "--record-audio-bitrate applies to the recording: add --record FILE"),
+        (["--record", "R", "--record-audio-bitrate", "5"], "invalid --record-audio-bitrate '5'"),
         (["--min-video-bitrate", "500k"], "--min-video-bitrate applies to --adaptive streams: add --adaptive"),
         (["--adaptive", "--min-video-bitrate", "5M"], "invalid --min-video-bitrate 5000k: above the output's video bitrate (3000k)"),
         (["--adaptive", "--min-video-bitrate", "fast"], "invalid --min-video-bitrate 'fast'"),
@@ -138,6 +140,7 @@ import Testing
         ("video_bitrate = \"5\"", "output.video_bitrate", "from 8k"),
         ("crf = 99", "output.crf", "99"),
         ("adaptive = true", "output.adaptive", "adaptive is for live outputs"),
+        ("audio_bitrate = \"5\"", "output.audio_bitrate", "5"),
     ])
     func daemonConfigErrorsNameTheOutputsKey(key: String, name: String, message: String) throws {
         let dir = try TemporaryDirectory()
@@ -204,5 +207,121 @@ import Testing
         #expect(widths.count == 2 && widths.contains(320) && widths.contains(480), "\(dir.contents): \(widths)")
         #expect(try probe(dir.path("main.mkv")).video?.width == 640)
         try expectDecodesCleanly(dir.path("main.mkv"))
+    }
+
+    /// The sizes of a file's audio packets, track by track (ffprobe): what one encode made.
+    static func audioPacketSizes(_ path: String) throws -> [[Int]] {
+        let r = try run("/usr/bin/ffprobe", ["-v", "error", "-select_streams", "a", "-show_entries", "packet=stream_index,size", "-of", "csv=p=0", path])
+        var tracks: [Int: [Int]] = [:]
+        for line in r.stdout.split(separator: "\n") {
+            let fields = line.split(separator: ",").compactMap { Int($0) }
+            guard fields.count == 2 else { continue }
+            tracks[fields[0], default: []].append(fields[1])
+        }
+        return tracks.keys.sorted().map { tracks[$0]! }
+    }
+
+    /// `--record-audio-bitrate` alone: the recording's audio is its own encode at that bitrate, its
+    /// video the stream's (no second video encode). The test tone needs few bits whatever the rate
+    /// (AAC spends what the signal needs), so the two are compared: 256k gives well over what 64k
+    /// gives, where one shared encode gives the same bytes to both.
+    @Test func theRecordingHasItsOwnAudioBitrate() throws {
+        let server = try RTMPServer()
+        defer { server.cleanup() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let local = dir.path("local.mkv")
+        let r = try broadcast(
+            ["stream", "rtmp://127.0.0.1:\(server.port)/live/audio", "--record", local, "--size", "320x180", "--preset", "ultrafast",
+             "--audio-bitrate", "64k", "--record-audio-bitrate", "256k", "--duration", "6s"],
+            timeout: 120)
+        #expect(r.status == 0, "stream failed: \(r.stderr.suffix(3000))")
+        server.stop()
+        let copy = try #require(server.recordings.first, "nginx recorded nothing")
+        #expect(r.stderr.contains("audio: an encode of its own of track 1 at 256 kb/s"), "\(r.stderr.suffix(3000))")
+        #expect(!r.stderr.contains("video: an encode of its own"), "\(r.stderr.suffix(3000))")
+        let recorded = try Self.audioPacketSizes(local)
+        let streamed = try Self.audioPacketSizes(copy)
+        #expect(recorded.count == 1 && streamed.count == 1, "\(recorded.count) and \(streamed.count) audio tracks")
+        let recordedBytes = recorded.first?.reduce(0, +) ?? 0
+        let streamedBytes = streamed.first?.reduce(0, +) ?? 0
+        #expect(Double(recordedBytes) > 1.5 * Double(streamedBytes), "the recording's audio \(recordedBytes) B, the stream's \(streamedBytes) B")
+        let recording = try probe(local)
+        #expect(recording.video?.width == 320, "\(String(describing: recording.video))")
+        try expectDecodesCleanly(local)
+        try expectDecodesCleanly(copy)
+    }
+
+    /// The daemon: `audio_bitrate` on outputs under `audio_tracks = "separate"` encodes each track
+    /// they carry again at that rate, once for every output that asks the same (the two 256k files
+    /// hold the very same packets), while the others keep the broadcast's audio.
+    @Test func daemonOutputsShareAnAudioEncodePerBitrate() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let config = """
+            [video]
+            size = "320x180"
+            [audio]
+            mic = "test"
+            app = "test"
+            [encoder]
+            audio_bitrate = "64k"
+            audio_tracks = "separate"
+            preset = "ultrafast"
+            [control]
+            socket = "\(dir.path("c.sock"))"
+            [[output]]
+            name = "plain"
+            path = "\(dir.path("plain.mkv"))"
+            [[output]]
+            name = "hq1"
+            path = "\(dir.path("hq1.mkv"))"
+            audio_bitrate = "256k"
+            [[output]]
+            name = "hq2"
+            path = "\(dir.path("hq2.mkv"))"
+            audio_bitrate = "256k"
+            """
+        let daemon = try spawnDaemon(config: config, in: dir)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        let up = try waitUntilRecording(dir.path("c.sock"))
+        let json = try JSONSerialization.jsonObject(with: Data(up.utf8)) as? [String: Any]
+        // The video stays one encode: audio_bitrate asks for no video of its own.
+        #expect((json?["encodes"] as? [[String: Any]])?.count == 1, "\(up)")
+        while try AudioTracksCLITests.mediaSeconds(dir.path("c.sock")) < 4 { usleep(200_000) }
+        daemon.signal(SIGTERM)
+        #expect(daemon.wait(timeout: 60).status == 0)
+        let plain = try Self.audioPacketSizes(dir.path("plain.mkv"))
+        let hq1 = try Self.audioPacketSizes(dir.path("hq1.mkv"))
+        let hq2 = try Self.audioPacketSizes(dir.path("hq2.mkv"))
+        #expect(plain.count == 2 && hq1.count == 2 && hq2.count == 2, "tracks: \(plain.count), \(hq1.count), \(hq2.count)")
+        #expect(hq1 == hq2, "the two 256k outputs do not hold one encode's packets")
+        for (track, (low, high)) in zip(plain, hq1).enumerated() {
+            let lowBytes = low.reduce(0, +), highBytes = high.reduce(0, +)
+            #expect(Double(highBytes) > 1.5 * Double(lowBytes), "track \(track + 1): 256k \(highBytes) B, 64k \(lowBytes) B")
+        }
+        for file in ["plain.mkv", "hq1.mkv", "hq2.mkv"] { try expectDecodesCleanly(dir.path(file)) }
+    }
+
+    /// `record FILE --output FILE2`: two files from one encode (the very same video packets), each
+    /// whole; a URL or the same file twice is refused before anything is made.
+    @Test func recordWritesSeveralFilesFromOneEncode() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let r = try broadcast(
+            ["record", dir.path("a.mkv"), "--output", dir.path("b.mp4"), "--size", "320x180", "--preset", "ultrafast",
+             "--duration", "3s", "--no-realtime"], timeout: 120)
+        #expect(r.status == 0, "\(r.stderr.suffix(2000))")
+        func videoSizes(_ path: String) throws -> [Substring] {
+            try run("/usr/bin/ffprobe", ["-v", "error", "-select_streams", "v", "-show_entries", "packet=size", "-of", "csv=p=0", path])
+                .stdout.split(separator: "\n")
+        }
+        let a = try videoSizes(dir.path("a.mkv")), b = try videoSizes(dir.path("b.mp4"))
+        #expect(a.count == 90 && a == b, "\(a.count) and \(b.count) video packets, the same: \(a == b)")
+        for refused in [["--output", "rtmp://127.0.0.1/live/x"], ["--output", dir.path("./a.mkv")]] {
+            let bad = try broadcast(["record", dir.path("a.mkv"), "-y", "--duration", "1s", "--no-realtime"] + refused)
+            #expect(bad.status == 2 && bad.stderr.split(separator: "\n").count == 1, "exit \(bad.status): \(bad.stderr)")
+        }
+        #expect(try probe(dir.path("a.mkv")).video?.frames == 90, "a refused run left a.mkv as it was")
     }
 }
