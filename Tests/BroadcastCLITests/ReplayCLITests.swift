@@ -217,6 +217,40 @@ func offsetInRecording(_ replay: [ProbedPacket], recording: [ProbedPacket]) -> D
         #expect(daemon.wait(timeout: 60).status == 0)
     }
 
+    /// A replay buffer names its encode like any output: its saves have its own size and the
+    /// recording beside it keeps the broadcast's; the status lists the two encodes.
+    @Test func aReplayBufferHasAnEncodeOfItsOwn() throws {
+        try withRecordingDaemon(sections: "[video]\nsize = \"640x360\"\n[encoder]\npreset = \"ultrafast\"\nkeyframe_interval = \"1s\"",
+            outputs: { dir in
+                """
+                [[output]]
+                name = "rec"
+                path = "\(dir.path("rec.mkv"))"
+                [[output]]
+                name = "replay"
+                replay = "3s"
+                path = "\(dir.path("save-%H%M%S.mkv"))"
+                size = "320x180"
+                video_bitrate = "400k"
+                """
+            }) { dir, socket, status, daemon in
+            let encodes = json(status)["encodes"] as? [[String: Any]] ?? []
+            #expect(encodes.map { $0["size"] as? String } == ["640x360", "320x180"], "\(status)")
+            #expect(encodes.last?["outputs"] as? [String] == ["replay"], "\(encodes)")
+            while try mediaSeconds(socket) < 4 { usleep(200_000) }
+            let saved = try broadcast(["replay", "save", "--socket", socket], timeout: 60)
+            #expect(saved.status == 0, "\(saved.stdout) \(saved.stderr)")
+            let path = try #require(json(saved.stdout)["path"] as? String, "\(saved.stdout)")
+            daemon.signal(SIGTERM)
+            #expect(daemon.wait(timeout: 60).status == 0)
+            let save = try probe(path)
+            #expect(save.video?.width == 320 && save.video?.height == 180, "the save: \(String(describing: save.video))")
+            #expect((save.formatDuration ?? 0) >= 3 - Self.frame, "the save holds \(save.formatDuration ?? 0) s")
+            #expect(try probe(dir.path("rec.mkv")).video?.width == 640)
+            try expectDecodesCleanly(path)
+        }
+    }
+
     @Test func savesOnRequestWithHooksPausesAndErrors() throws {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
