@@ -20,7 +20,7 @@ DESKTOP_APT_PACKAGES := dbus pipewire pipewire-bin wireplumber pipewire-pulse pu
 # nginx with its RTMP module as a local streaming server, the Janus gateway (an SFU the WHIP output
 # publishes into) and janus-tools (janus-pp-rec, to read what Janus recorded), srt-tools
 # (srt-live-transmit, an SRT listener of libsrt's own).
-APT_PACKAGES := pkg-config libgstreamer1.0-dev libgstreamer-plugins-bad1.0-dev gstreamer1.0-plugins-bad gstreamer1.0-nice gstreamer1.0-plugins-good libcurl4-gnutls-dev libavcodec-dev libavformat-dev libavutil-dev libswscale-dev \
+APT_PACKAGES := pkg-config libsrt-gnutls-dev libgstreamer1.0-dev libgstreamer-plugins-bad1.0-dev gstreamer1.0-plugins-bad gstreamer1.0-nice gstreamer1.0-plugins-good libcurl4-gnutls-dev libavcodec-dev libavformat-dev libavutil-dev libswscale-dev \
                 libswresample-dev libv4l-dev libasound2-dev ffmpeg nginx libnginx-mod-rtmp libnginx-mod-stream openssl srt-tools janus janus-tools \
                 libxcb1-dev libxcb-shm0-dev libxcb-xfixes0-dev libxcb-damage0-dev xvfb x11-apps \
                 libpipewire-0.3-dev libsystemd-dev strace chromium chromium-driver \

@@ -1,6 +1,7 @@
 internal import CAVCodec
 internal import CAVFormat
 internal import CAVUtil
+internal import CFFmpegShim
 internal import CSwResample
 internal import CSwScale
 public import Logging
@@ -275,6 +276,22 @@ public final class Muxer {
         return max(0, avio_tell(pb))
     }
 
+    /// What the transport knows of its path, where it tells (an srt:// output: libsrt's sender
+    /// figures); nil for any other output, or before the connection is open.
+    public func transportFigures() -> TransportFigures? {
+        guard formatName == "mpegts", url.hasPrefix("srt://"), let pb = context.pointee.pb else { return nil }
+        if srtSocket == nil { srtSocket = CBroadcast_avio_srt_socket(pb) }
+        guard let socket = srtSocket, socket >= 0 else { return nil }
+        var figures = CBroadcast_SRTFigures()
+        guard CBroadcast_srt_figures(socket, &figures) == 0 else { return nil }
+        return TransportFigures(
+            unacknowledgedNanoseconds: Int64(max(0, figures.unacknowledged_ms)) * 1_000_000, roundTripMilliseconds: figures.rtt_ms,
+            packetsSent: figures.packets_sent, packetsLost: figures.packets_lost, packetsDropped: figures.packets_dropped)
+    }
+
+    /// The SRT socket behind the output, once looked up (-1: none).
+    private var srtSocket: Int32?
+
     /// Writes the trailer and closes the output. Call once; without it the output is closed unfinished.
     /// `settle`: seconds to wait between the trailer's last byte handed to the protocol and the
     /// close, for a protocol that sends on its own threads and drops what is still in flight when
@@ -351,5 +368,25 @@ public final class Muxer {
             try check(av_interleaved_write_frame(muxer.context, packet.pointer), "writing \(output)")
         }
         try muxer.finish()
+    }
+}
+
+/// What a live output's transport knows of its path (SRT: libsrt's sender figures).
+public struct TransportFigures: Sendable, Equatable {
+    /// How long the oldest data the transport took is still unacknowledged: the path's backlog
+    /// beyond the output's own queue.
+    public var unacknowledgedNanoseconds: Int64
+    public var roundTripMilliseconds: Double
+    /// Data packets sent (with retransmissions), reported lost, and dropped as too late to send.
+    public var packetsSent: Int64
+    public var packetsLost: Int64
+    public var packetsDropped: Int64
+
+    public init(unacknowledgedNanoseconds: Int64, roundTripMilliseconds: Double, packetsSent: Int64, packetsLost: Int64, packetsDropped: Int64) {
+        self.unacknowledgedNanoseconds = unacknowledgedNanoseconds
+        self.roundTripMilliseconds = roundTripMilliseconds
+        self.packetsSent = packetsSent
+        self.packetsLost = packetsLost
+        self.packetsDropped = packetsDropped
     }
 }

@@ -39,6 +39,12 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
     /// The bitrate's one-second window.
     private var windowStart = MonotonicInstant.now()
     private var windowBytes: Int64 = 0
+    /// The transport's figures when last read (SRT), when they are next read, and the packets it
+    /// dropped since they were last said.
+    private var transportFigures: TransportFigures?
+    private var transportReadDue = MonotonicInstant.now()
+    private var transportDropsUnsaid: Int64 = 0
+    private var lastTransportWarning: MonotonicInstant?
 
     init(output: Output, url: StreamURL, streams: [StreamDescription], totalBitrate: Int, logger: Logger) {
         self.output = output
@@ -115,6 +121,7 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
                     }
                 }
                 muxer = nil
+                forgetTransport()
                 machine.closed()
                 drop(.offline, dropped)
                 break loop
@@ -154,6 +161,34 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
             windowBytes = 0
         }
         status.setBacklog(max(0, feed.newestDTS.load(ordering: .relaxed) - packet.dtsNanoseconds))
+        if after >= transportReadDue {
+            // What the transport says of its path, ten times a second (libsrt takes its own lock).
+            transportReadDue = after.advanced(by: .milliseconds(100))
+            if let figures = muxer!.transportFigures() { noteTransport(figures) }
+        }
+    }
+
+    /// An SRT sender's figures: its unacknowledged timespan is the path's backlog (the queue stays
+    /// empty: libsrt takes everything and sends at its own pace), and packets it dropped as too
+    /// late are counted and said once a second at most.
+    private func noteTransport(_ figures: TransportFigures) {
+        status.transportBacklog.store(figures.unacknowledgedNanoseconds, ordering: .relaxed)
+        let now = MonotonicInstant.now()
+        if let last = transportFigures, figures.packetsDropped > last.packetsDropped {
+            transportDropsUnsaid += figures.packetsDropped - last.packetsDropped
+        }
+        if transportDropsUnsaid > 0, lastTransportWarning.map({ $0.duration(to: now) >= .seconds(1) }) ?? true {
+            logger.info("stream \(url.redacted): the path dropped \(transportDropsUnsaid) packets too late to resend (RTT \(Int(figures.roundTripMilliseconds)) ms, \(figures.unacknowledgedNanoseconds / 1_000_000) ms unacknowledged)")
+            transportDropsUnsaid = 0
+            lastTransportWarning = now
+        }
+        transportFigures = figures
+    }
+
+    /// Forgets the transport's figures: the connection they were of is closed.
+    private func forgetTransport() {
+        transportFigures = nil
+        status.transportBacklog.store(0, ordering: .relaxed)
     }
 
     /// Performs what the state machine decided after a connect or a write failed.
@@ -162,6 +197,7 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
     ) {
         // What is left of the connection closes here, within the action's close deadline.
         muxer = nil
+        forgetTransport()
         machine.closed()
         sentBefore += lastBytes
         lastBytes = 0

@@ -93,6 +93,9 @@ final class OutputStatus: Sendable {
     let bitrate = ManagedAtomic<Int>(0)
     let backlog = ManagedAtomic<Int64>(0)
     let maxBacklog = ManagedAtomic<Int64>(0)
+    /// The path's backlog beyond the queue, where the transport tells (SRT: its unacknowledged
+    /// timespan), ns; what an adaptive output's controller adds to the queue's.
+    let transportBacklog = ManagedAtomic<Int64>(0)
     let drops: [ManagedAtomic<Int>] = DropReason.allCases.map { _ in ManagedAtomic<Int>(0) }
     let lastError = ManagedAtomic<Text?>(nil)
     /// A recording's file being written (a new one after each segment, or after a full disk).
@@ -299,9 +302,10 @@ public final class Output: @unchecked Sendable {
     }
 
     /// What an adaptive output's controller reads at each frame (session thread; atomics only):
-    /// the backlog (ns) and the bits per second the socket took over the last second.
+    /// the backlog (ns: the queue's and, where the transport tells, the path's) and the bits per
+    /// second the socket took over the last second.
     var congestion: (backlog: Int64, sentBitsPerSecond: Int) {
-        (status.backlog.load(ordering: .relaxed), status.bitrate.load(ordering: .relaxed))
+        (status.backlog.load(ordering: .relaxed) + status.transportBacklog.load(ordering: .relaxed), status.bitrate.load(ordering: .relaxed))
     }
 
 

@@ -55,3 +55,57 @@ void CBroadcast_av_log_set_handler(CBroadcast_LogHandler handler, void *context,
     av_log_set_level(maxLevel);
     av_log_set_callback(handler ? log_trampoline : av_log_default_callback);
 }
+
+// MARK: SRT transport figures
+// libavformat keeps the SRT socket in its protocol's private context; no API hands it out. Two
+// private layouts are read, each checked by its AVClass name first: URLContext (av_class, prot,
+// priv_data: libavformat/url.h) behind an AVIOContext that avio_open2 made (its opaque), and the
+// libsrt protocol's context (class, fd: libavformat/libsrt.c); the same since FFmpeg 4.0. libsrt's
+// own srt_bstats is looked up in the process (libavformat loaded it), so broadcast does not link a
+// second copy of the library whose socket table would be another one.
+#include <dlfcn.h>
+#include <libavformat/avio.h>
+#include <srt/srt.h>
+
+struct CBroadcastURLContextPrefix {
+    const AVClass *av_class;
+    const void *prot;
+    void *priv_data;
+};
+
+struct CBroadcastSRTContextPrefix {
+    const AVClass *class;
+    int fd;
+};
+
+int CBroadcast_avio_srt_socket(void *avio_context) {
+    AVIOContext *pb = avio_context;
+    if (!pb || !pb->opaque) return -1;
+    struct CBroadcastURLContextPrefix *url = pb->opaque;
+    if (!url->av_class || !url->av_class->class_name || strcmp(url->av_class->class_name, "URLContext") != 0) return -1;
+    if (!url->priv_data) return -1;
+    const AVClass *protocol = *(const AVClass *const *)url->priv_data;
+    if (!protocol || !protocol->class_name || strcmp(protocol->class_name, "libsrt") != 0) return -1;
+    return ((struct CBroadcastSRTContextPrefix *)url->priv_data)->fd;
+}
+
+typedef int (*CBroadcastSRTStats)(SRTSOCKET, SRT_TRACEBSTATS *, int);
+
+int CBroadcast_srt_figures(int socket, CBroadcast_SRTFigures *figures) {
+    static CBroadcastSRTStats stats;
+    CBroadcastSRTStats fn = __atomic_load_n(&stats, __ATOMIC_ACQUIRE);
+    if (!fn) {
+        fn = (CBroadcastSRTStats)dlsym(RTLD_DEFAULT, "srt_bstats");
+        if (!fn) return -1;
+        __atomic_store_n(&stats, fn, __ATOMIC_RELEASE);
+    }
+    SRT_TRACEBSTATS perf;
+    memset(&perf, 0, sizeof perf);
+    if (fn(socket, &perf, 0) != 0) return -1;
+    figures->unacknowledged_ms = perf.msSndBuf;
+    figures->rtt_ms = perf.msRTT;
+    figures->packets_sent = perf.pktSentTotal;
+    figures->packets_lost = perf.pktSndLossTotal;
+    figures->packets_dropped = perf.pktSndDropTotal;
+    return 0;
+}

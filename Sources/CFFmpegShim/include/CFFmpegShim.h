@@ -31,3 +31,25 @@ typedef void (*CBroadcast_LogHandler)(int level, const char *line, void *context
 /// Routes av_log through `handler` (NULL restores FFmpeg's default callback).
 /// Lines above `maxLevel` are dropped before formatting.
 void CBroadcast_av_log_set_handler(CBroadcast_LogHandler handler, void *context, int maxLevel);
+
+// MARK: SRT transport figures
+/// What libsrt's sender knows of its path (srt_bstats), for an adaptive SRT output.
+typedef struct {
+    /// The sender's unacknowledged timespan: how far behind the path is, in ms (msSndBuf).
+    int unacknowledged_ms;
+    /// The round trip, ms.
+    double rtt_ms;
+    /// Data packets sent (with retransmissions), lost (reported by the receiver), and dropped by the
+    /// sender as too late to send, since the connection began.
+    int64_t packets_sent;
+    int64_t packets_lost;
+    int64_t packets_dropped;
+} CBroadcast_SRTFigures;
+
+/// The SRT socket behind an output's AVIOContext opened on srt:// by libavformat, or -1 when it is
+/// not one (checked by the AVClass names of the context and its protocol's private data).
+int CBroadcast_avio_srt_socket(void *avio_context);
+
+/// The figures of `socket` (from CBroadcast_avio_srt_socket); 0 when read, -1 otherwise (no libsrt
+/// in the process, a closed socket).
+int CBroadcast_srt_figures(int socket, CBroadcast_SRTFigures *figures);
