@@ -161,8 +161,14 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "SystemPackage", package: "swift-system"),
             ],
-            swiftSettings: swiftSettings
+            // The page's files, edited as HTML, CSS and JavaScript, go into the binary as constants
+            // (Plugins/EmbedPage): one self-contained executable, no resource bundle to install.
+            exclude: ["Page"],
+            swiftSettings: swiftSettings,
+            plugins: ["EmbedPage"]
         ),
+        .executableTarget(name: "embed-files", path: "Sources/EmbedFiles"),
+        .plugin(name: "EmbedPage", capability: .buildTool(), dependencies: ["embed-files"]),
         .executableTarget(
             name: "broadcast",
             dependencies: [
