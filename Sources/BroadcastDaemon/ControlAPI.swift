@@ -8,6 +8,12 @@ import Synchronization
 
 /// The control API's routes, on top of `BroadcastController`.
 enum ControlAPI {
+    /// `key`'s number in a JSON object `body`, as text for the option's parser; nil when absent.
+    static func jsonNumberText(_ body: [UInt8], key: String) -> String? {
+        guard !body.isEmpty, let json = JSONValue.parse(String(decoding: body, as: UTF8.self)) else { return nil }
+        return json[key]?.numberValue.map { "\($0)" } ?? json[key]?.stringValue
+    }
+
     static func handle(
         _ request: ControlRequest, controller: BroadcastController, metrics: DaemonMetrics, reload: () -> ReloadOutcome
     ) -> ControlResponse {
@@ -69,13 +75,26 @@ enum ControlAPI {
         case ("POST", let path) where path.hasPrefix("/v1/scene/"):
             return DaemonScenes.select(String(path.dropFirst("/v1/scene/".count)), controller: controller)
         case ("POST", let path) where path.hasPrefix("/v1/audio/"):
-            // /v1/audio/{mic|app}/{mute|unmute}
+            // /v1/audio/{mic|app}/{mute|unmute}, /v1/audio/{mic|app}/volume?db=-6 (or {"volume_db": -6})
             let parts = path.dropFirst("/v1/audio/".count).split(separator: "/", omittingEmptySubsequences: false)
-            guard parts.count == 2, parts[1] == "mute" || parts[1] == "unmute" else {
-                return .error(400, "unknown audio action '\(path)': use /v1/audio/{mic|app}/{mute|unmute}")
+            guard parts.count == 2, ["mute", "unmute", "volume"].contains(parts[1]) else {
+                return .error(400, "unknown audio action '\(path)': use /v1/audio/{mic|app}/{mute|unmute|volume}")
             }
             do {
-                try controller.setAudio(String(parts[0]), muted: parts[1] == "mute")
+                if parts[1] == "volume" {
+                    guard let text = request.query["db"] ?? Self.jsonNumberText(request.body, key: "volume_db") else {
+                        return .error(400, "POST /v1/audio/\(parts[0])/volume needs the volume: ?db=-6 or {\"volume_db\": -6} (-60 to +20 dB)")
+                    }
+                    let decibels: Double
+                    do {
+                        decibels = try Options.micVolume.parse(text)
+                    } catch {
+                        return .error(400, "invalid volume '\(text)': expected decibels from -60 to +20, such as -6")
+                    }
+                    try controller.setAudio(String(parts[0]), volume: decibels)
+                } else {
+                    try controller.setAudio(String(parts[0]), muted: parts[1] == "mute")
+                }
             } catch let error as BroadcastError {
                 return .error(error.code == .illegalTransition ? 409 : 400, error.message)
             } catch {
@@ -87,7 +106,7 @@ enum ControlAPI {
         case (_, let path) where path.hasPrefix("/v1/broadcast/") || path.hasPrefix("/v1/outputs/") || path.hasPrefix("/v1/audio/") || path.hasPrefix("/v1/scene/") || path == "/v1/replay/save" || path == "/v1/reload":
             return .error(405, "\(request.method) is not allowed on \(path): use POST")
         default:
-            return .error(404, "no such endpoint: \(request.path) (see / for the page, /v1/status, /v1/events, /v1/preview.jpg, /v1/broadcast/{start,pause,resume,stop}, /v1/outputs/{name}/{pause,resume,save}, /v1/replay/save, /v1/audio/{mic,app}/{mute,unmute}, /v1/scene/{name}, /v1/reload, /metrics)")
+            return .error(404, "no such endpoint: \(request.path) (see / for the page, /v1/status, /v1/events, /v1/preview.jpg, /v1/broadcast/{start,pause,resume,stop}, /v1/outputs/{name}/{pause,resume,save}, /v1/replay/save, /v1/audio/{mic,app}/{mute,unmute,volume}, /v1/scene/{name}, /v1/reload, /metrics)")
         }
     }
 }

@@ -95,15 +95,21 @@ final class PageFeed: Sendable {
     private final class StatusSource: Sendable {
         let read = Mutex<(@Sendable () -> JSONValue?)?>(nil)
         let ticks = Mutex(0)
+        /// The running broadcast's audio track titles, by the meters' track index.
+        let titles = Mutex<(@Sendable () -> [String])?>(nil)
     }
 
     init(events: ControlEvents) {
         let source = StatusSource()
         statusSource = source
-        // Room for four output tracks (one today: the mix; `EncodingHandler.audioTrackTap` names each by index).
+        // Room for four output tracks (the mix and a track per source; `EncodingHandler.audioTrackTap`
+        // gives each by its index, `audioTrackTitles` names them).
         levels = LevelMeters(trackCount: 4) { levels in
             guard events.transientClientCount > 0 else { return }
-            if !levels.isEmpty { events.publishTransient("levels", PageFeed.fields(levels)) }
+            if !levels.isEmpty {
+                let titles = source.titles.withLock { $0 }?() ?? []
+                events.publishTransient("levels", PageFeed.fields(levels, trackTitles: titles))
+            }
             let due = source.ticks.withLock { ticks in
                 ticks += 1
                 return ticks % 10 == 0
@@ -122,11 +128,29 @@ final class PageFeed: Sendable {
 
     func stop() { levels.stop() }
 
-    /// `{"meters": [{"name": "audioMic", "peak_dbfs": -6.0, "rms_dbfs": -9.1}, ...]}`
-    static func fields(_ levels: [LevelMeters.Level]) -> [(String, JSONValue)] {
+    /// Where the meters' track titles come from, for the broadcast that starts now.
+    func setTrackTitles(_ titles: @escaping @Sendable () -> [String]) {
+        statusSource.titles.withLock { $0 = titles }
+    }
+
+    /// `{"meters": [{"name": "audioMic", "title": "Microphone", "peak_dbfs": -6.0, "rms_dbfs": -9.1},
+    /// {"name": "track1", "title": "Mix", ...}, ...]}`: a source's meter by its kind, a track's by
+    /// the title its files give it.
+    static func fields(_ levels: [LevelMeters.Level], trackTitles: [String] = []) -> [(String, JSONValue)] {
         func rounded(_ v: Double) -> JSONValue { .number((v * 10).rounded() / 10) }
+        func title(_ name: String) -> String {
+            switch name {
+            case "audioMic": return "Microphone"
+            case "audioApp": return "Desktop audio"
+            default:
+                guard name.hasPrefix("track"), let n = Int(name.dropFirst(5)), n >= 1, n <= trackTitles.count else { return name }
+                return trackTitles[n - 1] + " (track \(n))"
+            }
+        }
         return [
-            ("meters", .array(levels.map { .object([("name", .string($0.name)), ("peak_dbfs", rounded($0.peak)), ("rms_dbfs", rounded($0.rms))]) }))
+            ("meters", .array(levels.map {
+                .object([("name", .string($0.name)), ("title", .string(title($0.name))), ("peak_dbfs", rounded($0.peak)), ("rms_dbfs", rounded($0.rms))])
+            }))
         ]
     }
 }

@@ -459,6 +459,7 @@ final class BroadcastController: Sendable {
         let counters = handler.counters
         let levels = page.levels
         handler.audioTrackTap = { track, audio in levels.offer(track: track, audio) }
+        page.setTrackTitles(handler.audioTrackTitlesReader)
         // The last broadcast's picture is not this one's.
         page.preview.forget()
         let monitored = MonitoredHandler(handler, preview: page.preview, levels: levels)
@@ -532,9 +533,17 @@ final class BroadcastController: Sendable {
         return running.composite
     }
 
-    /// Mutes or unmutes an audio source (`mic`, `app`) of the running broadcast, from its next
-    /// buffer on. Throws `illegalTransition` when none runs, `invalidArgument` for a source it has not.
-    func setAudio(_ source: String, muted: Bool) throws {
+    /// Sets an audio source's volume (`mic`, `app`, -60 to +20 dB) in the running broadcast, from
+    /// its next buffer on; its mute stays as it is. Throws as `setAudio(_:muted:)`.
+    func setAudio(_ source: String, volume decibels: Double) throws {
+        let (control, type) = try audioControl(source, doing: "set the volume of")
+        control.setVolume(decibels, of: type)
+        logger.notice("\(source) audio at \(decibels) dB")
+        publishChanges()
+    }
+
+    /// The running broadcast's audio control and the source `source` names (`mic`, `app`).
+    private func audioControl(_ source: String, doing action: String) throws -> (AudioSourceControl, SampleBufferType) {
         let type: SampleBufferType
         switch source {
         case "mic": type = .audioMic
@@ -544,11 +553,18 @@ final class BroadcastController: Sendable {
         guard let running = state.withLock({ $0.running }), running.session.state != .finished,
             let control = running.audioControl
         else {
-            throw BroadcastError(.illegalTransition, "cannot \(muted ? "mute" : "unmute") \(source): no broadcast is running")
+            throw BroadcastError(.illegalTransition, "cannot \(action) \(source): no broadcast is running")
         }
         guard running.audioSources.contains(type) else {
-            throw BroadcastError(.invalidArgument, "cannot \(muted ? "mute" : "unmute") \(source): the broadcast has no \(source) audio")
+            throw BroadcastError(.invalidArgument, "cannot \(action) \(source): the broadcast has no \(source) audio")
         }
+        return (control, type)
+    }
+
+    /// Mutes or unmutes an audio source (`mic`, `app`) of the running broadcast, from its next
+    /// buffer on. Throws `illegalTransition` when none runs, `invalidArgument` for a source it has not.
+    func setAudio(_ source: String, muted: Bool) throws {
+        let (control, type) = try audioControl(source, doing: muted ? "mute" : "unmute")
         control.setMuted(muted, of: type)
         logger.notice("\(source) audio \(muted ? "muted" : "unmuted")")
         publishChanges()
@@ -1037,6 +1053,7 @@ final class BroadcastController: Sendable {
             ("audio_drift_ppm", running.audioDevices.lazy.compactMap { $0.statistics.driftPPM }.first.map(JSONValue.number) ?? .null),
             ("types", .object(types)),
             ("scene", runningComposite().map { .string($0.scene) } ?? .null),
+            ("scenes", .array((runningComposite()?.scenes ?? []).map { .string($0.name) })),
             ("layers", .array((runningComposite()?.layerStatuses ?? []).map { layer in
                 .object([
                     ("index", .number(Double(layer.index))), ("name", .string(layer.name)),

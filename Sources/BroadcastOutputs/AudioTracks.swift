@@ -196,6 +196,17 @@ final class SourceTrack {
     }
 }
 
+/// The audio tracks' titles in stream order, published whole (any thread reads them).
+final class TrackTitles: AtomicReference, Sendable {
+    let titles: [String]
+    init(_ titles: [String]) { self.titles = titles }
+}
+
+extension AudioTrackLayout {
+    /// Each track's title as a meter or a page names it ("Mix", "Microphone", "Desktop audio").
+    var titles: [String] { tracks.map { $0.title(alone: false) ?? "Mix" } }
+}
+
 /// A track encoded again at an output's own audio bitrate (`OutputConfiguration.audioBitrate`):
 /// the same samples as the broadcast's encode of the track, another encoder, a stream of its own.
 final class ExtraAudioEncode {

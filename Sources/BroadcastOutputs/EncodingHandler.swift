@@ -182,6 +182,16 @@ public final class EncodingHandler: BroadcastSampleHandler {
     private var sourceTracks: [SourceTrack] = []
     /// Tracks encoded again at an output's own audio bitrate (session thread).
     private var extraAudio: [ExtraAudioEncode] = []
+    private let trackTitles = ManagedAtomic(TrackTitles([]))
+
+    /// The audio tracks' titles in stream order ("Mix", "Microphone", "Desktop audio"): what the
+    /// tap's track indices name. Any thread.
+    public var audioTrackTitles: [String] { trackTitles.load(ordering: .acquiring).titles }
+
+    /// `audioTrackTitles` as a closure another thread may keep.
+    public var audioTrackTitlesReader: @Sendable () -> [String] {
+        { [trackTitles] in trackTitles.load(ordering: .acquiring).titles }
+    }
     /// The audio tracks encoded, in stream order after the video (set at the start).
     private var audioLayout: AudioTrackLayout?
     /// The sources' volumes and mutes: set from any thread, applied from each source's next buffer.
@@ -282,6 +292,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
             if let audio = configuration.audio {
                 let layout = AudioTrackLayout(configuration)
                 audioLayout = layout
+                trackTitles.store(TrackTitles(layout.titles), ordering: .releasing)
                 for (index, track) in layout.tracks.enumerated() {
                     switch track {
                     case .mix: mixTrackIndex = index
@@ -357,6 +368,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
         streams.append(stream)
         mixTrackIndex = layout.addMix()
         audioLayout = layout
+        trackTitles.store(TrackTitles(layout.titles), ordering: .releasing)
         audioEncoder = encoder
         mixer = AudioMixer(channelCount: audio.channels, sampleRate: audio.sampleRate)
         logger.notice("audio: the mix is encoded from now on, for an output that carries one audio track")

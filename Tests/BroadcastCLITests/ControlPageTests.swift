@@ -395,6 +395,71 @@ final class PollState: Sendable {
 
     /// The page lists each video encode with the outputs it feeds (issue 36): the broadcast's, and
     /// an output's own at its size; in Chromium, through `broadcast ui`.
+    /// The page has the controls the API has: a button per scene (the current one pressed), mute
+    /// and volume per audio source, each judged by the daemon's status; and every meter is named by
+    /// its track's title ("Mix", "Microphone", "Desktop audio"), not "track1".
+    @Test func thePageSwitchesScenesAndSetsTheAudioInChromium() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let port = try freePort()
+        let socket = dir.path("c.sock")
+        let config = """
+            [video]
+            source = "test"
+            size = "320x180"
+            [audio]
+            mic = "test"
+            app = "test"
+            [encoder]
+            audio_tracks = "both"
+            [control]
+            socket = "\(socket)"
+            tcp = "127.0.0.1:\(port)"
+            token = "\(ControlPageTests.token)"
+            [scenes]
+            corner = ["test?x=160,y=90,width=160,height=90"]
+            plain = []
+            [[output]]
+            name = "rec"
+            path = "\(dir.path("rec.mkv"))"
+            """
+        let daemon = try spawnDaemon(config: config, in: dir)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        _ = try waitUntilRecording(socket)
+        let browser = try WebDriver()
+        defer { browser.quit() }
+        try browser.navigate("http://127.0.0.1:\(port)/#token=\(ControlPageTests.token)")
+
+        // A button per scene; the current one (the first) pressed; a click switches.
+        #expect(try browser.waitFor("return document.querySelectorAll('#scene-buttons button').length === 2") != nil,
+                "\((try? browser.string("return document.getElementById('scenes').outerHTML")) ?? "")")
+        #expect(try browser.string("return document.querySelector('#scene-buttons [aria-pressed=\"true\"]').dataset.scene") == "corner")
+        try browser.click("#scene-buttons [data-scene=\"plain\"]")
+        #expect(try ControlPageTests.waitForStatus(socket) { $0["scene"] as? String == "plain" }, "the page's button did not switch the scene")
+        #expect(try browser.waitFor("return document.querySelector('#scene-buttons [aria-pressed=\"true\"]').dataset.scene === 'plain'") != nil)
+
+        // Mute and volume per source, as the status says them.
+        #expect(try browser.waitFor("return document.querySelectorAll('#audio-sources .audio-source').length === 2") != nil)
+        try browser.click("[data-source=\"mic\"] .mute")
+        #expect(try ControlPageTests.waitForStatus(socket) { (($0["audio"] as? [String: Any])?["mic"] as? [String: Any])?["muted"] as? Bool == true },
+                "the page's Mute did not mute the microphone")
+        #expect(try browser.waitFor("return document.querySelector('[data-source=\"mic\"] .mute').textContent === 'Unmute'") != nil)
+        _ = try browser.execute(
+            "const v = document.querySelector('[data-source=\"app\"] .volume'); v.value = '-12'; v.dispatchEvent(new Event('change'));")
+        #expect(try ControlPageTests.waitForStatus(socket) { (($0["audio"] as? [String: Any])?["app"] as? [String: Any])?["volume_db"] as? Double == -12 },
+                "the page's volume did not reach the desktop audio")
+        #expect(ControlPageTests.post(socket, "/v1/audio/app/volume?db=30") == 400, "a volume out of range")
+
+        // The meters by title: the sources, and the tracks of the file (the mix, then each source).
+        let titles = try browser.waitFor(
+            """
+            const t = Array.from(document.querySelectorAll('#meters .meter')).map((m) => m.dataset.title);
+            return ['Microphone', 'Desktop audio', 'Mix (track 1)', 'Microphone (track 2)', 'Desktop audio (track 3)'].every((x) => t.includes(x));
+            """)
+        #expect(titles != nil, "meters: \((try? browser.string("return Array.from(document.querySelectorAll('#meters .meter')).map((m) => m.dataset.title).join()")) ?? "")")
+        #expect(try browser.string("return document.getElementById('meters').innerText")?.contains("track1") == false)
+    }
+
     @Test func thePageListsTheEncodes() throws {
         try withRecordingDaemon(sections: """
             [video]

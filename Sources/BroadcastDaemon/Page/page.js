@@ -174,6 +174,79 @@
     outputs(status.outputs || [], sample);
     encodes(status.encodes || []);
     sources(status.types || {}, status.layers || []);
+    scenes(status.scenes || [], status.scene);
+    audioSources(status.audio || {});
+  }
+
+  // A button per scene, the current one pressed.
+  function scenes(list, current) {
+    const box = $("scene-buttons");
+    $("scenes").hidden = list.length === 0;
+    const names = Array.from(box.children).map((b) => b.dataset.scene);
+    if (names.join("\n") !== list.join("\n")) {
+      box.textContent = "";
+      for (const name of list) {
+        const button = document.createElement("button");
+        button.textContent = name;
+        button.dataset.scene = name;
+        button.addEventListener("click", () => act("/v1/scene/" + encodeURIComponent(name)));
+        box.append(button);
+      }
+    }
+    for (const button of box.children) {
+      const on = button.dataset.scene === current;
+      button.setAttribute("aria-pressed", String(on));
+      button.classList.toggle("current", on);
+    }
+  }
+
+  // Per audio source ("mic", "app"): mute and volume, as the API has them.
+  const sourceTitles = { mic: "Microphone", app: "Desktop audio" };
+  function audioSources(audio) {
+    const box = $("audio-sources");
+    for (const [name, level] of Object.entries(audio)) {
+      let row = box.querySelector('[data-source="' + CSS.escape(name) + '"]');
+      if (!row) {
+        row = document.createElement("div");
+        row.className = "audio-source";
+        row.dataset.source = name;
+        const label = document.createElement("span");
+        label.className = "label";
+        label.textContent = sourceTitles[name] || name;
+        const mute = document.createElement("button");
+        mute.className = "mute";
+        mute.addEventListener("click", () =>
+          act("/v1/audio/" + encodeURIComponent(name) + "/" + (row.dataset.muted === "true" ? "unmute" : "mute")));
+        const volume = document.createElement("input");
+        volume.type = "range";
+        volume.className = "volume";
+        volume.min = "-60";
+        volume.max = "20";
+        volume.step = "1";
+        volume.setAttribute("aria-label", (sourceTitles[name] || name) + " volume in dB");
+        const shown = document.createElement("span");
+        shown.className = "volume-text";
+        volume.addEventListener("input", () => { shown.textContent = volume.value + " dB"; });
+        volume.addEventListener("change", () => {
+          row.dataset.editing = "";
+          act("/v1/audio/" + encodeURIComponent(name) + "/volume?db=" + encodeURIComponent(volume.value));
+        });
+        volume.addEventListener("pointerdown", () => { row.dataset.editing = "true"; });
+        row.append(label, mute, volume, shown);
+        box.append(row);
+      }
+      row.dataset.muted = String(!!level.muted);
+      const mute = row.querySelector(".mute");
+      mute.textContent = level.muted ? "Unmute" : "Mute";
+      mute.setAttribute("aria-pressed", String(!!level.muted));
+      if (row.dataset.editing !== "true") {
+        row.querySelector(".volume").value = String(level.volume_db);
+        row.querySelector(".volume-text").textContent = level.volume_db + " dB";
+      }
+    }
+    for (const row of Array.from(box.children)) {
+      if (!(row.dataset.source in audio)) row.remove();
+    }
   }
 
   function outputState(o) { return o.paused ? "paused" : o.state; }
@@ -365,8 +438,9 @@
       meter.querySelector(".bar").setAttribute("aria-valuenow", String(m.rms_dbfs));
       meter.dataset.peak = m.peak_dbfs;
       meter.dataset.rms = m.rms_dbfs;
+      meter.dataset.title = m.title || m.name;
       meter.querySelector(".text").textContent =
-        m.name + ": peak " + m.peak_dbfs.toFixed(1) + " dBFS, RMS " + m.rms_dbfs.toFixed(1) + " dBFS";
+        (m.title || m.name) + ": peak " + m.peak_dbfs.toFixed(1) + " dBFS, RMS " + m.rms_dbfs.toFixed(1) + " dBFS";
     }
   }
 
