@@ -6,7 +6,10 @@ DELETE /session/ID ends it. It decodes what arrives (H.264 through FFmpeg, Opus 
 and reports on GET /state (JSON): requests counted, frames decoded, keyframes seen (IDR in the RTP
 payload), and A/V sync: each white frame of the test pattern against the tone's nearest beep onset,
 both placed on the sender's clock by its RTCP sender reports (what a player's lip sync uses).
-POST /pli sends a Picture Loss Indication on the current video track.
+POST /pli sends a Picture Loss Indication on the current video track. POST /loss?fraction=F puts
+loss on the path: from then on that fraction of the RTP packets that arrive (chosen at random) is
+dropped before aiortc handles them, so its receiver reports count them as lost (as a lossy network
+would); GET /state says how many were dropped ("rtp_dropped").
 
 The answer takes the DTLS role aiortc chooses (setup:active: it is the DTLS client, the publisher
 the server) unless --setup passive makes it the server; GET /state says which ("setup").
@@ -18,6 +21,7 @@ import array
 import asyncio
 import json
 import logging
+import random
 import signal
 import time
 import uuid
@@ -41,7 +45,9 @@ for pt, profile in ((120, "64001f"), (121, "640c1f"), (122, "4d001f")):
 state = {
     "posts": 0, "refused": 0, "deletes": 0, "sessions": 0, "video_frames": 0, "audio_frames": 0,
     "video_codec": None, "audio_codec": None, "keyframes": [], "pli_at": None, "white_frames": 0, "beeps": 0, "white_runs": [],
+    "loss": 0.0, "rtp_dropped": 0,
 }
+lossy = random.Random(36)
 sender_reports = {}  # kind -> (ntp seconds, rtp timestamp)
 ssrcs = {}  # kind -> ssrc
 receivers = {}  # kind -> receiver
@@ -72,6 +78,9 @@ def is_idr(payload):
 
 
 async def handle_rtp(self, packet, arrival_time_ms):
+    if state["loss"] > 0 and lossy.random() < state["loss"]:
+        state["rtp_dropped"] += 1
+        return
     kind = self._RTCRtpReceiver__kind
     ssrcs[kind] = packet.ssrc
     receivers[kind] = self
@@ -220,6 +229,11 @@ async def pli(request):
     return web.json_response({"pli_at": state["pli_at"]})
 
 
+async def loss(request):
+    state["loss"] = float(request.query["fraction"])
+    return web.json_response({"loss": state["loss"]})
+
+
 async def get_state(request):
     result = dict(state)
     now = time.monotonic()
@@ -245,6 +259,7 @@ async def main():
     app.router.add_post("/whip/{name:.*}", post)
     app.router.add_delete("/session/{id}", delete)
     app.router.add_post("/pli", pli)
+    app.router.add_post("/loss", loss)
     app.router.add_get("/state", get_state)
     runner = web.AppRunner(app)
     await runner.setup()
