@@ -23,9 +23,11 @@ import json
 import logging
 import random
 import signal
+import socket
 import time
 import uuid
 
+import aioice.ice
 import aiortc.rtcrtpreceiver
 from aiohttp import web
 from aiortc import RTCPeerConnection, RTCSessionDescription
@@ -98,6 +100,28 @@ async def handle_rtcp(self, packet):
     return await _original_rtcp(self, packet)
 
 
+# Each ICE socket gets an 8 MB receive buffer: on a loaded machine the event loop can stall for a
+# second or two, and the default (about 200 KB) then overflows; the kernel's drops would be loss
+# the tests did not put on the path (their receiver reports would say so, and an adaptive
+# sender would rightly lower its bitrate).
+_connection_made = aioice.ice.StunProtocol.connection_made
+
+
+def connection_made(self, transport):
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        for option in (getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF):
+            if option is None:
+                continue
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, option, 8 << 20)
+                break
+            except OSError:
+                pass
+    return _connection_made(self, transport)
+
+
+aioice.ice.StunProtocol.connection_made = connection_made
 RTCRtpReceiver._handle_rtp_packet = handle_rtp
 RTCRtpReceiver._handle_rtcp_packet = handle_rtcp
 # Decoded frames keep their RTP timestamps (aiortc would start each track at 0), so the sender
