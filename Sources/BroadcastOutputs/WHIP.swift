@@ -86,13 +86,18 @@ public struct WebRTCFigures: Sendable, Hashable {
     public var packetsLost: Int?
     public var fractionLost: Double?
     public var roundTripSeconds: Double?
+    /// Changes when a new receiver report came (for any stream); 0 until one came.
+    public var reportKey: UInt64
 
-    public init(bytesSent: Int64, packetsSent: Int64, packetsLost: Int?, fractionLost: Double?, roundTripSeconds: Double?) {
+    public init(
+        bytesSent: Int64, packetsSent: Int64, packetsLost: Int?, fractionLost: Double?, roundTripSeconds: Double?, reportKey: UInt64 = 0
+    ) {
         self.bytesSent = bytesSent
         self.packetsSent = packetsSent
         self.packetsLost = packetsLost
         self.fractionLost = fractionLost
         self.roundTripSeconds = roundTripSeconds
+        self.reportKey = reportKey
     }
 }
 
@@ -257,9 +262,9 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
     private var rtcpSeen = 0
     private var rtcpAt = MonotonicInstant.now()
     private var figuresAt = MonotonicInstant.now()
-    /// When webrtcbin's stats were last read, and the viewer's RTCP packets counted then.
+    /// When webrtcbin's stats were last read, and the receiver reports they held then.
     private var statsAt = MonotonicInstant.now()
-    private var reportsSeen = 0
+    private var reportsSeen: UInt64 = 0
     private var bytesBefore: Int64 = 0
     private var windowBytes: Int64 = 0
     private var windowStart = MonotonicInstant.now()
@@ -432,7 +437,7 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
         livenessCheckedAt = nil
         figuresAt = now
         statsAt = now
-        reportsSeen = peer!.rtcpReceived.packets
+        reportsSeen = 0
         windowStart = now
         windowBytes = 0
         publishState()
@@ -564,8 +569,6 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
         }
         guard statsAt.duration(to: now) >= Self.statsInterval else { return }
         statsAt = now
-        // RTCP that came since the last look: the figures hold a new receiver report.
-        let rtcp = peer.rtcpReceived.packets
         guard let figures = peer.figures() else { return }
         let window = figuresAt.duration(to: now)
         if window >= .seconds(1) {
@@ -577,8 +580,9 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
         if let rtt = figures.roundTripSeconds { status.roundTripMicroseconds.store(Int((rtt * 1e6).rounded()), ordering: .relaxed) }
         if let lost = figures.packetsLost { status.packetsLost.store(lost, ordering: .relaxed) }
         if let fraction = figures.fractionLost { status.fractionLostPPM.store(Int((fraction * 1e6).rounded()), ordering: .relaxed) }
-        if figures.fractionLost != nil, rtcp != reportsSeen {
-            reportsSeen = rtcp
+        // A new receiver report (not the viewer's NACKs or PLIs: they are RTCP too).
+        if figures.fractionLost != nil, figures.reportKey != reportsSeen {
+            reportsSeen = figures.reportKey
             // After the figures: a reader that sees the count sees them (or newer).
             status.receiverReports.wrappingIncrement(ordering: .releasing)
         }
