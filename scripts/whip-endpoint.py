@@ -6,7 +6,10 @@ DELETE /session/ID ends it. It decodes what arrives (H.264 through FFmpeg, Opus 
 and reports on GET /state (JSON): requests counted, frames decoded, keyframes seen (IDR in the RTP
 payload), and A/V sync: each white frame of the test pattern against the tone's nearest beep onset,
 both placed on the sender's clock by its RTCP sender reports (what a player's lip sync uses).
-POST /pli sends a Picture Loss Indication on the current video track.
+POST /pli sends a Picture Loss Indication on the current video track. POST /loss?fraction=F puts
+loss on the path: from then on that fraction of the RTP packets that arrive (chosen at random) is
+dropped before aiortc handles them, so its receiver reports count them as lost (as a lossy network
+would); GET /state says how many were dropped ("rtp_dropped").
 
 The answer takes the DTLS role aiortc chooses (setup:active: it is the DTLS client, the publisher
 the server) unless --setup passive makes it the server; GET /state says which ("setup").
@@ -18,10 +21,13 @@ import array
 import asyncio
 import json
 import logging
+import random
 import signal
+import socket
 import time
 import uuid
 
+import aioice.ice
 import aiortc.rtcrtpreceiver
 from aiohttp import web
 from aiortc import RTCPeerConnection, RTCSessionDescription
@@ -41,7 +47,9 @@ for pt, profile in ((120, "64001f"), (121, "640c1f"), (122, "4d001f")):
 state = {
     "posts": 0, "refused": 0, "deletes": 0, "sessions": 0, "video_frames": 0, "audio_frames": 0,
     "video_codec": None, "audio_codec": None, "keyframes": [], "pli_at": None, "white_frames": 0, "beeps": 0, "white_runs": [],
+    "loss": 0.0, "rtp_dropped": 0,
 }
+lossy = random.Random(36)
 sender_reports = {}  # kind -> (ntp seconds, rtp timestamp)
 ssrcs = {}  # kind -> ssrc
 receivers = {}  # kind -> receiver
@@ -72,6 +80,9 @@ def is_idr(payload):
 
 
 async def handle_rtp(self, packet, arrival_time_ms):
+    if state["loss"] > 0 and lossy.random() < state["loss"]:
+        state["rtp_dropped"] += 1
+        return
     kind = self._RTCRtpReceiver__kind
     ssrcs[kind] = packet.ssrc
     receivers[kind] = self
@@ -89,6 +100,28 @@ async def handle_rtcp(self, packet):
     return await _original_rtcp(self, packet)
 
 
+# Each ICE socket gets an 8 MB receive buffer: on a loaded machine the event loop can stall for a
+# second or two, and the default (about 200 KB) then overflows; the kernel's drops would be loss
+# the tests did not put on the path (their receiver reports would say so, and an adaptive
+# sender would rightly lower its bitrate).
+_connection_made = aioice.ice.StunProtocol.connection_made
+
+
+def connection_made(self, transport):
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        for option in (getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF):
+            if option is None:
+                continue
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, option, 8 << 20)
+                break
+            except OSError:
+                pass
+    return _connection_made(self, transport)
+
+
+aioice.ice.StunProtocol.connection_made = connection_made
 RTCRtpReceiver._handle_rtp_packet = handle_rtp
 RTCRtpReceiver._handle_rtcp_packet = handle_rtcp
 # Decoded frames keep their RTP timestamps (aiortc would start each track at 0), so the sender
@@ -220,6 +253,11 @@ async def pli(request):
     return web.json_response({"pli_at": state["pli_at"]})
 
 
+async def loss(request):
+    state["loss"] = float(request.query["fraction"])
+    return web.json_response({"loss": state["loss"]})
+
+
 async def get_state(request):
     result = dict(state)
     now = time.monotonic()
@@ -245,6 +283,7 @@ async def main():
     app.router.add_post("/whip/{name:.*}", post)
     app.router.add_delete("/session/{id}", delete)
     app.router.add_post("/pli", pli)
+    app.router.add_post("/loss", loss)
     app.router.add_get("/state", get_state)
     runner = web.AppRunner(app)
     await runner.setup()

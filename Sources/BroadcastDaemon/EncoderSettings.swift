@@ -199,9 +199,7 @@ public struct OutputEncode: Sendable, Hashable {
     /// Why `destination` cannot adapt its bitrate, or nil.
     public static func adaptiveProblem(_ destination: OutputDestination) -> String? {
         switch destination {
-        case .file(let path): "adaptive is for live outputs (rtmp://, rtmps://, srt://), not the file \(path)"
-        case .live(let url) where url.scheme.isWHIP:
-            "adaptive is for rtmp://, rtmps:// and srt:// outputs; \(url.redacted) (WHIP) does not adapt yet"
+        case .file(let path): "adaptive is for live outputs (rtmp://, rtmps://, srt://, whip+https://), not the file \(path)"
         case .live: nil
         }
     }

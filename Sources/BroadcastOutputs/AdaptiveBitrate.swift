@@ -9,6 +9,15 @@
 /// accepted over the last second) is the best estimate of the path, so the target goes a little
 /// below it at once. Raising is a probe: a step of a tenth of the range after a calm stretch, so a
 /// path that is still narrow costs a short backlog, not a frozen picture.
+///
+/// A WebRTC (WHIP) output has a second input: what the receiver reports over RTCP (its receiver
+/// reports: the fraction of packets lost since its last report, and the round-trip time). Its
+/// packets leave at once (the output's backlog stays near zero whatever the path does) and a
+/// congested path shows as loss and a growing round trip instead. The rules are those of the
+/// loss-based half of browsers' congestion control (GCC): loss over 10 % lowers the target to
+/// `target × (1 − loss / 2)`, loss from 2 % to 10 % holds it, less lets it rise as above; a round
+/// trip grown well past its baseline (the lowest of the last 10 to 20 s) holds it, and lowers it
+/// to 85 % past 250 ms. Decreases, whichever input asks, come at most once a second.
 public struct AdaptiveBitrateController: Sendable {
     public let minimum: Int
     public let maximum: Int
@@ -26,6 +35,16 @@ public struct AdaptiveBitrateController: Sendable {
     /// Calm time before a step up after a decrease (the path was narrow a moment ago).
     public static let calmAfterDecrease: Int64 = 4_000_000_000
 
+    /// Receiver reports: loss past which the target goes down, and under which it may go up.
+    public static let lossyFraction = 0.10
+    public static let cleanFraction = 0.02
+    /// Round-trip growth past the baseline that holds the target, and that lowers it (the path's
+    /// queue grew by that much).
+    public static let roundTripHoldGrowth: Int64 = 100_000_000
+    public static let roundTripDecreaseGrowth: Int64 = 250_000_000
+    /// The round trip's baseline is the lowest of this window and the one before.
+    static let roundTripWindowLength: Int64 = 10_000_000_000
+
     private var lastChange: Int64?
     private var lastDecrease: Int64?
     private var calmSince: Int64?
@@ -37,6 +56,8 @@ public struct AdaptiveBitrateController: Sendable {
     private var growth = 0.0
     /// A window of the backlog's growth.
     static let growthWindowLength: Int64 = 250_000_000
+    /// The lowest round trip in the current window (which began at `start`) and in the one before.
+    private var roundTrips: (start: Int64, current: Int64, previous: Int64?)?
 
     public init(minimum: Int, maximum: Int) {
         precondition(minimum > 0 && minimum <= maximum, "adaptive range \(minimum)...\(maximum)")
@@ -100,5 +121,48 @@ public struct AdaptiveBitrateController: Sendable {
         target = next
         lastChange = now
         return next
+    }
+
+    /// One receiver report (WebRTC's RTCP) at `now`: the fraction of packets it says were lost
+    /// since its previous one (0...1) and the round-trip time it gave (ns; nil unknown). Feed each
+    /// report once. Returns the new target when it changed.
+    public mutating func observe(now: Int64, fractionLost: Double, roundTrip: Int64?) -> Int? {
+        var lowered: Double?
+        var held = false
+        if fractionLost > Self.lossyFraction {
+            lowered = Double(target) * (1 - 0.5 * min(1, fractionLost))
+        } else if fractionLost >= Self.cleanFraction {
+            held = true
+        }
+        if let roundTrip, roundTrip > 0 {
+            let baseline = noteRoundTrip(roundTrip, at: now)
+            let growth = roundTrip - baseline
+            if growth > Self.roundTripDecreaseGrowth, roundTrip > 2 * baseline {
+                lowered = min(lowered ?? .infinity, Double(target) * 0.85)
+            } else if growth > Self.roundTripHoldGrowth, roundTrip > 2 * baseline {
+                held = true
+            }
+        }
+        // Lossy or slow: the calm that lets the target rise starts again.
+        if lowered != nil || held { calmSince = nil }
+        guard let lowered else { return nil }
+        if let lastDecrease, now - lastDecrease < Self.decreaseInterval { return nil }
+        lastDecrease = now
+        return change(to: max(minimum, Int(lowered)), at: now)
+    }
+
+    /// Notes a round trip; returns the baseline (the lowest of this window and the one before).
+    private mutating func noteRoundTrip(_ roundTrip: Int64, at now: Int64) -> Int64 {
+        guard var windows = roundTrips else {
+            roundTrips = (now, roundTrip, nil)
+            return roundTrip
+        }
+        if now - windows.start >= Self.roundTripWindowLength {
+            windows = (now, roundTrip, windows.current)
+        } else {
+            windows.current = min(windows.current, roundTrip)
+        }
+        roundTrips = windows
+        return min(windows.current, windows.previous ?? windows.current)
     }
 }

@@ -504,9 +504,21 @@ public final class EncodingHandler: BroadcastSampleHandler {
         else { return }
         let (backlog, sent) = output.congestion
         let audio = configuration.audio?.bitrate ?? 0
-        if let target = controller.observe(now: MonotonicClock().now(), backlog: backlog, sentBitsPerSecond: sent, audioBitsPerSecond: audio) {
+        let now = MonotonicClock().now()
+        if let target = controller.observe(now: now, backlog: backlog, sentBitsPerSecond: sent, audioBitsPerSecond: audio) {
             encode.encoder.setBitrate(target)
             logger.notice("stream \(output.target): adapting: video at \(target / 1000) of \(controller.maximum / 1000) kb/s (backlog \(backlog / 1_000_000) ms)")
+        }
+        // A WebRTC output: each new receiver report, once.
+        let report = output.receiverReport
+        if report.count != encode.reportsSeen {
+            encode.reportsSeen = report.count
+            if let target = controller.observe(now: now, fractionLost: report.fractionLost, roundTrip: report.roundTrip) {
+                encode.encoder.setBitrate(target)
+                let rtt = report.roundTrip.map { ", round trip \($0 / 1_000_000) ms" } ?? ""
+                logger.notice(
+                    "stream \(output.target): adapting: video at \(target / 1000) of \(controller.maximum / 1000) kb/s (the viewer lost \(Int((report.fractionLost * 100).rounded())) %\(rtt))")
+            }
         }
         output.adapted(to: controller.target, of: controller.maximum)
         encode.controller = controller

@@ -107,6 +107,9 @@ final class OutputStatus: Sendable {
     let packetsLost = ManagedAtomic<Int>(-1)
     let fractionLostPPM = ManagedAtomic<Int>(-1)
     let keyframeRequests = ManagedAtomic<Int>(0)
+    /// WebRTC outputs: receiver reports seen (counted after `fractionLostPPM` and
+    /// `roundTripMicroseconds` took the report's figures).
+    let receiverReports = ManagedAtomic<Int>(0)
     /// An adaptive output's video bitrate asked of its encode now, and the most it may be (0: not adaptive).
     let targetBitrate = ManagedAtomic<Int>(0)
     let maximumBitrate = ManagedAtomic<Int>(0)
@@ -306,6 +309,15 @@ public final class Output: @unchecked Sendable {
     /// second the socket took over the last second.
     var congestion: (backlog: Int64, sentBitsPerSecond: Int) {
         (status.backlog.load(ordering: .relaxed) + status.transportBacklog.load(ordering: .relaxed), status.bitrate.load(ordering: .relaxed))
+    }
+
+    /// A WebRTC output's receiver reports (session thread; atomics only): how many came, and the
+    /// newest's fraction lost and round-trip time (ns; nil unknown). 0 reports for other outputs.
+    var receiverReport: (count: Int, fractionLost: Double, roundTrip: Int64?) {
+        let count = status.receiverReports.load(ordering: .acquiring)
+        let fraction = Double(max(0, status.fractionLostPPM.load(ordering: .relaxed))) / 1e6
+        let rtt = status.roundTripMicroseconds.load(ordering: .relaxed)
+        return (count, fraction, rtt > 0 ? Int64(rtt) * 1000 : nil)
     }
 
 

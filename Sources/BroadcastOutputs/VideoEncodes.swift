@@ -12,6 +12,8 @@ final class ExtraVideoEncode {
     let status: VideoEncodeStatus
     /// An adaptive output's encode: its bitrate's controller.
     var controller: AdaptiveBitrateController?
+    /// The output's receiver reports (WebRTC) the controller has seen.
+    var reportsSeen = 0
 
     init(asked: VideoEncoderSettings, encoder: VideoEncoder, stream: StreamDescription, adaptiveMinimum: Int?) {
         self.asked = asked

@@ -86,13 +86,18 @@ public struct WebRTCFigures: Sendable, Hashable {
     public var packetsLost: Int?
     public var fractionLost: Double?
     public var roundTripSeconds: Double?
+    /// Changes when a new receiver report came (for any stream); 0 until one came.
+    public var reportKey: UInt64
 
-    public init(bytesSent: Int64, packetsSent: Int64, packetsLost: Int?, fractionLost: Double?, roundTripSeconds: Double?) {
+    public init(
+        bytesSent: Int64, packetsSent: Int64, packetsLost: Int?, fractionLost: Double?, roundTripSeconds: Double?, reportKey: UInt64 = 0
+    ) {
         self.bytesSent = bytesSent
         self.packetsSent = packetsSent
         self.packetsLost = packetsLost
         self.fractionLost = fractionLost
         self.roundTripSeconds = roundTripSeconds
+        self.reportKey = reportKey
     }
 }
 
@@ -257,6 +262,9 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
     private var rtcpSeen = 0
     private var rtcpAt = MonotonicInstant.now()
     private var figuresAt = MonotonicInstant.now()
+    /// When webrtcbin's stats were last read, and the receiver reports they held then.
+    private var statsAt = MonotonicInstant.now()
+    private var reportsSeen: UInt64 = 0
     private var bytesBefore: Int64 = 0
     private var windowBytes: Int64 = 0
     private var windowStart = MonotonicInstant.now()
@@ -265,6 +273,10 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
     private var livenessCheckedAt: MonotonicInstant?
     /// What "now" is for every decision (the tests' own clock in unit tests).
     private let clock: @Sendable () -> MonotonicInstant
+
+    /// How often webrtcbin's stats (the viewer's receiver reports) are read: a few times for each
+    /// report (a viewer sends one about every second), never per packet.
+    static var statsInterval: Duration { .milliseconds(500) }
 
     /// How often a live session's peer is asked whether it still stands.
     static var livenessInterval: Duration { .milliseconds(100) }
@@ -424,6 +436,8 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
         keyframeRequestsSeen = peer!.keyframeRequests
         livenessCheckedAt = nil
         figuresAt = now
+        statsAt = now
+        reportsSeen = 0
         windowStart = now
         windowBytes = 0
         publishState()
@@ -537,7 +551,8 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
     }
 
     /// The viewer's keyframe requests (at most one a second reaches the encoder) and, once a
-    /// second, the RTCP figures: bitrate, round-trip time, loss.
+    /// `statsInterval`, the RTCP figures: round-trip time, loss (a new receiver report counted for
+    /// an adaptive output's controller), and once a second the bitrate.
     private func watchFigures(now: MonotonicInstant) {
         guard let peer else { return }
         let requests = peer.keyframeRequests
@@ -552,15 +567,25 @@ final class WHIPWorker: OutputWorker, @unchecked Sendable {
             output.keyframeRequest.store(true, ordering: .releasing)
             logger.debug("stream \(url.redacted): the viewer asked for a keyframe (PLI/FIR)")
         }
-        guard figuresAt.duration(to: now) >= .seconds(1), let figures = peer.figures() else { return }
+        guard statsAt.duration(to: now) >= Self.statsInterval else { return }
+        statsAt = now
+        guard let figures = peer.figures() else { return }
         let window = figuresAt.duration(to: now)
-        let total = bytesBefore + figures.bytesSent
-        status.bitrate.store(Int(Double(max(0, total - status.bytes.load(ordering: .relaxed)) * 8) / window.inSeconds), ordering: .relaxed)
-        status.bytes.store(total, ordering: .relaxed)
-        figuresAt = now
+        if window >= .seconds(1) {
+            let total = bytesBefore + figures.bytesSent
+            status.bitrate.store(Int(Double(max(0, total - status.bytes.load(ordering: .relaxed)) * 8) / window.inSeconds), ordering: .relaxed)
+            status.bytes.store(total, ordering: .relaxed)
+            figuresAt = now
+        }
         if let rtt = figures.roundTripSeconds { status.roundTripMicroseconds.store(Int((rtt * 1e6).rounded()), ordering: .relaxed) }
         if let lost = figures.packetsLost { status.packetsLost.store(lost, ordering: .relaxed) }
         if let fraction = figures.fractionLost { status.fractionLostPPM.store(Int((fraction * 1e6).rounded()), ordering: .relaxed) }
+        // A new receiver report (not the viewer's NACKs or PLIs: they are RTCP too).
+        if figures.fractionLost != nil, figures.reportKey != reportsSeen {
+            reportsSeen = figures.reportKey
+            // After the figures: a reader that sees the count sees them (or newer).
+            status.receiverReports.wrappingIncrement(ordering: .releasing)
+        }
     }
 
     /// Performs what the state machine decided after a connect failed or the session was lost.

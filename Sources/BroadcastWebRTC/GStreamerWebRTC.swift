@@ -127,7 +127,8 @@ final class GStreamerPeer: WebRTCPeer {
         return WebRTCFigures(
             bytesSent: Int64(stats.bytes_sent), packetsSent: Int64(stats.packets_sent),
             packetsLost: remote ? Int(stats.packets_lost) : nil, fractionLost: remote ? stats.fraction_lost : nil,
-            roundTripSeconds: remote && stats.round_trip_seconds > 0 ? stats.round_trip_seconds : nil)
+            roundTripSeconds: remote && stats.round_trip_seconds > 0 ? stats.round_trip_seconds : nil,
+            reportKey: stats.report_key)
     }
 
     private static func text(_ buffer: [CChar]) -> String {

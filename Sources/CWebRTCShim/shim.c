@@ -609,9 +609,21 @@ static gboolean add_stats(GQuark field, const GValue *value, gpointer data) {
         if (gst_structure_get_uint64(s, "packets-sent", &packets)) stats->packets_sent += packets;
     } else if (type == GST_WEBRTC_STATS_REMOTE_INBOUND_RTP) {
         gint lost = 0;
+        gint64 lost64 = 0;
         gdouble rtt = 0, fraction = 0;
         stats->has_remote = 1;
-        if (gst_structure_get_int(s, "packets-lost", &lost)) stats->packets_lost += lost;
+        // packets-lost is a gint64 in webrtcbin 1.22 (a gint in older ones).
+        if (gst_structure_get_int64(s, "packets-lost", &lost64)) stats->packets_lost += lost64;
+        else if (gst_structure_get_int(s, "packets-lost", &lost)) stats->packets_lost += lost;
+        // The report's own fields (rtpsession's source stats, nested): a new report moves them.
+        const GValue *source = gst_structure_get_value(s, "gst-rtpsource-stats");
+        if (source && GST_VALUE_HOLDS_STRUCTURE(source)) {
+            const GstStructure *rb = gst_value_get_structure(source);
+            guint highest = 0, dlsr = 0;
+            gst_structure_get_uint(rb, "rb-exthighestseq", &highest);
+            gst_structure_get_uint(rb, "rb-dlsr", &dlsr);
+            stats->report_key += ((uint64_t)highest << 32) + dlsr + 1;
+        }
         if (gst_structure_get_double(s, "round-trip-time", &rtt) && rtt > stats->round_trip_seconds) stats->round_trip_seconds = rtt;
         if (gst_structure_get_double(s, "fraction-lost", &fraction) && fraction > stats->fraction_lost) stats->fraction_lost = fraction;
     }

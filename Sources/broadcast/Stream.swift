@@ -56,7 +56,7 @@ struct Stream: ParsableCommand {
     @Option(name: .customLong("output"), help: ArgumentHelp("Another output, a URL or a file; repeatable.", valueName: "url-or-file"))
     var outputs: [String] = []
 
-    @Flag(help: "Live outputs follow their network: each gets an encode of its own whose video bitrate goes down within about a second when the send backlog grows (to a little under what the path takes) and back up in steps while it stays empty, between --min-video-bitrate and --video-bitrate. The recording keeps its full bitrate.")
+    @Flag(help: "Live outputs follow their network: each gets an encode of its own whose video bitrate goes down within about a second when the send backlog grows (to a little under what the path takes) and back up in steps while it stays empty, between --min-video-bitrate and --video-bitrate. A WHIP output follows what its viewer reports over RTCP instead: loss over 10 % lowers it, under 2 % lets it rise. The recording keeps its full bitrate.")
     var adaptive = false
 
     @Option(name: .customLong("min-video-bitrate"), help: ArgumentHelp("With --adaptive: the lowest video bitrate (default: a quarter of --video-bitrate).", valueName: "rate"))

@@ -169,3 +169,100 @@ import Testing
         try expectDecodesCleanly(dir.path("rec.mkv"))
     }
 }
+
+/// Adaptive WHIP outputs: the controller follows what the viewer (aiortc) reports over RTCP. The
+/// endpoint drops a fifth of the RTP packets that reach it for ten seconds (its receiver reports
+/// count them as lost, as on a lossy network): the target goes down during the loss and back up
+/// after, never below the minimum. Without loss it stays at the maximum.
+@Suite(.serialized) struct AdaptiveWHIPTests {
+    /// The targets from the "adapting: video at N of M kb/s" lines (kb/s).
+    static func targets(_ stderr: String) -> [Int] {
+        stderr.split(separator: "\n").compactMap { line -> Int? in
+            guard let range = line.range(of: "adapting: video at ") else { return nil }
+            return Int(line[range.upperBound...].prefix { $0.isNumber })
+        }
+    }
+
+    @Test(arguments: [true, false])
+    func theViewersLossLowersTheBitrateAndItComesBack(lossy: Bool) throws {
+        let endpoint = try WHIPEndpoint(token: nil)
+        defer { endpoint.stop() }
+        let child = try Child(
+            broadcastBinary,
+            ["stream", endpoint.url, "--size", "320x180", "--preset", "ultrafast", "--video-bitrate", "800k", "--audio-bitrate", "32k",
+             "--duration", lossy ? "40s" : "20s", "--adaptive", "--min-video-bitrate", "200k"])
+        defer { child.signal(SIGKILL) }
+        #expect(child.waitForStderr { $0.contains(": live") }, "the stream never went live: \(child.stderrSoFar)")
+        usleep(5_000_000)
+        var duringLoss: [Int] = []
+        if lossy {
+            try endpoint.setLoss(0.2)
+            usleep(10_000_000)
+            try endpoint.setLoss(0)
+            duringLoss = Self.targets(child.stderrSoFar)
+        }
+        let r = child.wait(timeout: 120)
+        #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(3000))")
+        let state = try endpoint.state()
+        let targets = Self.targets(r.stderr)
+        print("WHIP adaptive (\(lossy ? "20 % loss for 10 s" : "no loss")): targets \(targets) kb/s; \(state["rtp_dropped"] ?? 0) RTP packets dropped by the endpoint")
+        #expect(targets.allSatisfy { $0 >= 200 && $0 <= 800 }, "\(targets)")
+        if lossy {
+            #expect(duringLoss.contains { $0 < 800 }, "the loss did not lower the target: \(duringLoss) \(r.stderr.suffix(3000))")
+            let lowest = try #require(targets.min())
+            #expect(targets.last.map { $0 > lowest } == true, "the target did not come back after the loss: \(targets)")
+            #expect((state["rtp_dropped"] as? NSNumber)?.intValue ?? 0 > 0, "\(state)")
+        } else {
+            // A clean path: never moved from the maximum.
+            #expect(targets.isEmpty, "\(targets): \(r.stderr.suffix(3000))")
+        }
+    }
+
+    /// The daemon: `adaptive = true` on a WHIP `[[output]]` starts (it was refused), and the
+    /// viewer's loss shows as a `bitrate` event and the target in the status.
+    @Test func theDaemonsWHIPOutputAdaptsToo() throws {
+        let endpoint = try WHIPEndpoint(token: nil)
+        defer { endpoint.stop() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        let config = """
+            [video]
+            size = "320x180"
+            [encoder]
+            preset = "ultrafast"
+            video_bitrate = "800k"
+            audio_bitrate = "32k"
+            [control]
+            socket = "\(socket)"
+            [[output]]
+            name = "rec"
+            path = "\(dir.path("rec.mkv"))"
+            [[output]]
+            name = "live"
+            url = "\(endpoint.url)"
+            adaptive = true
+            min_video_bitrate = "200k"
+            """
+        let daemon = try spawnDaemon(config: config, in: dir)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        #expect(try endpoint.waitFor { ($0["video_frames"] as? NSNumber)?.intValue ?? 0 >= 30 }, "aiortc decoded nothing: \(daemon.stderrSoFar.suffix(2000))")
+        let watcher = try #require(SocketConnection(socket))
+        watcher.send("GET /v1/events HTTP/1.1\r\n\r\n")
+        #expect(watcher.read(until: "event: state"), "\(watcher.text)")
+        try endpoint.setLoss(0.2)
+        #expect(watcher.read(until: "event: bitrate"), "no bitrate event: \(watcher.text.suffix(2000)) \(daemon.stderrSoFar.suffix(2000))")
+        #expect(watcher.text.contains("\"output\":\"live\""), "\(watcher.text.suffix(2000))")
+        let status = try broadcast(["status", "--json", "--socket", socket]).stdout
+        try endpoint.setLoss(0)
+        let json = try JSONSerialization.jsonObject(with: Data(status.utf8)) as? [String: Any]
+        let live = (json?["outputs"] as? [[String: Any]])?.first { $0["name"] as? String == "live" }
+        let target = try #require(live?["target_bitrate"] as? Double, "\(status)")
+        #expect(target < 800_000 && target >= 200_000 && live?["max_bitrate"] as? Double == 800_000, "\(status)")
+        // The viewer's reports, in the status too.
+        let webrtc = live?["webrtc"] as? [String: Any]
+        #expect((webrtc?["packets_lost"] as? Double ?? 0) > 0, "\(status)")
+        daemon.signal(SIGTERM)
+        #expect(daemon.wait(timeout: 60).status == 0)
+    }
+}

@@ -72,7 +72,6 @@ import Testing
         (["--min-video-bitrate", "500k"], "--min-video-bitrate applies to --adaptive streams: add --adaptive"),
         (["--adaptive", "--min-video-bitrate", "5M"], "invalid --min-video-bitrate 5000k: above the output's video bitrate (3000k)"),
         (["--adaptive", "--min-video-bitrate", "fast"], "invalid --min-video-bitrate 'fast'"),
-        (["--adaptive", "--output", "whip+http://127.0.0.1:9/whip"], "(WHIP) does not adapt yet"),
     ] as [([String], String)])
     func badEncodesExit2WithOneLine(arguments: [String], message: String) throws {
         let dir = try TemporaryDirectory()

@@ -73,6 +73,13 @@ final class WHIPEndpoint {
         try run("/usr/bin/curl", ["-sf", "-X", "POST", "http://127.0.0.1:\(port)/pli"]).status == 0
     }
 
+    /// Drops `fraction` of the RTP packets that arrive from now on, before aiortc handles them:
+    /// its receiver reports count them as lost.
+    func setLoss(_ fraction: Double) throws {
+        let r = try run("/usr/bin/curl", ["-sf", "-X", "POST", "http://127.0.0.1:\(port)/loss?fraction=\(fraction)"])
+        guard r.status == 0 else { throw ProbeError(message: "POST /loss: \(r.status) \(r.stderr)") }
+    }
+
     /// Polls until `condition` holds (a guard against hanging, not a measurement).
     func waitFor(timeout: Double = 60, _ condition: ([String: Any]) -> Bool) throws -> Bool {
         let deadline = Date().addingTimeInterval(timeout)

@@ -60,6 +60,9 @@ typedef struct {
     int64_t packets_lost;
     double fraction_lost;
     double round_trip_seconds;
+    /// Changes whenever a new receiver report came for any stream (a sum over the streams of each
+    /// report's extended highest sequence number and delay since the last SR); 0 until one came.
+    uint64_t report_key;
 } CBroadcastWHIPStats;
 
 /// webrtcbin's get-stats, summed over the streams; 0 on success.
