@@ -256,7 +256,7 @@ public enum Options {
     }
     /// Why `--app-denoise` / `app_denoise` is refused (it is not an option, but a likely guess).
     public static let appDenoiseRefusal =
-        "noise suppression is for the microphone only (--mic-denoise): it would eat the quiet parts of music and games, which are not noise"
+        "noise suppression is for the microphone only (--mic-denoise): music and game audio must not be treated as noise"
     /// A source's volume in decibels: "-6dB", "-6", "+3dB", from -60 to +20 (0: as captured).
     public static let volumeRange: ClosedRange<Double> = -60...20
     static func volume(_ text: String, option: String) throws -> Double {
