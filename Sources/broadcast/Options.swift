@@ -120,7 +120,7 @@ struct EncoderOptions: ParsableArguments {
 
     @Flag(
         name: .customLong("mic-denoise"),
-        help: "Suppress the microphone's steady background noise (fan, hum, hiss) before its track and the mix (WebRTC's noise suppressor, about 0.4 % of a core; not the application audio). Daemon: [audio] mic_denoise = true.")
+        help: "Suppress the microphone's steady background noise (fan, hum, hiss) before its track and the mix (WebRTC's noise suppressor, about 0.3 % of a core; not the application audio). Daemon: [audio] mic_denoise = true.")
     var micDenoise = false
 
     /// Not an option: refused with why (noise suppression is for the microphone).
