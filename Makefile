@@ -23,7 +23,7 @@ DESKTOP_APT_PACKAGES := dbus pipewire pipewire-bin wireplumber pipewire-pulse pu
 APT_PACKAGES := pkg-config libsrt-gnutls-dev libgstreamer1.0-dev libgstreamer-plugins-bad1.0-dev gstreamer1.0-plugins-bad gstreamer1.0-nice gstreamer1.0-plugins-good libcurl4-gnutls-dev libavcodec-dev libavformat-dev libavutil-dev libswscale-dev \
                 libswresample-dev libv4l-dev libasound2-dev ffmpeg nginx libnginx-mod-rtmp libnginx-mod-stream openssl srt-tools janus janus-tools \
                 libxcb1-dev libxcb-shm0-dev libxcb-xfixes0-dev libxcb-damage0-dev xvfb x11-apps \
-                libpipewire-0.3-dev libsystemd-dev strace chromium chromium-driver \
+                libpipewire-0.3-dev libsystemd-dev libwebrtc-audio-processing-dev strace chromium chromium-driver \
                 $(DESKTOP_APT_PACKAGES)
 
 .PHONY: deps build release demo test test-unit docs clean vm-deps vm-test vm-test-systemd unit-security install

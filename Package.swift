@@ -82,6 +82,15 @@ let package = Package(
             apt: ["libgstreamer1.0-dev", "libgstreamer-plugins-bad1.0-dev", "libgstreamer-plugins-base1.0-dev"]
         ),
         systemLibrary("CCurl", pkgConfig: "libcurl", apt: ["libcurl4-gnutls-dev"]),
+        // The microphone's noise suppression: webrtc-audio-processing is C++, so a C++ shim with a
+        // C API (CDenoiseShim.h) includes it; the system module brings its pkg-config flags and link.
+        systemLibrary("CWebRTCAudioProcessing", pkgConfig: "webrtc-audio-processing", apt: ["libwebrtc-audio-processing-dev"]),
+        .target(
+            name: "CDenoiseShim", dependencies: ["CWebRTCAudioProcessing"], path: "Sources/CDenoiseShim",
+            // The defines its pkg-config file sets (SwiftPM passes on only its include path).
+            cxxSettings: [.define("WEBRTC_POSIX"), .define("WEBRTC_AUDIO_PROCESSING_ONLY_BUILD")],
+            linkerSettings: [.linkedLibrary("webrtc_audio_processing"), .linkedLibrary("stdc++")]
+        ),
         .target(
             name: "CWebRTCShim", dependencies: ["CGStreamerWebRTC", "CCurl"], path: "Sources/CWebRTCShim",
             linkerSettings: ["gstwebrtc-1.0", "gstapp-1.0", "gstsdp-1.0", "gstrtp-1.0", "gstbase-1.0", "gstreamer-1.0", "gobject-2.0", "glib-2.0", "curl", "crypto"]
@@ -109,7 +118,7 @@ let package = Package(
         .target(
             name: "BroadcastMedia",
             dependencies: [
-                "BroadcastKit", "CAVCodec", "CAVFormat", "CAVUtil", "CSwScale", "CSwResample", "CFFmpegShim",
+                "BroadcastKit", "CAVCodec", "CAVFormat", "CAVUtil", "CSwScale", "CSwResample", "CFFmpegShim", "CDenoiseShim",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: swiftSettings

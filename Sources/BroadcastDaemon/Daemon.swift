@@ -805,8 +805,12 @@ final class BroadcastController: Sendable {
         }
         // The running encode keeps its settings (its tracks, bitrate, preset ...): a changed
         // [encoder] key waits for the next start, and the answer says so.
+        // [audio] mic_denoise too: the suppressor is made with the encode (its state allocated at
+        // the start, none on the audio path), so a running broadcast keeps it on or off.
         let encoderChanges = previous.encoder.changedKeys(to: fresh.encoder).map {
-            "[\($0.replacing("encoder.", with: "encoder] ", maxReplacements: 1)): the running encode keeps its settings; this applies at the next start"
+            $0.hasPrefix("audio.")
+                ? "[\($0.replacing("audio.", with: "audio] ", maxReplacements: 1)): the running broadcast keeps its microphone's noise suppression as it started; this applies at the next start"
+                : "[\($0.replacing("encoder.", with: "encoder] ", maxReplacements: 1)): the running encode keeps its settings; this applies at the next start"
         }
         let report = ReloadReport(
             outputs: running.outputs.map(\.name), changes: changes, sources: applied?.changes ?? [],

@@ -141,6 +141,7 @@ public struct DaemonConfiguration: Sendable {
                 Options.audioPeriod.setting(\.sources.audioPeriodNanoseconds),
                 Options.micVolume.setting(\.encoder.micLevel.volumeDecibels), Options.appVolume.setting(\.encoder.appLevel.volumeDecibels),
                 Options.micMute.setting(\.encoder.micLevel.muted), Options.appMute.setting(\.encoder.appLevel.muted),
+                Options.micDenoise.setting(\.encoder.micDenoise),
             ]),
             "encoder": table([
                 Options.videoBitrate.setting(\.encoder.videoBitrate), Options.audioBitrate.setting(\.encoder.audioBitrate),
@@ -215,6 +216,9 @@ public struct DaemonConfiguration: Sendable {
                 message: "a TCP control listener needs a token: set control.token (at least 16 characters, e.g. \"${credential:control-token}\")")
         }
         try config.checkScenes()
+        if config.encoder.micDenoise, config.sources.audioMic == .none {
+            throw config.error(Options.micDenoise.name, EncoderSettings.noMicrophoneToDenoise)
+        }
         try config.check(openingDevices: openingDevices)
         // Nothing to do is a mistake, not a service: refuse before any socket or file exists.
         if config.outputs.isEmpty {
@@ -355,12 +359,15 @@ public struct DaemonConfiguration: Sendable {
     private mutating func readOption(_ key: String, _ entry: TOMLDocument.Entry, table: String, environment: [String: String]) throws {
         let dotted = "\(table).\(key)"
         let settings = Self.optionKeys[table]!
+        if table == "audio", key == "app_denoise" {
+            throw error(entry.line, dotted, Options.appDenoiseRefusal.replacing("--mic-denoise", with: "audio.mic_denoise"))
+        }
         guard let setting = settings[key] else {
             throw unknownKey(dotted, entry.line, known: settings.keys.sorted(), table: table)
         }
         let value: String
-        if case .boolean(let on) = entry.value, table == "audio", key.hasSuffix("_mute") {
-            value = on ? "true" : "false"  // mic_mute = true
+        if case .boolean(let on) = entry.value, table == "audio", key.hasSuffix("_mute") || key == "mic_denoise" {
+            value = on ? "true" : "false"  // mic_mute = true, mic_denoise = true
         } else {
             value = try scalarText(entry, key: dotted, environment: environment)
         }

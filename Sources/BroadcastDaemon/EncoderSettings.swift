@@ -27,8 +27,14 @@ public struct EncoderSettings: Sendable, Hashable {
     /// The microphone's and the application audio's volume (dB) and mute at the start.
     public var micLevel = AudioLevel()
     public var appLevel = AudioLevel()
+    /// The microphone's noise suppression (`--mic-denoise`, `[audio] mic_denoise`).
+    public var micDenoise: Bool = Options.micDenoise.defaultValue
 
     public init() {}
+
+    /// `--mic-denoise` with `--audio-mic none`: there is nothing it could apply to.
+    static let noMicrophoneToDenoise = OptionError(
+        Options.micDenoise.name, "--mic-denoise needs a microphone: --audio-mic is 'none'", others: [Options.audioMic.name])
 
     /// The `[encoder]` keys whose values differ in `other`, each as "key old → new", in the
     /// config's order; the levels (`[audio]`'s volumes and mutes) are not among them.
@@ -49,6 +55,7 @@ public struct EncoderSettings: Sendable, Hashable {
         compare(Options.profile.name, profile, other.profile) { $0 ?? "default" }
         compare(Options.threads.name, threads, other.threads) { "\($0)" }
         compare(Options.audioTracks.name, audioTracks, other.audioTracks) { $0.rawValue }
+        compare(Options.micDenoise.name, micDenoise, other.micDenoise) { "\($0)" }
         return changed
     }
 
@@ -162,6 +169,10 @@ public struct EncoderSettings: Sendable, Hashable {
         configuration.audioTracks = audioTracks
         configuration.audioSources = sources.map(\.type).filter(\.isAudio)
         configuration.audioLevels = [.audioMic: micLevel, .audioApp: appLevel]
+        if micDenoise {
+            guard configuration.audioSources.contains(.audioMic) else { throw Self.noMicrophoneToDenoise }
+            configuration.micDenoise = true
+        }
         configuration.video?.colour = colour
         configuration.webRTC = GStreamerWebRTC()
         try configuration.validate()

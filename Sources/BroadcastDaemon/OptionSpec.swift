@@ -250,6 +250,13 @@ public enum Options {
     public static let appMute = OptionSpec<Bool>("--mute-app", "audio.app_mute", default: "false") { text in
         try flag(text, option: "--mute-app")
     }
+    /// The microphone's noise suppression (`NoiseSuppressor`); refused without a microphone.
+    public static let micDenoise = OptionSpec<Bool>("--mic-denoise", "audio.mic_denoise", default: "false") { text in
+        try flag(text, option: "--mic-denoise")
+    }
+    /// Why `--app-denoise` / `app_denoise` is refused (it is not an option, but a likely guess).
+    public static let appDenoiseRefusal =
+        "noise suppression is for the microphone only (--mic-denoise): music and game audio must not be treated as noise"
     /// A source's volume in decibels: "-6dB", "-6", "+3dB", from -60 to +20 (0: as captured).
     public static let volumeRange: ClosedRange<Double> = -60...20
     static func volume(_ text: String, option: String) throws -> Double {

@@ -79,14 +79,17 @@ final class PlanarStorage {
 
     deinit { base.deallocate() }
 
-    /// Makes room for `frames` samples a channel; the contents are not kept.
-    func reserve(frames: Int) {
+    /// Makes room for `frames` samples a channel; the first `keeping` samples of each channel are
+    /// kept (none by default).
+    func reserve(frames: Int, keeping: Int = 0) {
         guard frames > capacity else { return }
-        base.deallocate()
+        let old = base, oldCapacity = capacity
         // Doubling, so a stream whose chunks vary a little settles after a reallocation or two.
         capacity = max(frames, capacity * 2)
         base = .allocate(capacity: capacity * channels)
         base.initialize(repeating: 0, count: capacity * channels)
+        for c in 0..<channels where keeping > 0 { (base + c * capacity).update(from: old + c * oldCapacity, count: min(keeping, oldCapacity)) }
+        old.deallocate()
     }
 
     func channel(_ c: Int) -> UnsafeMutableBufferPointer<Float> {

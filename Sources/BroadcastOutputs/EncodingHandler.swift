@@ -32,6 +32,9 @@ public struct EncodingConfiguration: Sendable {
     public var audioSources: [SampleBufferType] = [.audioMic, .audioApp]
     /// Each audio source's volume and mute at the start (`EncodingHandler.audioControl` changes them).
     public var audioLevels: [SampleBufferType: AudioLevel] = [:]
+    /// The microphone's samples go through noise suppression (`NoiseSuppressor`) before its track
+    /// and the mix. Only with a microphone among `audioSources` (`validate` refuses it otherwise).
+    public var micDenoise = false
 
     public init(
         video: VideoEncoderSettings?,
@@ -57,6 +60,9 @@ public struct EncodingConfiguration: Sendable {
             throw BroadcastError(.invalidArgument, "nothing to encode: neither video nor audio is configured")
         }
         if let problem = video?.problem() { throw BroadcastError(.invalidArgument, "video: \(problem)") }
+        if micDenoise, audio == nil || !audioSources.contains(.audioMic) {
+            throw BroadcastError(.invalidArgument, "noise suppression is for the microphone, and this broadcast has none")
+        }
         if frameRateMode == .vfr, let live = allOutputs.first(where: { $0.destination.isLive }) {
             throw BroadcastError(
                 .invalidArgument,
@@ -197,6 +203,8 @@ public final class EncodingHandler: BroadcastSampleHandler {
     /// The sources' volumes and mutes: set from any thread, applied from each source's next buffer.
     public let audioControl: AudioSourceControl
     private var resamplers: [SampleBufferType: Resampler] = [:]
+    /// `micDenoise`: the microphone's noise suppression, made at the start (state allocated once).
+    private var micDenoiser: NoiseSuppressor?
     /// Every output, in configuration order, from init on (their threads start with the broadcast),
     /// and the way to change them while the broadcast runs: read and asked from any thread.
     public let outputControl: OutputControl
@@ -310,6 +318,17 @@ public final class EncodingHandler: BroadcastSampleHandler {
                     case .source(let type):
                         sourceTracks.append(SourceTrack(type: type, encoder: encoder))
                     }
+                }
+                if configuration.micDenoise {
+                    let denoiser: NoiseSuppressor
+                    do {
+                        denoiser = try NoiseSuppressor(sampleRate: audio.sampleRate, channelCount: audio.channels)
+                    } catch {
+                        throw BroadcastError(.invalidArgument, "--mic-denoise: \(error)")
+                    }
+                    micDenoiser = denoiser
+                    logger.info(
+                        "audio: microphone noise suppression on (WebRTC, \(denoiser.frameSize)-sample frames, its \(denoiser.algorithmicDelay)-sample delay taken off the timestamps)")
                 }
             }
         } catch {
@@ -697,28 +716,40 @@ public final class EncodingHandler: BroadcastSampleHandler {
             // Lent from stage to stage (the resampler's storage, then the mixer's): no copies, no
             // allocation per buffer.
             let converted = try media { () throws(FFmpegError) in try resampler.resample(buffer, at: position) }
-            // The source's volume and mute, as set now (one atomic load): applied to its part of
-            // the mix and to its own track alike.
-            let gain = audioControl.gain(of: type)
-            if let audioEncoder, let mixer {
-                mixer.append(converted, from: type, gain: gain)
-                while let mixed = mixer.mixed() {
-                    if let index = mixTrackIndex { audioTrackTap?(index, mixed) }
-                    try route(media { () throws(FFmpegError) in try audioEncoder.encode(mixed) })
-                    if let opusEncoder { try route(media { () throws(FFmpegError) in try opusEncoder.encode(mixed) }, opus: true) }
-                    for extra in extraAudio where extra.track == mixTrackIndex {
-                        try route(media { () throws(FFmpegError) in try extra.encoder.encode(mixed) }, own: true)
-                    }
+            // The microphone denoised first (before its volume, its track and the mix), in the
+            // suppressor's 10 ms frames: what is ready comes out at its own positions.
+            if type == .audioMic, let micDenoiser {
+                try micDenoiser.denoise(converted) { denoised in try deliverAudio(denoised, of: type) }
+            } else {
+                try deliverAudio(converted, of: type)
+            }
+        }
+    }
+
+    /// Hands a source's samples (on the timeline, at the encoder's rate) to the mix and to the
+    /// source's own track. Session thread.
+    private func deliverAudio(_ converted: PlanarAudio, of type: SampleBufferType) throws {
+        // The source's volume and mute, as set now (one atomic load): applied to its part of
+        // the mix and to its own track alike.
+        let gain = audioControl.gain(of: type)
+        if let audioEncoder, let mixer {
+            mixer.append(converted, from: type, gain: gain)
+            while let mixed = mixer.mixed() {
+                if let index = mixTrackIndex { audioTrackTap?(index, mixed) }
+                try route(media { () throws(FFmpegError) in try audioEncoder.encode(mixed) })
+                if let opusEncoder { try route(media { () throws(FFmpegError) in try opusEncoder.encode(mixed) }, opus: true) }
+                for extra in extraAudio where extra.track == mixTrackIndex {
+                    try route(media { () throws(FFmpegError) in try extra.encoder.encode(mixed) }, own: true)
                 }
             }
-            for track in sourceTracks where track.type == type {
-                track.aligner.append(converted, from: type, gain: gain)
-                while let samples = track.aligner.mixed() {
-                    if let index = sourceTrackIndex[type] { audioTrackTap?(index, samples) }
-                    try route(media { () throws(FFmpegError) in try track.encoder.encode(samples) })
-                    for extra in extraAudio where extra.track == sourceTrackIndex[type] {
-                        try route(media { () throws(FFmpegError) in try extra.encoder.encode(samples) }, own: true)
-                    }
+        }
+        for track in sourceTracks where track.type == type {
+            track.aligner.append(converted, from: type, gain: gain)
+            while let samples = track.aligner.mixed() {
+                if let index = sourceTrackIndex[type] { audioTrackTap?(index, samples) }
+                try route(media { () throws(FFmpegError) in try track.encoder.encode(samples) })
+                for extra in extraAudio where extra.track == sourceTrackIndex[type] {
+                    try route(media { () throws(FFmpegError) in try extra.encoder.encode(samples) }, own: true)
                 }
             }
         }
@@ -759,6 +790,11 @@ public final class EncodingHandler: BroadcastSampleHandler {
             )
         }
         do {
+            // The microphone's last samples still inside the suppressor (a frame and its delay).
+            if let micDenoiser {
+                try micDenoiser.finish { denoised in try deliverAudio(denoised, of: .audioMic) }
+                if micDenoiser.failedFrames > 0 { logger.warning("audio: noise suppression left \(micDenoiser.failedFrames) frames as they were (the library refused them)") }
+            }
             if let audioEncoder, mixer != nil {
                 if let mixed = mixer!.mixed(final: true) {
                     try route(audioEncoder.encode(mixed))
@@ -809,6 +845,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
         opusEncoder = nil
         sourceTracks = []
         resamplers = [:]
+        micDenoiser = nil
         // Every output sends what it has (a live one for at most its finish timeout) and closes;
         // recordings are finalized on their own threads, together.
         for output in outputs { output.end() }

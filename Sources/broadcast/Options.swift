@@ -118,6 +118,15 @@ struct EncoderOptions: ParsableArguments {
     @Flag(name: .customLong("mute-app"), help: "Start with the application audio muted.")
     var muteApp = false
 
+    @Flag(
+        name: .customLong("mic-denoise"),
+        help: "Suppress the microphone's steady background noise (fan, hum, hiss) before its track and the mix (WebRTC's noise suppressor, about 0.3 % of a core; not the application audio). Daemon: [audio] mic_denoise = true.")
+    var micDenoise = false
+
+    /// Not an option: refused with why (noise suppression is for the microphone).
+    @Flag(name: .customLong("app-denoise"), help: .hidden)
+    var appDenoise = false
+
     @Option(help: ArgumentHelp("H.264 profile: baseline, main or high (default: the encoder's choice).", valueName: "name"))
     var profile: String?
 
@@ -143,6 +152,8 @@ struct EncoderOptions: ParsableArguments {
         settings.appLevel.volumeDecibels = try Options.appVolume.parse(appVolume)
         settings.micLevel.muted = muteMic
         settings.appLevel.muted = muteApp
+        if appDenoise { throw OptionError(Options.micDenoise.name, "--app-denoise: \(Options.appDenoiseRefusal)") }
+        settings.micDenoise = micDenoise
         return settings
     }
 }

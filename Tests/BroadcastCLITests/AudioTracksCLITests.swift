@@ -262,6 +262,46 @@ import Testing
         #expect(other.contains("\"mic\":{\"muted\":false,\"volume_db\":0},\"app\":{\"muted\":false,\"volume_db\":-3}"), "\(other)")
     }
 
+    /// `mic_denoise` changed by a reload applies at the next start, and the answer says so: the
+    /// suppressor is made with the encode (its state allocated at the start).
+    @Test func reloadDefersMicDenoiseToTheNextStart() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        func config(_ audio: String) -> String {
+            ["[video]", "size = \"320x180\"", "[audio]", "mic = \"test\"", "app = \"none\"", audio,
+             "[control]", "socket = \"\(socket)\"", "[[output]]", "name = \"rec\"", "path = \"\(dir.path("rec.mkv"))\""].joined(separator: "\n")
+        }
+        let daemon = try spawnDaemon(config: config(""), in: dir)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        _ = try waitUntilRecording(socket)
+        try config("mic_denoise = true").write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
+        let r = try broadcast(["reload", "--socket", socket])
+        #expect(r.status == 0, "\(r.stderr)")
+        #expect(r.stdout.contains("\"applies\":\"partly\""), "\(r.stdout)")
+        #expect(r.stdout.contains("[audio] mic_denoise false → true: the running broadcast keeps its microphone's noise suppression as it started; this applies at the next start"), "\(r.stdout)")
+    }
+
+    /// `[audio] mic_denoise = true`: the daemon's broadcast denoises its microphone (it says so at
+    /// the start) and records as usual.
+    @Test func daemonDenoisesTheMicrophoneWithTheConfigKey() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let socket = dir.path("c.sock")
+        let config = ["[video]", "size = \"320x180\"", "[audio]", "mic = \"test\"", "app = \"none\"", "mic_denoise = true",
+                      "[control]", "socket = \"\(socket)\"", "[[output]]", "name = \"rec\"", "path = \"\(dir.path("rec.mkv"))\""].joined(separator: "\n")
+        let daemon = try spawnDaemon(config: config, in: dir)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        _ = try waitUntilRecording(socket)
+        Thread.sleep(forTimeInterval: 2)
+        daemon.signal(SIGTERM)
+        let r = daemon.wait(timeout: 60)
+        #expect(r.status == 0, "\(r.stderr.suffix(2000))")
+        #expect(r.stderr.contains("microphone noise suppression on"), "\(r.stderr.suffix(2000))")
+        try expectDecodesCleanly(dir.path("rec.mkv"))
+        #expect(try beepStartTimes(dir.path("rec.mkv")).count >= 1, "the test tone's beeps are in the recording")
+    }
+
     /// The daemon's media time (`media_seconds` of its status).
     static func mediaSeconds(_ socket: String, sourceLocation: SourceLocation = #_sourceLocation) throws -> Double {
         let r = try broadcast(["status", "--json", "--socket", socket])

@@ -28,6 +28,9 @@ import Testing
         (["record", "out.mp4", "--log-level", "loud"], "loud"),
         (["record", "out.mp4", "--no-realtime"], "--duration"),
         (["record", "out.mp4", "--video", "none", "--audio-mic", "none"], "nothing to capture"),
+        // Noise suppression is for a microphone: none to denoise, or asked for the application audio.
+        (["record", "out.mp4", "--audio-mic", "none", "--audio-app", "test", "--mic-denoise"], "--mic-denoise needs a microphone: --audio-mic is 'none'"),
+        (["record", "out.mp4", "--app-denoise"], "--app-denoise: noise suppression is for the microphone only (--mic-denoise)"),
         (["record", "out.mp4", "--rate-control", "abr"], "abr"),
         (["record", "out.mp4", "--frame-rate-mode", "sometimes"], "sometimes"),
         (["record", "out.mp4", "--memory-budget", "lots"], "--memory-budget 'lots'"),

@@ -38,6 +38,8 @@ import Testing
         ("[audio]\nmic_volume = \"loud\"", "2: audio.mic_volume: invalid value 'loud': expected decibels from -60dB to +20dB"),
         ("[audio]\napp_volume = 21", "2: audio.app_volume: invalid value '21': expected decibels from -60dB to +20dB"),
         ("[audio]\nmic_mute = \"yes\"", "2: audio.mic_mute: invalid value 'yes': expected true or false"),
+        ("[audio]\nmic = \"none\"\nmic_denoise = true", "3: audio.mic_denoise: audio.mic_denoise needs a microphone: audio.mic is 'none'"),
+        ("[audio]\napp_denoise = true", "2: audio.app_denoise: noise suppression is for the microphone only (audio.mic_denoise)"),
         ("[vidoe]\nsize = \"1280x720\"", "1: unknown table [vidoe]: known are [video]"),
         ("size = \"1280x720\"", "1: size: keys must be inside a table"),
         ("[video]\nsize = \"1280x720", "2: unterminated string"),

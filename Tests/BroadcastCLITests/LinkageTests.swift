@@ -18,6 +18,8 @@ import Testing
         let linked = try linkedLibraries(sample)
         let ffmpeg = linked.filter { library in Self.ffmpegLibraries.contains { library.hasPrefix($0) } }
         #expect(ffmpeg.isEmpty, "level-meter links \(ffmpeg)")
+        // The microphone's noise suppressor (webrtc-audio-processing, C++) is BroadcastMedia's.
+        #expect(!linked.contains { $0.hasPrefix("libwebrtc_audio_processing") }, "level-meter links \(linked)")
         // The capture sources' own libraries are there: the check looks at the right binary.
         #expect(linked.contains { $0.hasPrefix("libasound") })
     }
@@ -67,5 +69,6 @@ import Testing
     @Test func broadcastLinksFFmpeg() throws {
         let linked = try linkedLibraries(broadcastBinary)
         #expect(linked.contains { $0.hasPrefix("libavcodec") })
+        #expect(linked.contains { $0.hasPrefix("libwebrtc_audio_processing") })
     }
 }

@@ -78,9 +78,12 @@ import Testing
         let encoder: AudioEncoder?
         /// `--audio-tracks separate/both`: each source's own track (a one-input mixer), at a gain.
         let tracks: [SampleBufferType: AudioMixer]
+        /// `--mic-denoise`: the microphone through the noise suppressor before the mix.
+        let denoiser: NoiseSuppressor?
         private(set) var packets = 0
 
-        init(encoding: Bool, tracks: Bool = false) throws {
+        init(encoding: Bool, tracks: Bool = false, denoise: Bool = false) throws {
+            denoiser = denoise ? try NoiseSuppressor(sampleRate: 48_000, channelCount: 2) : nil
             self.tracks = tracks ? [.audioMic: AudioMixer(channelCount: 2, sampleRate: 48_000, expectedInputs: 1),
                                     .audioApp: AudioMixer(channelCount: 2, sampleRate: 48_000, expectedInputs: 1)] : [:]
             mic = try Resampler(input: AudioPathAllocationTests.micFormat, outputRate: 48_000, outputChannels: 2)
@@ -93,6 +96,14 @@ import Testing
             let resampler = type == .audioMic ? mic : app
             let position = buffer.presentationTime.rescaled(to: 48_000).value
             let converted = try resampler.resample(buffer, at: position)
+            if type == .audioMic, let denoiser {
+                try denoiser.denoise(converted) { try deliver($0, from: type) }
+            } else {
+                try deliver(converted, from: type)
+            }
+        }
+
+        func deliver(_ converted: PlanarAudio, from type: SampleBufferType) throws {
             let gain: Float = tracks.isEmpty ? 1 : 0.5
             mixer.append(converted, from: type, gain: gain)
             while let mixed = mixer.mixed() {
@@ -107,11 +118,11 @@ import Testing
 
     /// Runs `warmUp` then `window` periods of both inputs through the path, counting the window.
     /// Prints "own ffmpeg packets" for the parent to read.
-    static func count(encoding: Bool, tracks: Bool = false, warmUp: Int = 300, window: Int = 1000) throws {
+    static func count(encoding: Bool, tracks: Bool = false, denoise: Bool = false, warmUp: Int = 300, window: Int = 1000) throws {
         AllocationCounter.prepare(countingCaptureThreads: false)
         defer { AllocationCounter.finish() }
         let inputs = Inputs()
-        let path = try Path(encoding: encoding, tracks: tracks)
+        let path = try Path(encoding: encoding, tracks: tracks, denoise: denoise)
         var packetsBefore = 0
         for step in 0..<(warmUp + window) {
             if step == warmUp {
@@ -153,6 +164,17 @@ import Testing
         let counts = try #require(Self.parse(result.standardOutputContent))
         #expect(counts.own == 0, "allocations in 2000 buffers after the warm-up")
         #expect(counts.ffmpeg == 0, "allocations inside libswresample in 2000 buffers after the warm-up")
+    }
+
+    @Test("noise suppression on the microphone (--mic-denoise) allocates nothing per buffer")
+    func denoisingAllocatesNothing() async throws {
+        let result = try #require(
+            await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
+                try AudioPathAllocationTests.count(encoding: false, denoise: true)
+            })
+        let counts = try #require(Self.parse(result.standardOutputContent))
+        #expect(counts.own == 0, "allocations in 2000 buffers after the warm-up")
+        #expect(counts.ffmpeg == 0, "allocations inside the libraries in 2000 buffers after the warm-up")
     }
 
     @Test("encoding the mix allocates only per AAC packet")
