@@ -269,6 +269,61 @@ public final class Muxer {
         try check(av_interleaved_write_frame(context, reference.pointer), what)
     }
 
+    /// A chapter: a stretch of the file from `start` to `end` (ns, the file's own time) with a title.
+    public struct Chapter: Sendable, Hashable {
+        public var start: Int64
+        public var end: Int64
+        public var title: String
+        public init(start: Int64, end: Int64, title: String) {
+            self.start = start
+            self.end = end
+            self.title = title
+        }
+    }
+
+    /// Gives the output `chapters` (replacing any it had). Before `writeHeader` they go into the
+    /// header; after it, before `finish`, the muxers that write chapters at the end take them:
+    /// Matroska writes them with its trailer when the output is seekable, MP4/MOV (not fragmented)
+    /// as a chapter track and `chpl` in the index it writes at the end. Fragmented MP4 and
+    /// MPEG-TS/FLV write none.
+    public func setChapters(_ chapters: [Chapter]) throws(FFmpegError) {
+        try Self.setChapters(chapters, on: context, what: "adding chapters to \(displayName)")
+    }
+
+    private static func setChapters(
+        _ chapters: [Chapter], on context: UnsafeMutablePointer<AVFormatContext>, what: String
+    ) throws(FFmpegError) {
+        // What was there goes first (freed as avformat_free_context frees them).
+        for i in 0..<Int(context.pointee.nb_chapters) {
+            if let chapter = context.pointee.chapters[i] {
+                av_dict_free(&chapter.pointee.metadata)
+                av_free(chapter)
+            }
+        }
+        av_freep(&context.pointee.chapters)
+        context.pointee.nb_chapters = 0
+        for (i, item) in chapters.enumerated() {
+            guard let raw = av_mallocz(MemoryLayout<AVChapter>.size) else { throw FFmpegError.outOfMemory(what) }
+            let chapter = raw.assumingMemoryBound(to: AVChapter.self)
+            chapter.pointee.id = Int64(i + 1)
+            chapter.pointee.time_base = AVRational(num: 1, den: 1_000_000_000)
+            chapter.pointee.start = max(0, item.start)
+            chapter.pointee.end = max(chapter.pointee.start, item.end)
+            if av_dict_set(&chapter.pointee.metadata, "title", item.title, 0) < 0 {
+                av_free(raw)
+                throw FFmpegError.outOfMemory(what)
+            }
+            var count = Int32(context.pointee.nb_chapters)
+            let added = withUnsafeMutablePointer(to: &context.pointee.chapters) { av_dynarray_add_nofree(UnsafeMutableRawPointer($0), &count, raw) }
+            guard added >= 0 else {
+                av_dict_free(&chapter.pointee.metadata)
+                av_free(raw)
+                throw FFmpegError.outOfMemory(what)
+            }
+            context.pointee.nb_chapters = UInt32(count)
+        }
+    }
+
     /// Bytes written so far (the position in the output).
     public var bytesWritten: Int64 {
         guard let pb = context.pointee.pb else { return 0 }
@@ -299,13 +354,17 @@ public final class Muxer {
     /// Copies every stream of `input` into `output` without re-encoding (what `ffmpeg -c copy` does),
     /// e.g. to rewrite a fragmented MP4 as a regular one with `movflags=+faststart`.
     /// `descriptor`: the file `output` names, created and opened by the caller, written through
-    /// (never reopened by name) and taken: closed however this ends.
+    /// (never reopened by name) and taken: closed however this ends. `chapters`: what the output
+    /// gets (the input's are not copied). `stopAtDamage`: a read error ends the copy as the end
+    /// of the file would (a file cut by a crash), instead of failing it.
     public static func remux(
         from input: String,
         to output: String,
         descriptor: Int32? = nil,
         formatName: String? = nil,
         options: [String: String] = [:],
+        chapters: [Chapter] = [],
+        stopAtDamage: Bool = false,
         logger: Logger
     ) throws(FFmpegError) {
         var owned = descriptor
@@ -337,11 +396,21 @@ public final class Muxer {
             muxer.sourceTimeBases.append(Rational(stream.pointee.time_base))
             muxer.containerIndex.append(index)
         }
+        if !chapters.isEmpty {
+            // A chapter that runs "to the end" (`Int64.max`) ends where the input does.
+            let length = source.pointee.duration > 0 ? av_rescale(source.pointee.duration, 1_000_000_000, Int64(AV_TIME_BASE)) : 0
+            let fitted = chapters.map { c in
+                Chapter(start: c.start, end: c.end == .max ? max(c.start + 1, length) : c.end, title: c.title)
+            }
+            try setChapters(fitted, on: muxer.context, what: "adding chapters to \(output)")
+        }
         try muxer.writeHeader(options: options)
         let packet = try Packet()
         while true {
             let result = av_read_frame(source, packet.pointer)
             if result == FFmpegError.endOfFile { break }
+            // A file cut by a crash ends in a partial block or fragment: what came before is kept.
+            if stopAtDamage && result < 0 { break }
             try check(result, "reading \(input)")
             let index = Int(packet.pointer.pointee.stream_index)
             let from = source.pointee.streams[index]!.pointee.time_base
