@@ -396,15 +396,9 @@ public final class Muxer {
             muxer.sourceTimeBases.append(Rational(stream.pointee.time_base))
             muxer.containerIndex.append(index)
         }
-        if !chapters.isEmpty {
-            // A chapter that runs "to the end" (`Int64.max`) ends where the input does.
-            let length = source.pointee.duration > 0 ? av_rescale(source.pointee.duration, 1_000_000_000, Int64(AV_TIME_BASE)) : 0
-            let fitted = chapters.map { c in
-                Chapter(start: c.start, end: c.end == .max ? max(c.start + 1, length) : c.end, title: c.title)
-            }
-            try setChapters(fitted, on: muxer.context, what: "adding chapters to \(output)")
-        }
         try muxer.writeHeader(options: options)
+        // End (ns) of the latest packet copied: where a chapter "to the end" ends.
+        var length: Int64 = 0
         let packet = try Packet()
         while true {
             let result = av_read_frame(source, packet.pointer)
@@ -414,10 +408,23 @@ public final class Muxer {
             try check(result, "reading \(input)")
             let index = Int(packet.pointer.pointee.stream_index)
             let from = source.pointee.streams[index]!.pointee.time_base
+            let pts = packet.pointer.pointee.pts
+            if pts != CBroadcastShimBridge.noTimestamp {
+                let end = av_rescale_q(pts + max(0, packet.pointer.pointee.duration), from, AVRational(num: 1, den: 1_000_000_000))
+                if end > length { length = end }
+            }
             let to = muxer.context.pointee.streams[index]!.pointee.time_base
             av_packet_rescale_ts(packet.pointer, from, to)
             packet.pointer.pointee.pos = -1
             try check(av_interleaved_write_frame(muxer.context, packet.pointer), "writing \(output)")
+        }
+        if !chapters.isEmpty {
+            // Given before the trailer: Matroska and (not fragmented) MP4/MOV write them there. A
+            // chapter that runs "to the end" (`Int64.max`) ends where the copy does.
+            let fitted = chapters.map { c in
+                Chapter(start: c.start, end: c.end == .max ? max(c.start + 1, length) : c.end, title: c.title)
+            }
+            try setChapters(fitted, on: muxer.context, what: "adding chapters to \(output)")
         }
         try muxer.finish()
     }
