@@ -45,7 +45,7 @@ extension BroadcastController {
 
     /// A recording's markers in the file it writes now, in the file's time.
     static func fileMarkerFields(_ output: Output) -> [(String, JSONValue)] {
-        guard output.takesMarks else { return [] }
+        guard output.takesMarks, !output.isReplay else { return [] }
         return [("marks", .array(output.marks.map { .object([("title", .string($0.title)), ("seconds", .number(Double($0.nanoseconds) / 1e9))]) }))]
     }
 }

@@ -344,9 +344,9 @@ public final class Output: @unchecked Sendable {
     /// The markers of the file being written, as its thread placed them (any thread reads).
     let placedMarks = ManagedAtomic<MarkList?>(nil)
 
-    /// Whether this output is a recording that takes markers (a file, not a replay buffer).
+    /// Whether this output takes markers: a recording, or a replay buffer (for its saves).
     public var takesMarks: Bool {
-        if case .file = destination, !isReplay { return true }
+        if case .file = destination { return true }
         return false
     }
 

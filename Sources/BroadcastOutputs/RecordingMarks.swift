@@ -151,7 +151,7 @@ extension Output {
                 .illegalTransition,
                 outputs.contains(where: \.takesMarks)
                     ? "cannot take a marker: no recording is writing now (\(outputs.filter(\.takesMarks).map { "\($0.name) \($0.state)" }.joined(separator: ", ")))"
-                    : "cannot take a marker: nothing records (markers go into recordings; this broadcast has none)")
+                    : "cannot take a marker: nothing records (markers go into recordings and replay buffers; this broadcast has neither)")
         }
         // The session's media time now; without a clock (--no-realtime), the newest packet encoded.
         let media = recordings[0].mediaClock.now()?.media

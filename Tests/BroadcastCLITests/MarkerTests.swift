@@ -261,4 +261,40 @@ import Glibc
             #expect(abs(chapter.start - time) <= Self.frame + 0.011, "\(title) at \(chapter.start) s, taken at \(time) s")
         }
     }
+
+    /// A replay save gets the markers its window holds, at their time from the save's start; one
+    /// taken before the window is not in it.
+    @Test func replaySaveHoldsTheMarkersInItsWindow() throws {
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let (daemon, socket) = try launchDaemon(dir, outputs: """
+            [[output]]
+            name = "replay"
+            replay = "20s"
+            path = "\(dir.path("save-%s.mkv"))"
+
+            """)
+        defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
+        _ = try waitUntilRecording(socket)
+        usleep(500_000)
+        let (s1, before) = try Self.post(socket, body: #"{"title": "draußen"}"#)
+        #expect(s1 == 200, "\(before)")
+        usleep(3_000_000)
+        let (s2, inside) = try Self.post(socket, body: #"{"title": "drinnen ✓"}"#)
+        #expect(s2 == 200, "\(inside)")
+        usleep(700_000)
+        let media = try Self.status(socket)["media_seconds"] as? Double ?? -1
+        let saved = try broadcast(["replay", "save", "--socket", socket, "--seconds", "1.5"])
+        #expect(saved.status == 0, "\(saved.stderr)")
+        let answer = try #require(try JSONSerialization.jsonObject(with: Data(saved.stdout.utf8)) as? [String: Any], "\(saved.stdout)")
+        let path = try #require(answer["path"] as? String)
+        let seconds = answer["seconds"] as? Double ?? 0
+        // Where the save starts in media time: the test pattern flashes white at each whole
+        // second of media time, which pins the offset the status and the save's length estimate.
+        let white = try #require(try whiteFrameTimes(path).first, "no flash in \(path)")
+        let offset = ((media - seconds) + white).rounded() - white
+        try Self.expectChapters(path, [("drinnen ✓", (inside["media_seconds"] as? Double ?? -1) - offset)])
+        daemon.signal(SIGTERM)
+        #expect(daemon.wait(timeout: 60).status == 0)
+    }
 }
