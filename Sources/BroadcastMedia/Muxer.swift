@@ -290,6 +290,22 @@ public final class Muxer {
         try Self.setChapters(chapters, on: context, what: "adding chapters to \(displayName)")
     }
 
+    /// The chapters of the media file at `path` as libavformat reads them (ns); nil when it cannot be opened.
+    public static func chapters(in path: String) -> [Chapter]? {
+        var opened: UnsafeMutablePointer<AVFormatContext>? = nil
+        guard avformat_open_input(&opened, path, nil, nil) >= 0, let input = opened else { return nil }
+        defer { avformat_close_input(&opened) }
+        var chapters: [Chapter] = []
+        let ns = AVRational(num: 1, den: 1_000_000_000)
+        for i in 0..<Int(input.pointee.nb_chapters) {
+            guard let c = input.pointee.chapters[i] else { continue }
+            let title = av_dict_get(c.pointee.metadata, "title", nil, 0).map { String(cString: $0.pointee.value) } ?? ""
+            chapters.append(
+                Chapter(start: av_rescale_q(c.pointee.start, c.pointee.time_base, ns), end: av_rescale_q(c.pointee.end, c.pointee.time_base, ns), title: title))
+        }
+        return chapters
+    }
+
     private static func setChapters(
         _ chapters: [Chapter], on context: UnsafeMutablePointer<AVFormatContext>, what: String
     ) throws(FFmpegError) {

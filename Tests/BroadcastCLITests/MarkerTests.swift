@@ -69,7 +69,11 @@ import Glibc
     @Test func markersBecomeChaptersInMKVAndMP4() throws {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
-        let (daemon, socket) = try launchDaemon(dir, outputs: Self.outputs.replacingOccurrences(of: "%DIR%", with: dir.url.path))
+        // The finished-file command writes what it got in BROADCAST_MARKERS beside the file.
+        let hook = #"on_file_finished = ["/bin/sh", "-c", "printf '%s' \"$BROADCAST_MARKERS\" > \"$BROADCAST_FILE.got\""]"#
+        let outputs = Self.outputs.replacingOccurrences(of: "%DIR%", with: dir.url.path)
+            .replacingOccurrences(of: "rec.mkv\"\n", with: "rec.mkv\"\n\(hook)\n")
+        let (daemon, socket) = try launchDaemon(dir, outputs: outputs)
         defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
         _ = try waitUntilRecording(socket)
         let watcher = try Child(broadcastBinary, ["status", "--watch", "--json", "--socket", socket])
@@ -103,6 +107,13 @@ import Glibc
         try Self.expectChapters(dir.path("rec.mkv"), expected)
         try Self.expectChapters(dir.path("rec.mp4"), expected)
         try expectDecodesCleanly(dir.path("rec.mp4"))
+        // The command got the markers: "SECONDS<TAB>TITLE" lines, line breaks in a title escaped.
+        let got = (try? String(contentsOfFile: dir.path("rec.mkv.got"), encoding: .utf8)) ?? ""
+        let lines = got.split(separator: "\n").map { $0.split(separator: "\t", maxSplits: 1) }
+        #expect(lines.map { $0.last.map(String.init) ?? "" } == [unicode, #"Zweite "Szene"\nmit Umbruch"#, "déjà vu", "Marker 4"], "\(got)")
+        for (line, (_, time)) in zip(lines, expected) {
+            #expect(abs((Double(line.first ?? "") ?? -1) - time) <= Self.frame, "\(line)")
+        }
         // The marks files beside the recordings go once the chapters are in them.
         #expect(!dir.contents.contains { $0.hasSuffix(".marks") }, "\(dir.contents)")
         // Each marker was an event.
