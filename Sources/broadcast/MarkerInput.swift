@@ -7,13 +7,13 @@ import Logging
 import Glibc
 #endif
 
-/// `record`: each line typed on the terminal (standard input a terminal, or a pipe or FIFO) puts a
+/// `record` (and `stream --record`): each line typed on the terminal (standard input a terminal, or a pipe or FIFO) puts a
 /// marker into the recording, titled by the line (an empty line: "Marker N"). A file or /dev/null
 /// as standard input is never read.
 enum MarkerInput {
     static func start(outputs: [Output], logger: Logger) {
         var info = stat()
-        guard isatty(0) != 0 || (fstat(0, &info) == 0 && (info.st_mode & S_IFMT == S_IFIFO || info.st_mode & S_IFMT == S_IFSOCK)) else {
+        guard !outputs.isEmpty, isatty(0) != 0 || (fstat(0, &info) == 0 && (info.st_mode & S_IFMT == S_IFIFO || info.st_mode & S_IFMT == S_IFSOCK)) else {
             return
         }
         // Never joined: it reads until standard input ends, or the process does.
