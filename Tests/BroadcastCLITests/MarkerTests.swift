@@ -61,6 +61,9 @@ import Glibc
         [[output]]
         name = "mp4"
         path = "%DIR%/rec.mp4"
+        [[output]]
+        name = "mov"
+        path = "%DIR%/rec.mov"
 
         """
 
@@ -106,6 +109,7 @@ import Glibc
         let expected = [first, second, third, fourth].map { ($0["title"] as? String ?? "?", $0["media_seconds"] as? Double ?? -1) }
         try Self.expectChapters(dir.path("rec.mkv"), expected)
         try Self.expectChapters(dir.path("rec.mp4"), expected)
+        try Self.expectChapters(dir.path("rec.mov"), expected)
         try expectDecodesCleanly(dir.path("rec.mp4"))
         // The command got the markers: "SECONDS<TAB>TITLE" lines, line breaks in a title escaped.
         let got = (try? String(contentsOfFile: dir.path("rec.mkv.got"), encoding: .utf8)) ?? ""
@@ -227,8 +231,9 @@ import Glibc
         #expect(again.stderrSoFar.contains("recovering \(dir.path("rec.mkv"))"), "\(again.stderrSoFar)")
         try Self.expectChapters(dir.path("rec.mkv"), taken)
         try Self.expectChapters(dir.path("rec.mp4"), taken)
+        try Self.expectChapters(dir.path("rec.mov"), taken)
         try expectDecodesCleanly(dir.path("rec.mkv"))
-        #expect(!dir.contents.contains(".rec.mkv.marks") && !dir.contents.contains(".rec.mp4.marks"), "\(dir.contents)")
+        #expect(!dir.contents.contains { $0.hasSuffix(".marks") }, "\(dir.contents)")
     }
 
     /// `record`: each line on its standard input (a FIFO here, a terminal for a person) is a
