@@ -313,4 +313,25 @@ import Glibc
         daemon.signal(SIGTERM)
         #expect(daemon.wait(timeout: 60).status == 0)
     }
+
+    /// A mark taken while the broadcast is paused (media time stands still, the file has no gap)
+    /// is where the file goes on; one after the resume at its media time.
+    @Test func aMarkWhilePausedIsWhereTheFileGoesOn() throws {
+        try withRecordingDaemon { dir, socket, _, daemon in
+            usleep(1_500_000)
+            #expect(try broadcast(["pause", "--socket", socket]).status == 0)
+            usleep(800_000)
+            let (s1, paused) = try Self.post(socket, body: #"{"title": "in der Pause"}"#)
+            #expect(s1 == 200, "\(paused)")
+            usleep(800_000)
+            #expect(try broadcast(["resume", "--socket", socket]).status == 0)
+            usleep(1_500_000)
+            let (s2, after) = try Self.post(socket, body: #"{"title": "danach"}"#)
+            #expect(s2 == 200, "\(after)")
+            usleep(1_000_000)
+            daemon.signal(SIGTERM)
+            #expect(daemon.wait(timeout: 60).status == 0)
+            try Self.expectChapters(dir.path("rec.mkv"), [paused, after].map { ($0["title"] as? String ?? "?", $0["media_seconds"] as? Double ?? -1) })
+        }
+    }
 }
