@@ -52,6 +52,8 @@ enum ControlAPI {
                 // change's `result` say what did not apply, and why.
                 return .json(200, .object([("reloaded", .bool(true)), ("applies", .string(report.complete ? "now" : "partly"))] + report.fields))
             }
+        case ("POST", "/v1/marker"):
+            return MarkerAPI.mark(request: request, controller: controller)
         case ("POST", "/v1/replay/save"):
             return ReplayAPI.save(name: nil, request: request, controller: controller)
         case ("POST", let path) where path.hasPrefix("/v1/outputs/") && path.hasSuffix("/save"):
@@ -103,10 +105,10 @@ enum ControlAPI {
             return .json(200, controller.status())
         case (_, "/v1/status"), (_, "/metrics"):
             return .error(405, "\(request.method) is not allowed on \(request.path): use GET")
-        case (_, let path) where path.hasPrefix("/v1/broadcast/") || path.hasPrefix("/v1/outputs/") || path.hasPrefix("/v1/audio/") || path.hasPrefix("/v1/scene/") || path == "/v1/replay/save" || path == "/v1/reload":
+        case (_, let path) where path.hasPrefix("/v1/broadcast/") || path.hasPrefix("/v1/outputs/") || path.hasPrefix("/v1/audio/") || path.hasPrefix("/v1/scene/") || path == "/v1/replay/save" || path == "/v1/reload" || path == "/v1/marker":
             return .error(405, "\(request.method) is not allowed on \(path): use POST")
         default:
-            return .error(404, "no such endpoint: \(request.path) (see / for the page, /v1/status, /v1/events, /v1/preview.jpg, /v1/broadcast/{start,pause,resume,stop}, /v1/outputs/{name}/{pause,resume,save}, /v1/replay/save, /v1/audio/{mic,app}/{mute,unmute,volume}, /v1/scene/{name}, /v1/reload, /metrics)")
+            return .error(404, "no such endpoint: \(request.path) (see / for the page, /v1/status, /v1/events, /v1/preview.jpg, /v1/broadcast/{start,pause,resume,stop}, /v1/outputs/{name}/{pause,resume,save}, /v1/replay/save, /v1/marker, /v1/audio/{mic,app}/{mute,unmute,volume}, /v1/scene/{name}, /v1/reload, /metrics)")
         }
     }
 }

@@ -390,6 +390,8 @@ final class BroadcastController: Sendable {
         var video: VideoEncoderSettings? = nil
         /// Each video encode and the outputs it feeds (the status).
         var encodes: VideoEncodeList? = nil
+        /// The markers taken in this broadcast.
+        let markers = MarkerLog()
     }
 
     private let state: Mutex<(config: DaemonConfiguration, running: Running?, starting: Bool)>
@@ -597,6 +599,12 @@ final class BroadcastController: Sendable {
     }
 
     /// The running broadcast's outputs; nil when no broadcast runs.
+    /// The running broadcast's outputs and its markers; nil when none runs.
+    func runningMarkers() -> ([Output], MarkerLog)? {
+        guard let running = state.withLock({ $0.running }), running.session.state != .finished else { return nil }
+        return (running.outputs, running.markers)
+    }
+
     func runningOutputs() -> [Output]? {
         guard let running = state.withLock({ $0.running }), running.session.state != .finished else { return nil }
         return running.outputs
@@ -949,7 +957,8 @@ final class BroadcastController: Sendable {
             }
                 + stats.sorted { $0.key.rawValue < $1.key.rawValue }.map {
                     .init(scope: "type", name: $0.key.rawValue, count: $0.value.droppedQueueFull + $0.value.droppedBySource + $0.value.droppedOutOfOrder)
-                }
+                },
+            marks: running.markers.all
         )
     }
 
@@ -1040,7 +1049,7 @@ final class BroadcastController: Sendable {
                 ("reconnects", .number(Double(o.reconnects))),
                 ("drops", .object(drops)),
                 ("error", o.lastError.map(JSONValue.string) ?? .null),
-            ] + Self.replayFields(output) + Self.webRTCFields(o)
+            ] + Self.replayFields(output) + Self.webRTCFields(o) + Self.fileMarkerFields(output)
             return .object(fields)
         }
         let fps = elapsed > 0 ? (Double(encoding.videoFramesEncoded) / elapsed * 10).rounded() / 10 : 0
@@ -1066,6 +1075,7 @@ final class BroadcastController: Sendable {
                 ])
             })),
             ("outputs", .array(outputs)),
+            ("marks", .array(running.markers.all.map { .object(Self.markerFields($0)) })),
             ("encodes", .array((running.encodes?.all ?? []).map(Self.encodeFields))),
             ("audio", .object(Self.audioSourceNames(running.audioSources).map { source in
                 let level = running.audioControl?.level(of: source.type) ?? AudioLevel()

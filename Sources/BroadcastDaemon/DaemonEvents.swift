@@ -1,3 +1,4 @@
+import BroadcastOutputs
 import BroadcastService
 
 /// What the last look at the broadcast published from.
@@ -41,6 +42,8 @@ struct EventSnapshot {
     var audio: [(String, Bool)] = []
     /// What was dropped so far, per output and per sample-buffer type of the session.
     var drops: [Drops] = []
+    /// The markers taken in this broadcast, in order.
+    var marks: [TakenMark] = []
 
     struct Drops: Equatable {
         /// "output" (an output's drops, every reason but a pause) or "type" (the session's, of one buffer type:
@@ -89,6 +92,10 @@ struct EventSnapshot {
                     ("output", .string(output.name)), ("path", .string(path)), ("count", .number(Double(output.files))),
                 ]))
             }
+        }
+        // Each marker taken since (a `marker` event: its number, title, media time and recordings).
+        for mark in marks.dropFirst(sameSession ? before.marks.count : 0) {
+            events.append(("marker", BroadcastController.markerFields(mark)))
         }
         let previousDevices = sameSession ? Dictionary(before.devices, uniquingKeysWith: { a, _ in a }) : [:]
         for (type, lost) in devices where lost != (previousDevices[type] ?? false) {

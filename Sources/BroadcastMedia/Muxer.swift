@@ -270,6 +270,77 @@ public final class Muxer {
         try check(av_interleaved_write_frame(context, reference.pointer), what)
     }
 
+    /// A chapter: a stretch of the file from `start` to `end` (ns, the file's own time) with a title.
+    public struct Chapter: Sendable, Hashable {
+        public var start: Int64
+        public var end: Int64
+        public var title: String
+        public init(start: Int64, end: Int64, title: String) {
+            self.start = start
+            self.end = end
+            self.title = title
+        }
+    }
+
+    /// Gives the output `chapters` (replacing any it had). Before `writeHeader` they go into the
+    /// header; after it, before `finish`, the muxers that write chapters at the end take them:
+    /// Matroska writes them with its trailer when the output is seekable, MP4/MOV (not fragmented)
+    /// as a chapter track and `chpl` in the index it writes at the end. Fragmented MP4 and
+    /// MPEG-TS/FLV write none.
+    public func setChapters(_ chapters: [Chapter]) throws(FFmpegError) {
+        try Self.setChapters(chapters, on: context, what: "adding chapters to \(displayName)")
+    }
+
+    /// The chapters of the media file at `path` as libavformat reads them (ns); nil when it cannot be opened.
+    public static func chapters(in path: String) -> [Chapter]? {
+        var opened: UnsafeMutablePointer<AVFormatContext>? = nil
+        guard avformat_open_input(&opened, path, nil, nil) >= 0, let input = opened else { return nil }
+        defer { avformat_close_input(&opened) }
+        var chapters: [Chapter] = []
+        let ns = AVRational(num: 1, den: 1_000_000_000)
+        for i in 0..<Int(input.pointee.nb_chapters) {
+            guard let c = input.pointee.chapters[i] else { continue }
+            let title = av_dict_get(c.pointee.metadata, "title", nil, 0).map { String(cString: $0.pointee.value) } ?? ""
+            chapters.append(
+                Chapter(start: av_rescale_q(c.pointee.start, c.pointee.time_base, ns), end: av_rescale_q(c.pointee.end, c.pointee.time_base, ns), title: title))
+        }
+        return chapters
+    }
+
+    private static func setChapters(
+        _ chapters: [Chapter], on context: UnsafeMutablePointer<AVFormatContext>, what: String
+    ) throws(FFmpegError) {
+        // What was there goes first (freed as avformat_free_context frees them).
+        for i in 0..<Int(context.pointee.nb_chapters) {
+            if let chapter = context.pointee.chapters[i] {
+                av_dict_free(&chapter.pointee.metadata)
+                av_free(chapter)
+            }
+        }
+        av_freep(&context.pointee.chapters)
+        context.pointee.nb_chapters = 0
+        for (i, item) in chapters.enumerated() {
+            guard let raw = av_mallocz(MemoryLayout<AVChapter>.size) else { throw FFmpegError.outOfMemory(what) }
+            let chapter = raw.assumingMemoryBound(to: AVChapter.self)
+            chapter.pointee.id = Int64(i + 1)
+            chapter.pointee.time_base = AVRational(num: 1, den: 1_000_000_000)
+            chapter.pointee.start = max(0, item.start)
+            chapter.pointee.end = max(chapter.pointee.start, item.end)
+            if av_dict_set(&chapter.pointee.metadata, "title", item.title, 0) < 0 {
+                av_free(raw)
+                throw FFmpegError.outOfMemory(what)
+            }
+            var count = Int32(context.pointee.nb_chapters)
+            let added = withUnsafeMutablePointer(to: &context.pointee.chapters) { av_dynarray_add_nofree(UnsafeMutableRawPointer($0), &count, raw) }
+            guard added >= 0 else {
+                av_dict_free(&chapter.pointee.metadata)
+                av_free(raw)
+                throw FFmpegError.outOfMemory(what)
+            }
+            context.pointee.nb_chapters = UInt32(count)
+        }
+    }
+
     /// Bytes written so far (the position in the output).
     public var bytesWritten: Int64 {
         guard let pb = context.pointee.pb else { return 0 }
@@ -316,13 +387,17 @@ public final class Muxer {
     /// Copies every stream of `input` into `output` without re-encoding (what `ffmpeg -c copy` does),
     /// e.g. to rewrite a fragmented MP4 as a regular one with `movflags=+faststart`.
     /// `descriptor`: the file `output` names, created and opened by the caller, written through
-    /// (never reopened by name) and taken: closed however this ends.
+    /// (never reopened by name) and taken: closed however this ends. `chapters`: what the output
+    /// gets (the input's are not copied). `stopAtDamage`: a read error ends the copy as the end
+    /// of the file would (a file cut by a crash), instead of failing it.
     public static func remux(
         from input: String,
         to output: String,
         descriptor: Int32? = nil,
         formatName: String? = nil,
         options: [String: String] = [:],
+        chapters: [Chapter] = [],
+        stopAtDamage: Bool = false,
         logger: Logger
     ) throws(FFmpegError) {
         var owned = descriptor
@@ -355,17 +430,34 @@ public final class Muxer {
             muxer.containerIndex.append(index)
         }
         try muxer.writeHeader(options: options)
+        // End (ns) of the latest packet copied: where a chapter "to the end" ends.
+        var length: Int64 = 0
         let packet = try Packet()
         while true {
             let result = av_read_frame(source, packet.pointer)
             if result == FFmpegError.endOfFile { break }
+            // A file cut by a crash ends in a partial block or fragment: what came before is kept.
+            if stopAtDamage && result < 0 { break }
             try check(result, "reading \(input)")
             let index = Int(packet.pointer.pointee.stream_index)
             let from = source.pointee.streams[index]!.pointee.time_base
+            let pts = packet.pointer.pointee.pts
+            if pts != CBroadcastShimBridge.noTimestamp {
+                let end = av_rescale_q(pts + max(0, packet.pointer.pointee.duration), from, AVRational(num: 1, den: 1_000_000_000))
+                if end > length { length = end }
+            }
             let to = muxer.context.pointee.streams[index]!.pointee.time_base
             av_packet_rescale_ts(packet.pointer, from, to)
             packet.pointer.pointee.pos = -1
             try check(av_interleaved_write_frame(muxer.context, packet.pointer), "writing \(output)")
+        }
+        if !chapters.isEmpty {
+            // Given before the trailer: Matroska and (not fragmented) MP4/MOV write them there. A
+            // chapter that runs "to the end" (`Int64.max`) ends where the copy does.
+            let fitted = chapters.map { c in
+                Chapter(start: c.start, end: c.end == .max ? max(c.start + 1, length) : c.end, title: c.title)
+            }
+            try setChapters(fitted, on: muxer.context, what: "adding chapters to \(output)")
         }
         try muxer.finish()
     }

@@ -1,5 +1,6 @@
 import Atomics
 import BroadcastKit
+import BroadcastMedia
 public import Logging
 import Synchronization
 
@@ -181,6 +182,27 @@ public final class FileFinishedHook: Sendable {
         return kept
     }
 
+    /// The markers of the file at `path` for BROADCAST_MARKERS: its titled chapters, one a line,
+    /// `SECONDS<TAB>TITLE` (seconds with three decimals; in the title `\\`, tab and line breaks
+    /// escaped as in the marks file), at most 100 000 bytes (the file's chapters hold them all).
+    static func markers(of path: String) -> String {
+        guard let container = try? Recording.container(for: path), container.holdsChapters,
+            let chapters = Muxer.chapters(in: path)
+        else { return "" }
+        var text = ""
+        for chapter in chapters where !chapter.title.isEmpty {
+            let mark = RecordingMark(nanoseconds: chapter.start, title: chapter.title)
+            let line = RecordingMarksSidecar.line(mark)
+            let ms = (chapter.start + 500_000) / 1_000_000
+            let fraction = String(ms % 1000)
+            let seconds = "\(ms / 1000)." + String(repeating: "0", count: 3 - fraction.count) + fraction
+            let entry = seconds + line[line.firstIndex(of: "\t")!...]
+            guard text.utf8.count + entry.utf8.count <= 100_000 else { break }
+            text += entry
+        }
+        return text
+    }
+
     /// Runs the command for `path`; false when it was cut short at the program's end (it stays
     /// pending for the next start).
     private func run(_ path: String) -> Bool {
@@ -188,6 +210,7 @@ public final class FileFinishedHook: Sendable {
         started.wrappingIncrement(ordering: .relaxed)
         let start = MonotonicClock().now()
         let environment = Self.environment(inheriting: environ) + ["BROADCAST_FILE=\(path)", "BROADCAST_OUTPUT=\(outputName)"]
+            + ["BROADCAST_MARKERS=\(Self.markers(of: path))"]
         let cArgv = argv.map { strdup($0) } + [nil]
         let cEnv = environment.map { strdup($0) } + [nil]
         defer {

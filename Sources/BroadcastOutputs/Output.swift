@@ -336,6 +336,52 @@ public final class Output: @unchecked Sendable {
 
     public var isPaused: Bool { paused.load(ordering: .acquiring) }
 
+    // MARK: Markers
+
+    /// A marker asked for: the session's media time (ns) it was taken at, and its title.
+    struct PendingMark: Sendable {
+        let media: Int64
+        let title: String
+    }
+
+    final class PendingMarks: AtomicReference, Sendable {
+        let marks: [PendingMark]
+        init(_ marks: [PendingMark]) { self.marks = marks }
+    }
+
+    final class MarkList: AtomicReference, Sendable {
+        let marks: [RecordingMark]
+        init(_ marks: [RecordingMark]) { self.marks = marks }
+    }
+
+    /// Markers asked from any thread, not yet taken by the output's thread (nil: none; what the
+    /// worker checks per packet is this one load).
+    let pendingMarks = ManagedAtomic<PendingMarks?>(nil)
+    /// The markers of the file being written, as its thread placed them (any thread reads).
+    let placedMarks = ManagedAtomic<MarkList?>(nil)
+
+    /// Whether this output takes markers: a recording, or a replay buffer (for its saves).
+    public var takesMarks: Bool {
+        if case .file = destination { return true }
+        return false
+    }
+
+    /// Asks for a marker at the session's media time `media` (ns) titled `title`: the output's
+    /// thread places it in the file being written at that time (any thread; a few allocations,
+    /// never on the data path).
+    public func mark(atMedia media: Int64, title: String) {
+        var old = pendingMarks.load(ordering: .acquiring)
+        while true {
+            let new = PendingMarks((old?.marks ?? []) + [PendingMark(media: media, title: title)])
+            let (done, original) = pendingMarks.compareExchange(expected: old, desired: new, ordering: .acquiringAndReleasing)
+            if done { break }
+            old = original
+        }
+    }
+
+    /// The markers of the file this recording writes now (the current segment's), in its own time.
+    public var marks: [RecordingMark] { placedMarks.load(ordering: .acquiring)?.marks ?? [] }
+
     /// Where a replay output's saves are noted for its command (a recording's manifest is in its
     /// configuration).
     private static func replayManifest(_ destination: OutputDestination) -> RecordingManifest? {

@@ -33,6 +33,9 @@ public final class Recording {
             }
         }
 
+        /// Markers become chapters in it (MPEG-TS and FLV have none).
+        public var holdsChapters: Bool { self == .mp4 || self == .mov || self == .mkv }
+
         /// Written fragmented while recording and finalized by a remux on a clean stop.
         public var isFinalizedByRemux: Bool { self == .mp4 || self == .mov }
 
@@ -218,6 +221,10 @@ public final class Recording {
     public private(set) var packetsWritten = 0
     /// What the header took (the file's size before any media).
     private var headerBytes: Int64 = 0
+    /// The markers taken in this file, in the order taken (chapters when it is finished).
+    public private(set) var marks: [RecordingMark] = []
+    /// End (ns, the file's time) of the latest packet written: the file's length so far.
+    public private(set) var mediaEnd: Int64 = 0
 
     /// Creates the file and writes the header. On failure nothing is left behind, and nothing that
     /// was there before is touched. `overwrite`: an existing file may be replaced (at the end, when
@@ -279,8 +286,20 @@ public final class Recording {
         do {
             try muxer.write(packet, shiftNanoseconds: shiftNanoseconds)
             packetsWritten += 1
+            let end = packet.dtsNanoseconds + max(0, packet.durationNanoseconds) - shiftNanoseconds
+            if end > mediaEnd { mediaEnd = end }
         } catch {
             throw BroadcastError(.outputFailed, "recording \(path): \(error)\(replacementNote)")
+        }
+    }
+
+    /// Adds a marker at `nanoseconds` of the file's time: a chapter when the file is finished
+    /// (MKV, MP4, MOV), noted at once beside the file (`RecordingMarksSidecar`) for a recovery
+    /// after a crash. A stream target (FIFO, device) keeps no sidecar.
+    public func addMark(_ mark: RecordingMark) {
+        marks.append(mark)
+        if target.kind != .stream, container.holdsChapters, !RecordingMarksSidecar.append(mark, to: writingPath) {
+            logger.warning("recording \(path): could not note marker \"\(mark.title)\" beside the file (it is kept in memory until the file is finished)")
         }
     }
 
@@ -309,6 +328,15 @@ public final class Recording {
         finished = true
         self.muxer = nil
         let kept = replacementNote
+        // Matroska writes chapters with its trailer (when it can seek back: not to a stream).
+        if container == .mkv, !marks.isEmpty, target.kind != .stream {
+            do {
+                try muxer.setChapters(RecordingMark.chapters(marks, duration: mediaEnd, leadingChapter: false))
+            } catch {
+                logger.error("recording \(path): \(error); the file is finished without chapters")
+            }
+        }
+        defer { if target.kind != .stream, container.holdsChapters { RecordingMarksSidecar.remove(for: writingPath) } }
         do {
             try muxer.finish()
         } catch {
@@ -323,12 +351,12 @@ public final class Recording {
             return true
         case .newFile:
             if container.isFinalizedByRemux {
-                try Self.finalize(source: writingPath, destination: target.path, container: container, logger: logger)
+                try Self.finalize(source: writingPath, destination: target.path, container: container, marks: marks, logger: logger)
             }
         case .replace:
             if container.isFinalizedByRemux {
                 do {
-                    try Self.finalize(source: writingPath, destination: target.path, container: container, logger: logger)
+                    try Self.finalize(source: writingPath, destination: target.path, container: container, marks: marks, logger: logger)
                 } catch {
                     throw BroadcastError(.outputFailed, "\(error.message)\(kept)")
                 }
@@ -346,34 +374,43 @@ public final class Recording {
     /// through a temporary file in the same directory renamed over the original. If that fails,
     /// the fragmented file stays (it plays) and the error says so. Also used to repair recordings
     /// a crash left fragmented.
-    public static func finalize(path: String, container: Container, logger: Logger) throws(BroadcastError) {
-        try finalize(source: path, destination: path, container: container, logger: logger)
+    public static func finalize(path: String, container: Container, marks: [RecordingMark] = [], logger: Logger) throws(BroadcastError) {
+        try finalize(source: path, destination: path, container: container, marks: marks, logger: logger)
     }
 
     /// Rewrites the fragmented MP4/MOV `source` as a regular file at `destination` (which may be
     /// the same path), through a temporary file beside `destination` created for it and renamed
     /// over `destination` only when complete. On failure only that temporary file is removed.
-    static func finalize(source: String, destination: String, container: Container, logger: Logger) throws(BroadcastError) {
+    static func finalize(
+        source: String, destination: String, container: Container, marks: [RecordingMark] = [], logger: Logger
+    ) throws(BroadcastError) {
         // Written through the descriptors of the file created for it, never reopened by name; a
         // second one for libavformat's remux should the streaming rewrite give up.
         let (temporary, fd) = try openTemporary(beside: destination, tag: "finalizing", hidden: true)
         let spare = fcntl(fd, F_DUPFD_CLOEXEC, 0)
-        do {
-            // In memory that does not grow with the recording's length; libavformat's remux (about
-            // 30 MB more per hour) only for what the streaming rewrite does not understand.
-            try MP4Defragmenter.defragment(source: source, destination: temporary, descriptor: fd)
-            if spare >= 0 { close(spare) }
-            guard rename(temporary, destination) == 0 else {
-                let reason = String(cString: strerror(errno))
-                unlink(temporary)
-                throw BroadcastError(
-                    .outputFailed, "recording \(destination): could not replace it with the finalized file: \(reason)")
+        if marks.isEmpty {
+            do {
+                // In memory that does not grow with the recording's length; libavformat's remux (about
+                // 30 MB more per hour) only for what the streaming rewrite does not understand.
+                try MP4Defragmenter.defragment(source: source, destination: temporary, descriptor: fd)
+                if spare >= 0 { close(spare) }
+                guard rename(temporary, destination) == 0 else {
+                    let reason = String(cString: strerror(errno))
+                    unlink(temporary)
+                    throw BroadcastError(
+                        .outputFailed, "recording \(destination): could not replace it with the finalized file: \(reason)")
+                }
+                return
+            } catch let error as BroadcastError {
+                throw error
+            } catch {
+                logger.notice("recording \(destination): finalizing with libavformat (\(error))")
             }
-            return
-        } catch let error as BroadcastError {
-            throw error
-        } catch {
-            logger.notice("recording \(destination): finalizing with libavformat (\(error))")
+        } else {
+            // Markers become chapters: libavformat's mov muxer writes them (a chapter track and
+            // `chpl`), which the streaming rewrite does not.
+            close(fd)
+            logger.info("recording \(destination): finalizing with libavformat, with \(marks.count) marker(s) as chapters")
         }
         do {
             guard spare >= 0, ftruncate(spare, 0) == 0, lseek(spare, 0, SEEK_SET) == 0 else {
@@ -387,6 +424,8 @@ public final class Recording {
                 descriptor: spare,
                 formatName: container.formatName,
                 options: ["movflags": "+faststart"],
+                chapters: RecordingMark.chapters(marks, duration: .max, leadingChapter: true),
+                stopAtDamage: !marks.isEmpty,
                 logger: logger
             )
         } catch {
@@ -401,6 +440,27 @@ public final class Recording {
             unlink(temporary)
             throw BroadcastError(
                 .outputFailed, "recording \(destination): could not replace it with the finalized file: \(reason)")
+        }
+    }
+
+    /// Rewrites the Matroska file at `path` (cut by a crash: no chapters, no index) with `marks`
+    /// as chapters, through a temporary file beside it renamed over it when complete; on failure
+    /// the file stays as it was.
+    static func addChapters(toMatroska path: String, marks: [RecordingMark], logger: Logger) throws(BroadcastError) {
+        let (temporary, fd) = try openTemporary(beside: path, tag: "finalizing", hidden: true)
+        do {
+            try Muxer.remux(
+                from: path, to: temporary, descriptor: fd, formatName: Container.mkv.formatName,
+                chapters: RecordingMark.chapters(marks, duration: .max, leadingChapter: false), stopAtDamage: true,
+                logger: logger)
+        } catch {
+            unlink(temporary)
+            throw BroadcastError(.outputFailed, "recording \(path): could not add its markers as chapters (the file is kept as it was): \(error)")
+        }
+        guard rename(temporary, path) == 0 else {
+            let reason = String(cString: strerror(errno))
+            unlink(temporary)
+            throw BroadcastError(.outputFailed, "recording \(path): could not replace it with the file with chapters: \(reason)")
         }
     }
 

@@ -30,7 +30,11 @@ public enum RecordingRecovery {
                 else { return false }
                 return boxes.contains("moof")
             }
-            let holders = OpenFiles.holders(of: leftovers + candidates)
+            // MKV files cut with markers noted beside them: remuxed with the markers as chapters.
+            let markedMatroska = files.filter { path in
+                (try? Recording.container(for: path)) == .mkv && access(RecordingMarksSidecar.path(for: path), F_OK) == 0
+            }
+            let holders = OpenFiles.holders(of: leftovers + candidates + markedMatroska)
             for path in leftovers {
                 if let pid = holders[path] {
                     logger.notice("not removing \(path): process \(pid) has it open")
@@ -44,13 +48,45 @@ public enum RecordingRecovery {
                     continue
                 }
                 guard let container = try? Recording.container(for: path) else { continue }
-                logger.notice("recovering \(path): left fragmented by an unclean stop, finalizing it")
+                let marks = RecordingMarksSidecar.read(for: path) ?? []
+                let withMarks = marks.isEmpty ? "" : " with its \(marks.count) marker(s) as chapters"
+                logger.notice("recovering \(path): left fragmented by an unclean stop, finalizing it\(withMarks)")
                 willFinalize(path)
                 do {
-                    try Recording.finalize(path: path, container: container, logger: logger)
+                    try Recording.finalize(path: path, container: container, marks: marks, logger: logger)
+                    RecordingMarksSidecar.remove(for: path)
                     repaired.append(path)
                 } catch {
                     logger.error("\(error.message)")
+                }
+            }
+            for path in markedMatroska {
+                if let pid = holders[path] {
+                    logger.notice("not recovering the markers of \(path): process \(pid) has it open (still being written?)")
+                    continue
+                }
+                let marks = RecordingMarksSidecar.read(for: path) ?? []
+                if marks.isEmpty {
+                    RecordingMarksSidecar.remove(for: path)
+                    continue
+                }
+                logger.notice("recovering \(path): cut by an unclean stop, adding its \(marks.count) marker(s) as chapters")
+                willFinalize(path)
+                do {
+                    try Recording.addChapters(toMatroska: path, marks: marks, logger: logger)
+                    RecordingMarksSidecar.remove(for: path)
+                    repaired.append(path)
+                } catch {
+                    logger.error("\(error.message)")
+                }
+            }
+            // A finalized MP4/MOV whose markers file outlived it (a crash just after the finalize,
+            // which wrote the chapters): nothing left to do with it.
+            for path in files where !candidates.contains(path) && !markedMatroska.contains(path) {
+                if (try? Recording.container(for: path))?.isFinalizedByRemux == true, holders[path] == nil,
+                    access(RecordingMarksSidecar.path(for: path), F_OK) == 0
+                {
+                    RecordingMarksSidecar.remove(for: path)
                 }
             }
             manifest.compact()

@@ -34,6 +34,11 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
     /// After a write failed (a full disk): the file was closed with what it holds, packets are
     /// dropped, and a new file is tried at a keyframe from this instant on; nil while writing.
     private var nextTryAfterFailure: MonotonicInstant?
+    /// Markers taken from the output, waiting for the packet at their time.
+    private var waitingMarks: [Output.PendingMark] = []
+    /// Where (encoder's time, ns) the stretch the file holds without a cut began: its start, the
+    /// last resume. A marker taken while paused goes where the file goes on.
+    private var stretchStart: Int64 = .min
     /// How often a recording whose writes failed tries a new file.
     static let retryInterval = Duration.seconds(2)
 
@@ -101,6 +106,7 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
                 // Its file starts at zero, in every container, like a segment's (not at the
                 // broadcast's current time, which MKV, TS and FLV would keep as a leading gap).
                 join.restart(at: dts)
+                stretchStart = dts
             }
             if awaitingKeyframe {
                 guard isStartPoint(packet) else {
@@ -110,6 +116,7 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
                 awaitingKeyframe = false
                 // Skip the paused time: this keyframe follows the last packet written directly.
                 join.resume(at: dts)
+                stretchStart = dts
                 status.set(.recording)
                 bitrate.restart(at: .now())
             }
@@ -119,7 +126,10 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
                     continue
                 }
             }
-            if segmentStart == nil { segmentStart = dts }
+            if segmentStart == nil {
+                segmentStart = dts
+                if stretchStart == .min { stretchStart = dts }
+            }
             if let segments, let length = segments.length, let start = segmentStart, isStartPoint(packet),
                 .nanoseconds(dts - start) >= length
             {
@@ -142,11 +152,14 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
                 writeFailed(error)
                 continue
             }
+            if !waitingMarks.isEmpty || output.pendingMarks.load(ordering: .relaxed) != nil { placeMarks(upTo: dts) }
             status.sent(packet)
             status.bytes.store(recording.bytesWritten, ordering: .relaxed)
             if let rate = bitrate.add(packet.size, now: .now()) { status.bitrate.store(rate, ordering: .relaxed) }
             status.setBacklog(max(0, feed.newestDTS.load(ordering: .relaxed) - dts))
         }
+        // Markers taken after the last packet: at the end of the file.
+        placeMarks(upTo: .max)
         // Still waiting for space at the end: what the last file holds is kept as it was closed.
         if nextTryAfterFailure != nil {
             feed.close()
@@ -169,6 +182,27 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
         feed.close()
     }
 
+    /// Places the markers taken at or before `dts` (the packet just written) in the file: at their
+    /// media time less what the file's timestamps take off (its start, pauses), and never before
+    /// the stretch the packet belongs to (a marker taken while paused goes where the file goes on).
+    private func placeMarks(upTo dts: Int64) {
+        if let taken = output.pendingMarks.exchange(nil, ordering: .acquiring) { waitingMarks += taken.marks }
+        guard !waitingMarks.isEmpty else { return }
+        var later: [Output.PendingMark] = []
+        for mark in waitingMarks {
+            guard mark.media <= dts else {
+                later.append(mark)
+                continue
+            }
+            var time = max(mark.media, stretchStart) - join.shift
+            if dts == .max { time = min(time, recording.mediaEnd) }
+            recording.addMark(RecordingMark(nanoseconds: max(0, time), title: mark.title))
+            logger.info("recording \(output.name): marker \"\(mark.title)\" at \(Double(max(0, time)) / 1e9) s of \(recording.path)")
+        }
+        waitingMarks = later
+        output.placedMarks.store(Output.MarkList(recording.marks), ordering: .releasing)
+    }
+
     /// Opens the next segment, which starts at `dts` (time zero in it), then finishes the current
     /// one. The next file first: a finalize that fails (it needs room for a copy of the file, and
     /// retention makes room only after it) leaves that segment fragmented, which plays and which
@@ -178,6 +212,8 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
         recording = try openFile(RecordingRetention.nextPath(segments.pathTemplate, after: previous.path, manifest: manifest))
         segmentStart = dts
         join.restart(at: dts)
+        stretchStart = dts
+        output.placedMarks.store(nil, ordering: .releasing)
         logger.info("recording \(output.name): next segment \(recording.path)")
         do {
             if try previous.finish() { output.fileFinished(previous.path) }
@@ -230,6 +266,8 @@ final class RecordingWorker: OutputWorker, @unchecked Sendable {
         nextTryAfterFailure = nil
         segmentStart = dts
         join.restart(at: dts)
+        stretchStart = dts
+        output.placedMarks.store(nil, ordering: .releasing)
         output.status.clearError()
         output.status.set(.recording)
         logger.notice("recording \(output.name): writing again, in \(recording.path)")

@@ -198,6 +198,8 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
         let save: ReplaySave
         let selection: ReplayBuffer<EncodedPacket>.Selection?
         let note: String?
+        /// The markers within the saved window, in the file's time.
+        var marks: [RecordingMark] = []
     }
 
     private let output: Output
@@ -236,6 +238,12 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
         var newestVideo: Int64 = .min
         var newestAudio: Int64 = .min
         var lastOverflows = 0
+        /// Markers taken from the output, waiting for the packet at their time.
+        var waitingMarks: [Output.PendingMark] = []
+        /// Markers placed, in the buffer's time (the shift taken off), oldest first.
+        var marks: [RecordingMark] = []
+        /// Where (encoder's time) the stretch being buffered began: the first packet, the last resume.
+        var stretchStart: Int64 = .min
     }
 
     func run() {
@@ -302,6 +310,7 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
                 }
                 intake.awaitingKeyframe = false
                 intake.join.resume(at: dts)
+                intake.stretchStart = dts
                 status.set(.recording)
             }
             // A packet that would go back in its stream (audio begun just before the keyframe
@@ -314,9 +323,30 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
                 .init(
                     packet: packet, isVideo: packet.mediaType == .video, isStart: isStart, pts: pts, dts: dts,
                     end: end, shift: intake.join.shift, payloadBytes: packet.size))
+            if intake.stretchStart == .min { intake.stretchStart = dts }
+            if !intake.waitingMarks.isEmpty || output.pendingMarks.load(ordering: .relaxed) != nil { placeMarks(upTo: dts, &intake) }
             status.sent(packet)
         }
         return took
+    }
+
+    /// Places the markers taken at or before `dts` in the buffer's time (as a recording does), and
+    /// forgets those older than anything a save could still hold.
+    private func placeMarks(upTo dts: Int64, _ intake: inout Intake) {
+        if let taken = output.pendingMarks.exchange(nil, ordering: .acquiring) { intake.waitingMarks += taken.marks }
+        var later: [Output.PendingMark] = []
+        for mark in intake.waitingMarks {
+            guard mark.media <= dts else {
+                later.append(mark)
+                continue
+            }
+            intake.marks.append(RecordingMark(nanoseconds: max(mark.media, intake.stretchStart) - intake.join.shift, title: mark.title))
+        }
+        intake.waitingMarks = later
+        if let newest = intake.join.lastEnd {
+            let oldest = newest - intake.buffer.limitNanoseconds - 60_000_000_000
+            intake.marks.removeAll { $0.nanoseconds < oldest }
+        }
     }
 
     /// The buffer's figures for the status, and the warning when one keyframe interval overflowed it.
@@ -356,7 +386,15 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
             let note =
                 covered || output.isPaused || save.whilePaused
                 ? nil : "saved without the last packets asked for (none came within the wait)"
-            jobs.push(Job(save: save, selection: selection, note: selection == nil ? empty : note))
+            // Markers in the window: at their time from the save's start.
+            let marks = selection.map { selection in
+                intake.marks.compactMap { mark -> RecordingMark? in
+                    let time = mark.nanoseconds - selection.base
+                    guard time >= 0, time <= selection.durationNanoseconds else { return nil }
+                    return RecordingMark(nanoseconds: time, title: mark.title)
+                }
+            } ?? []
+            jobs.push(Job(save: save, selection: selection, note: selection == nil ? empty : note, marks: marks))
             jobWakeup.wake()
         }
     }
@@ -410,6 +448,7 @@ final class ReplayWorker: OutputWorker, @unchecked Sendable {
                 for entry in selection.entries {
                     try recording.write(entry.packet, shiftNanoseconds: entry.shift + selection.base)
                 }
+                for mark in job.marks { recording.addMark(mark) }
             } catch {
                 // Incomplete: this save's own new file goes.
                 recording.discard()

@@ -39,6 +39,10 @@ struct Record: ParsableCommand {
             While recording: Ctrl-C (SIGINT) or SIGTERM stops cleanly; a second Ctrl-C quits \
             at once (the file still plays). SIGUSR1 pauses and resumes: the file has no gap.
 
+            Markers: each line typed while recording (standard input a terminal, a pipe or a \
+            FIFO) puts a marker at that moment, titled by the line (Enter alone: "Marker 1", \
+            "Marker 2", ...). MKV, MP4 and MOV recordings get them as chapters.
+
             With --replay 30s a replay buffer runs beside the recording: SIGUSR2 saves its last \
             30 s (plus the rest of the keyframe interval they start in) to a file of its own.
             """
@@ -86,6 +90,7 @@ struct Record: ParsableCommand {
         let session = assembly.makeSession(handler: handler, options: SessionOptions(duration: duration), logger: logger)
         let counters = handler.counters
         let outputs = handler.outputs
+        MarkerInput.start(outputs: outputs.filter(\.takesMarks), logger: logger)
         let outcome = runWithSignals(
             session: session, logger: logger, setupInfo: setupInfo, quiet: runOptions.quiet,
             onSIGUSR2: { saveReplays(outputs, logger: logger) }

@@ -42,7 +42,9 @@ struct Stream: ParsableCommand {
 
             While streaming: Ctrl-C (SIGINT) or SIGTERM stops cleanly (sends what is queued for \
             up to 5 s); SIGUSR1 pauses and resumes; with --replay, SIGUSR2 saves the replay \
-            buffer. Exit status 1 when an output failed or a \
+            buffer. With --record (or a file --output), each line typed on standard input (a \
+            terminal, a pipe or a FIFO) puts a marker, a chapter, into the files (see record \
+            --help). Exit status 1 when an output failed or a \
             stream never went live (the recording is still complete).
             """
     )
@@ -240,6 +242,8 @@ struct Stream: ParsableCommand {
         let session = assembly.makeSession(handler: handler, options: SessionOptions(duration: duration), logger: logger)
         let counters = handler.counters
         let outputs = handler.outputs
+        // A --record file (and a replay buffer) takes markers typed on standard input, as `record` does.
+        MarkerInput.start(outputs: outputs.filter(\.takesMarks), logger: logger)
         let outcome = runWithSignals(
             session: session, logger: logger, setupInfo: setupInfo, quiet: runOptions.quiet,
             onSIGUSR2: { saveReplays(outputs, logger: logger) }

@@ -26,14 +26,15 @@ final class Child: @unchecked Sendable {
     private let outURL: URL
     private let errURL: URL
 
-    init(_ executable: String, _ arguments: [String], directory: URL? = nil, environment: [String: String] = [:]) throws {
+    /// `stdin`: the file (a FIFO, say) the child reads as its standard input.
+    init(_ executable: String, _ arguments: [String], directory: URL? = nil, environment: [String: String] = [:], stdin: String = "/dev/null") throws {
         let tmp = FileManager.default.temporaryDirectory.appendingPathComponent("broadcast-child-\(UUID().uuidString)")
         outURL = tmp.appendingPathExtension("out")
         errURL = tmp.appendingPathExtension("err")
         process = try ChildProcess(
             executable, arguments,
             environment: environment.isEmpty ? nil : ProcessInfo.processInfo.environment.merging(environment) { $1 },
-            directory: directory?.path, stdout: .file(outURL.path), stderr: .file(errURL.path))
+            directory: directory?.path, stdout: .file(outURL.path), stderr: .file(errURL.path), stdin: stdin)
     }
 
     func signal(_ s: Int32) { process.signal(s) }

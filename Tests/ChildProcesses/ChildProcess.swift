@@ -40,12 +40,12 @@ public final class ChildProcess: Sendable {
     ///   - environment: the child's whole environment; nil: the test process's.
     public init(
         _ executable: String, _ arguments: [String], environment: [String: String]? = nil, directory: String? = nil,
-        stdout: Output = .null, stderr: Output = .null
+        stdout: Output = .null, stderr: Output = .null, stdin: String = "/dev/null"
     ) throws {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 0, stdin, O_RDONLY, 0)
         for (fd, output) in [(Int32(1), stdout), (2, stderr)] {
             switch output {
             case .null: posix_spawn_file_actions_addopen(&actions, fd, "/dev/null", O_WRONLY, 0)
