@@ -27,6 +27,9 @@ public struct EncoderSettings: Sendable, Hashable {
     /// The microphone's and the application audio's volume (dB) and mute at the start.
     public var micLevel = AudioLevel()
     public var appLevel = AudioLevel()
+    /// Each source's sync offset (`--mic-offset`, `--app-offset`, `--video-offset`; `[audio]
+    /// mic_offset`, `app_offset`, `[video] offset`): like the levels, changed while running.
+    public var offsets = SourceOffsets()
 
     public init() {}
 
@@ -158,6 +161,7 @@ public struct EncoderSettings: Sendable, Hashable {
         configuration.audioTracks = audioTracks
         configuration.audioSources = sources.map(\.type).filter(\.isAudio)
         configuration.audioLevels = [.audioMic: micLevel, .audioApp: appLevel]
+        configuration.sourceOffsets = offsets
         configuration.video?.colour = colour
         configuration.webRTC = GStreamerWebRTC()
         try configuration.validate()
