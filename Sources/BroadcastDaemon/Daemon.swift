@@ -1002,6 +1002,11 @@ final class BroadcastController: Sendable {
     }
 
     /// The audio sources as the control API names them.
+    /// The sources a sync offset can be set for: the video (when the broadcast has video), then the audio.
+    private static func offsetSources(_ running: Running) -> [(name: String, type: SampleBufferType)] {
+        (running.primaryType == .video ? [("video", SampleBufferType.video)] : []) + audioSourceNames(running.audioSources)
+    }
+
     static func audioSourceNames(_ types: [SampleBufferType]) -> [(name: String, type: SampleBufferType)] {
         [("mic", SampleBufferType.audioMic), ("app", .audioApp)].filter { types.contains($0.1) }
     }
@@ -1095,13 +1100,12 @@ final class BroadcastController: Sendable {
             ("encodes", .array((running.encodes?.all ?? []).map(Self.encodeFields))),
             ("audio", .object(Self.audioSourceNames(running.audioSources).map { source in
                 let level = running.audioControl?.level(of: source.type) ?? AudioLevel()
-                let offset = running.offsetControl?.offset(of: source.type) ?? 0
-                return (source.name, .object([
-                    ("muted", .bool(level.muted)), ("volume_db", .number(level.volumeDecibels)),
-                    ("offset_ms", .number(Double(offset) / 1e6)),
-                ]))
+                return (source.name, .object([("muted", .bool(level.muted)), ("volume_db", .number(level.volumeDecibels))]))
             })),
-            ("video_offset_ms", .number(Double(running.offsetControl?.offset(of: .video) ?? 0) / 1e6)),
+            // Each source's sync offset in milliseconds (positive: delayed).
+            ("offsets_ms", .object(Self.offsetSources(running).map { name, type in
+                (name, JSONValue.number(Double(running.offsetControl?.offset(of: type) ?? 0) / 1e6))
+            })),
             ("memory", Self.memoryFields(running.outputs, budget: state.withLock { $0.config.memoryBudgetBytes })),
             ("error", failure.map(JSONValue.string) ?? .null),
         ]
