@@ -94,9 +94,9 @@ public final class AudioMixer {
     private static func initialCapacity(sampleRate: Int) -> Int { max(4096, sampleRate / 2) }
 
     /// Adds `samples` (planar, `channelCount` arrays) of `input` starting at sample `position`.
-    public func append(_ samples: [[Float]], at position: Int64, from input: SampleBufferType) {
+    public func append(_ samples: [[Float]], at position: Int64, from input: SampleBufferType, lead: Int64 = 0) {
         precondition(samples.count == channelCount, "the mixer takes \(channelCount) channels, got \(samples.count)")
-        AudioChunk(startSample: position, channels: samples).withPlanarAudio { append($0, from: input) }
+        AudioChunk(startSample: position, channels: samples).withPlanarAudio { append($0, from: input, lead: lead) }
     }
 
     /// Adds lent `samples` of `input`, placed at their `startSample`; they are copied in, times
