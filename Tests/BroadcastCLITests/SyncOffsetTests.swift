@@ -136,6 +136,44 @@ import Testing
         }
     }
 
+    /// The picture moved while recording: 200 ms later, then back to 0. The flashes follow (the
+    /// beeps stay), the frames a shorter offset would put back in time are left out, so the video's
+    /// timestamps only go forward and the file decodes cleanly.
+    @Test func aLiveVideoChangeMovesTheFlashesAndKeepsTimeGoingForward() throws {
+        try withRecordingDaemon(outputs: { recordingOutput($0, file: "rec.mkv") }) { dir, socket, _, _ in
+            let file = dir.path("rec.mkv")
+            func mediaSeconds() throws -> Double { try AudioTracksCLITests.mediaSeconds(socket) }
+            while try mediaSeconds() < 2.5 { usleep(200_000) }
+            let before1 = try mediaSeconds()
+            let later = try broadcast(["offset", "video", "200ms", "--socket", socket])
+            let after1 = try mediaSeconds()
+            #expect(later.status == 0 && later.stdout.contains("\"offsets_ms\":{\"video\":200,\"mic\":0}"), "\(later.stdout) \(later.stderr)")
+            while try mediaSeconds() < after1 + 3.2 { usleep(200_000) }
+            let before2 = try mediaSeconds()
+            #expect(SocketConnection.request(socket, "POST", "/v1/video/offset?value=0") == 200)
+            let after2 = try mediaSeconds()
+            while try mediaSeconds() < after2 + 3.2 { usleep(200_000) }
+            #expect(try broadcast(["stop", "--socket", socket]).status == 0)
+
+            try expectDecodesCleanly(file)
+            // In the file's own order, every video packet after the one before it.
+            let r = try run("/usr/bin/ffprobe", ["-v", "error", "-select_streams", "v:0", "-show_entries", "frame=pts_time", "-of", "csv=p=0", file])
+            let times = r.stdout.split(separator: "\n").compactMap { Double($0.trimmingCharacters(in: CharacterSet(charactersIn: ", "))) }
+            #expect(times.count > 200 && zip(times, times.dropFirst()).allSatisfy { $0 < $1 }, "frame times not increasing: \(times)")
+            // Beeps (not moved) against flashes (moved): beep − flash is −200 ms while the video is late.
+            let (pairs, summary) = try Self.beepAfterFlash(file)
+            var checked: [Double: Int] = [:]
+            for pair in pairs {
+                let beep = pair.flash + pair.delay
+                let delay: Double
+                if beep < before1 - 0.5 { delay = 0 } else if beep > after1 + 0.1 && beep < before2 - 0.5 { delay = -0.2 } else if beep > after2 + 0.1 { delay = 0 } else { continue }
+                checked[delay, default: 0] += 1
+                #expect(abs(pair.delay - delay) <= Self.frame, "beep at \(beep) s: its flash \(-pair.delay) s after it, not \(-delay) (changes at \(before1)–\(after1) s and \(before2)–\(after2) s): \(summary)")
+            }
+            #expect(checked[0, default: 0] >= 3 && checked[-0.2, default: 0] >= 2, "\(checked): \(summary)")
+        }
+    }
+
     /// A reload's new `[audio] mic_offset` and `[video] offset` apply at once ("now"); the control
     /// API's own change to a key the reload did not touch stays.
     @Test func aReloadAppliesChangedOffsetsNow() throws {
