@@ -54,6 +54,11 @@ public final class AudioMixer {
         var start: Int64
         /// The input's sync offset in samples, as of its last buffer.
         var lead: Int64 = 0
+        /// Where the input's capture has got to (its last buffer's end less its lead), once it has
+        /// had a lead: after a lead made shorter, the lane's end runs ahead of it until the dropped
+        /// overlap is caught up. nil: never a lead, the lane's end.
+        var capturedEnd: Int64?
+        var captured: Int64 { capturedEnd ?? end - lead }
         let samples: PlanarFIFO
         var end: Int64 { start + Int64(samples.count) }
         var isEmpty: Bool { samples.count == 0 }
@@ -110,6 +115,7 @@ public final class AudioMixer {
         var data = samples
         let lane = lane(for: input, startingAt: data.startSample, lead: lead)
         var position = data.startSample
+        if lead != 0 || lane.capturedEnd != nil { lane.capturedEnd = position + Int64(count) - lead }
         if lead != lane.lead {
             // The offset changed: the samples go exactly where it puts them.
             lane.lead = lead
@@ -163,7 +169,7 @@ public final class AudioMixer {
             let lane = lanes[i]
             guard !lane.isEmpty || cursor != nil else { continue }
             maxEnd = max(maxEnd ?? lane.end, lane.end)
-            maxCapturedEnd = max(maxCapturedEnd ?? lane.end - lane.lead, lane.end - lane.lead)
+            maxCapturedEnd = max(maxCapturedEnd ?? lane.captured, lane.captured)
             if !lane.isEmpty {
                 first = min(first ?? lane.start, lane.start)
                 let captured = lane.lead > 0 ? min(lane.start, max(0, lane.start - lane.lead)) : lane.start
@@ -182,7 +188,7 @@ public final class AudioMixer {
             limit = end
         } else if !final {
             // A lane more than the lag limit behind (in capture time) is silent up to there.
-            for i in 0..<lanes.count { limit = min(limit, max(lanes[i].end, maxCapturedEnd - lagLimit + lanes[i].lead)) }
+            for i in 0..<lanes.count { limit = min(limit, max(lanes[i].end, maxCapturedEnd - lagLimit + lanes[i].end - lanes[i].captured)) }
             // Not past where capture has got to: a delayed lane's last samples wait there, so
             // the final call (`end`: where capture ended) can cut them and the track ends with
             // the broadcast. Without leads this is `maxEnd`, no limit.

@@ -177,6 +177,31 @@ struct AudioMixerTests {
         #expect(mixer.mix(final: true) == nil)
     }
 
+    @Test("a lead made much shorter does not make the other input look late while its overlap is dropped")
+    func shrunkLeadKeepsTheOtherInput() {
+        let mixer = AudioMixer(channelCount: 1, sampleRate: 1000)
+        var out: [Int64: Float] = [:]
+        func drain() {
+            while let chunk = mixer.mix() {
+                for (i, v) in chunk.channels[0].enumerated() { out[chunk.startSample + Int64(i)] = v }
+            }
+        }
+        // The microphone 500 ms late, then 100 ms: the next 400 ms it captures overlap what its
+        // lane holds and are dropped; meanwhile the application must go on being mixed.
+        for step in 0..<12 {
+            let lead: Int64 = step < 6 ? 500 : 100
+            mixer.append(chunk(0.1, 100), at: Int64(step * 100), from: .audioApp)
+            mixer.append(chunk(0.2, 100), at: Int64(step * 100) + lead, from: .audioMic, lead: lead)
+            drain()
+        }
+        let mixed = out.keys.sorted()
+        #expect(mixed.first == 0 && mixed.count == Int(mixed.last! + 1), "one run from 0: \(mixed.first ?? -1)...\(mixed.last ?? -1), \(mixed.count) samples")
+        // The application alone is 0.1, with the microphone 0.3; 0 or 0.2 is the application missing.
+        let appSilent = mixed.filter { abs(out[$0]! - 0.1) > 1e-6 && abs(out[$0]! - 0.3) > 1e-6 }
+        #expect(appSilent.isEmpty, "the application missing from the mix at \(appSilent.first ?? -1)...\(appSilent.last ?? -1)")
+        #expect(mixed.count >= 1100, "mixed \(mixed.count) samples of 1200")
+    }
+
     @Test("the final mix ends where it is told: cut, or filled with silence")
     func finalEnd() {
         let mixer = AudioMixer(channelCount: 1, sampleRate: 1000, expectedInputs: 1)
