@@ -970,6 +970,7 @@ final class BroadcastController: Sendable {
             scene: runningComposite()?.shownSceneName,
             layers: (runningComposite()?.layerStatuses ?? []).map { .init(index: $0.index, name: $0.name, state: $0.sourceState, shown: $0.shown) },
             audio: Self.audioSourceNames(running.audioSources).map { ($0.name, running.audioControl?.level(of: $0.type).muted ?? false) },
+            offsets: Self.offsetSources(running).map { ($0.name, running.offsetControl?.offset(of: $0.type) ?? 0) },
             // What a pause leaves out is asked for, not lost: no drops event for it.
             drops: running.outputs.map { output in
                 .init(scope: "output", name: output.name, count: output.statistics().drops.filter { $0.key != .paused }.values.reduce(0, +))

@@ -83,6 +83,9 @@ import Testing
             """, outputs: { recordingOutput($0, file: "rec.mp4") }) { dir, socket, up, _ in
             let file = dir.path("rec.mp4")
             #expect(up.contains("\"offsets_ms\":{\"video\":0,\"mic\":0,\"app\":0}"), "\(up)")
+            let watcher = try #require(SocketConnection(socket))
+            watcher.send("GET /v1/events HTTP/1.1\r\n\r\n")
+            #expect(watcher.read(until: "event: state"), "\(watcher.text)")
             func mediaSeconds() throws -> Double { try AudioTracksCLITests.mediaSeconds(socket) }
             while try mediaSeconds() < 2.5 { usleep(200_000) }
             let before1 = try mediaSeconds()
@@ -90,6 +93,8 @@ import Testing
             let after1 = try mediaSeconds()
             #expect(later.status == 0, "\(later.stderr)")
             #expect(later.stdout.contains("\"offsets_ms\":{\"video\":0,\"mic\":300,\"app\":0}"), "\(later.stdout)")
+            #expect(watcher.read(until: "event: offset"), "\(watcher.text)")
+            #expect(watcher.text.contains("\"source\":\"mic\",\"offset_ms\":300"), "\(watcher.text)")
             while try mediaSeconds() < after1 + 3.2 { usleep(200_000) }
             let before2 = try mediaSeconds()
             let code = SocketConnection.request(socket, "POST", "/v1/audio/mic/offset?value=100ms")
