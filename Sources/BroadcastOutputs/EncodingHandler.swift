@@ -582,26 +582,21 @@ public final class EncodingHandler: BroadcastSampleHandler {
         switch type {
         case .video:
             guard videoEncoder != nil else { return }
-            // The source's sync offset, as set now (one atomic load): a frame it puts before the
-            // start, or not after the last frame sent (the offset was made smaller), goes.
+            // The source's sync offset, as set now (one atomic load). A frame it puts before the
+            // start, or not after the last frame sent (the offset was made smaller), goes: the
+            // timestamps only go forward.
             let offset = offsetControl.offset(of: .video)
-            if offset != 0 {
-                let time = (buffer.presentationTime.nanoseconds ?? 0) + offset
-                if time < 0 || lastVideoTime.map({ time <= $0 }) ?? false {
-                    framesDroppedByOffset += 1
-                    videoEncoder?.skippedFrame()
-                    for encode in extraEncodes { encode.encoder.skippedFrame() }
-                    return
-                }
-                try encodeVideo(buffer.retimed(to: MediaTime(nanoseconds: time)))
-            } else {
-                if let last = lastVideoTime, let time = buffer.presentationTime.nanoseconds, time <= last {
-                    framesDroppedByOffset += 1
-                    videoEncoder?.skippedFrame()
-                    for encode in extraEncodes { encode.encoder.skippedFrame() }
-                    return
-                }
+            guard let time = buffer.presentationTime.nanoseconds.map({ $0 + offset }) else { return try encodeVideo(buffer) }
+            if time < 0 || lastVideoTime.map({ time <= $0 }) ?? false {
+                framesDroppedByOffset += 1
+                videoEncoder?.skippedFrame()
+                for encode in extraEncodes { encode.encoder.skippedFrame() }
+                return
+            }
+            if offset == 0 {
                 try encodeVideo(buffer)
+            } else {
+                try encodeVideo(buffer.retimed(to: MediaTime(nanoseconds: time)))
             }
         case .audioMic, .audioApp:
             try processAudio(buffer, of: type)
