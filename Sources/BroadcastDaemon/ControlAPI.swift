@@ -98,11 +98,14 @@ enum ControlAPI {
         }
     }
 
-    /// `POST /v1/audio/{mic|app}/offset?value=200ms`, `POST /v1/video/offset?value=-0.1s`: the
-    /// source's sync offset from its next buffer; 400 with the range for a bad value.
+    /// `POST /v1/audio/{mic|app}/offset?value=200ms`, `POST /v1/video/offset?value=-0.1s` (or the
+    /// value as the body): the source's sync offset from its next buffer; 400 with the range for a
+    /// bad value.
     static func setOffset(_ source: String, _ request: ControlRequest, controller: BroadcastController) -> ControlResponse {
-        // An unescaped '+' in a query is a space: "?value=+200ms" means +200ms.
-        guard let value = request.query["value"].map({ $0.hasPrefix(" ") ? "+" + $0.dropFirst() : $0 }) else {
+        // An unescaped '+' in a query is a space: "?value=+200ms" means +200ms. Without a query,
+        // the body (plain text: "200ms") is the value.
+        let body = String(decoding: request.body, as: UTF8.self).filter { !$0.isWhitespace }
+        guard let value = request.query["value"].map({ $0.hasPrefix(" ") ? "+" + $0.dropFirst() : $0 }) ?? (body.isEmpty ? nil : body) else {
             return .error(400, "missing ?value=: the \(source) offset from -2s to +2s, such as ?value=200ms, ?value=-0.15s or ?value=0")
         }
         do {

@@ -267,6 +267,11 @@ import Testing
             #expect(SocketConnection.request(socket, "POST", "/v1/audio/speaker/offset?value=10ms") == 400)
             #expect(SocketConnection.request(socket, "GET", "/v1/video/offset") == 405)
             #expect(SocketConnection.request(socket, "POST", "/v1/video/offset?value=-40ms") == 200)
+            // The value as the body, plain text.
+            let c = try #require(SocketConnection(socket))
+            c.send("POST /v1/audio/mic/offset HTTP/1.1\r\nContent-Length: 6\r\n\r\n+150ms")
+            _ = c.readToEnd()
+            #expect(c.text.hasPrefix("HTTP/1.1 200") && c.text.contains("\"offsets_ms\":{\"video\":-40,\"mic\":150}"), "\(c.text)")
             let cli = try broadcast(["offset", "mic", "2.5s", "--socket", socket])
             #expect(cli.status == 2 && cli.stderr.contains("invalid mic offset '2.5s': expected an offset from -2s to +2s"), "\(cli.stderr)")
             let negative = try broadcast(["offset", "mic", "-20ms", "--socket", socket])
