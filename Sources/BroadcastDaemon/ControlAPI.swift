@@ -76,11 +76,18 @@ enum ControlAPI {
             return .json(200, controller.status())
         case ("POST", let path) where path.hasPrefix("/v1/scene/"):
             return DaemonScenes.select(String(path.dropFirst("/v1/scene/".count)), controller: controller)
+        case ("POST", "/v1/video/offset"):
+            return Self.setOffset("video", request, controller: controller)
+        case ("POST", let path) where path.hasPrefix("/v1/audio/") && path.hasSuffix("/offset"):
+            // /v1/audio/{mic|app}/offset?value=200ms
+            let parts = path.dropFirst("/v1/audio/".count).split(separator: "/", omittingEmptySubsequences: false)
+            guard parts.count == 2 else { return .error(400, "unknown audio action '\(path)': use /v1/audio/{mic|app}/offset?value=200ms") }
+            return Self.setOffset(String(parts[0]), request, controller: controller)
         case ("POST", let path) where path.hasPrefix("/v1/audio/"):
             // /v1/audio/{mic|app}/{mute|unmute}, /v1/audio/{mic|app}/volume?db=-6 (or {"volume_db": -6})
             let parts = path.dropFirst("/v1/audio/".count).split(separator: "/", omittingEmptySubsequences: false)
             guard parts.count == 2, ["mute", "unmute", "volume"].contains(parts[1]) else {
-                return .error(400, "unknown audio action '\(path)': use /v1/audio/{mic|app}/{mute|unmute|volume}")
+                return .error(400, "unknown audio action '\(path)': use /v1/audio/{mic|app}/{mute|unmute|volume|offset}")
             }
             do {
                 if parts[1] == "volume" {
@@ -105,11 +112,31 @@ enum ControlAPI {
             return .json(200, controller.status())
         case (_, "/v1/status"), (_, "/metrics"):
             return .error(405, "\(request.method) is not allowed on \(request.path): use GET")
-        case (_, let path) where path.hasPrefix("/v1/broadcast/") || path.hasPrefix("/v1/outputs/") || path.hasPrefix("/v1/audio/") || path.hasPrefix("/v1/scene/") || path == "/v1/replay/save" || path == "/v1/reload" || path == "/v1/marker":
+        case (_, let path) where path.hasPrefix("/v1/broadcast/") || path.hasPrefix("/v1/outputs/") || path.hasPrefix("/v1/audio/") || path.hasPrefix("/v1/scene/") || path == "/v1/replay/save" || path == "/v1/reload" || path == "/v1/marker" || path == "/v1/video/offset":
             return .error(405, "\(request.method) is not allowed on \(path): use POST")
         default:
-            return .error(404, "no such endpoint: \(request.path) (see / for the page, /v1/status, /v1/events, /v1/preview.jpg, /v1/broadcast/{start,pause,resume,stop}, /v1/outputs/{name}/{pause,resume,save}, /v1/replay/save, /v1/marker, /v1/audio/{mic,app}/{mute,unmute,volume}, /v1/scene/{name}, /v1/reload, /metrics)")
+            return .error(404, "no such endpoint: \(request.path) (see / for the page, /v1/status, /v1/events, /v1/preview.jpg, /v1/broadcast/{start,pause,resume,stop}, /v1/outputs/{name}/{pause,resume,save}, /v1/replay/save, /v1/marker, /v1/audio/{mic,app}/{mute,unmute,volume,offset}, /v1/video/offset, /v1/scene/{name}, /v1/reload, /metrics)")
         }
+    }
+
+    /// `POST /v1/audio/{mic|app}/offset?value=200ms`, `POST /v1/video/offset?value=-0.1s` (or the
+    /// value as the body): the source's sync offset from its next buffer; 400 with the range for a
+    /// bad value.
+    static func setOffset(_ source: String, _ request: ControlRequest, controller: BroadcastController) -> ControlResponse {
+        // An unescaped '+' in a query is a space: "?value=+200ms" means +200ms. Without a query,
+        // the body (plain text: "200ms") is the value.
+        let body = String(decoding: request.body, as: UTF8.self).filter { !$0.isWhitespace }
+        guard let value = request.query["value"].map({ $0.hasPrefix(" ") ? "+" + $0.dropFirst() : $0 }) ?? (body.isEmpty ? nil : body) else {
+            return .error(400, "missing ?value=: the \(source) offset from -2s to +2s, such as ?value=200ms, ?value=-0.15s or ?value=0")
+        }
+        do {
+            try controller.setOffset(source, value)
+        } catch let error as BroadcastError {
+            return .error(error.code == .illegalTransition ? 409 : 400, error.message)
+        } catch {
+            return .error(400, "\(error)")
+        }
+        return .json(200, controller.status())
     }
 }
 

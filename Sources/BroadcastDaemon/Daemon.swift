@@ -384,6 +384,8 @@ final class BroadcastController: Sendable {
         var composite: LayeredVideoSource?
         /// The audio sources' volumes and mutes (`POST /v1/audio/...`), and which sources there are.
         var audioControl: AudioSourceControl? = nil
+        /// The sources' sync offsets (`POST /v1/audio/{mic,app}/offset`, `/v1/video/offset`, a reload).
+        var offsetControl: SourceOffsetControl? = nil
         var audioSources: [SampleBufferType] = []
         /// The broadcast's video encode (its picture's size, rate and colour: what an output's own
         /// encode added by a reload is made from); nil without video.
@@ -506,6 +508,7 @@ final class BroadcastController: Sendable {
         withAudio.video = assembly.configuration.video
         withAudio.encodes = handler.videoEncodes
         withAudio.audioControl = handler.audioControl
+        withAudio.offsetControl = handler.offsetControl
         withAudio.audioSources = assembly.configuration.audioSources
         withAudio.composite = captureSources.lazy.compactMap { $0.source as? LayeredVideoSource }.first
         state.withLock { $0.running = withAudio }
@@ -570,6 +573,50 @@ final class BroadcastController: Sendable {
         control.setMuted(muted, of: type)
         logger.notice("\(source) audio \(muted ? "muted" : "unmuted")")
         publishChanges()
+    }
+
+    /// Sets the sync offset of a source (`mic`, `app`, `video`) of the running broadcast from
+    /// `text` ("200ms", "-0.15s", "0"), from its next buffer on. Throws `invalidArgument` for a
+    /// value out of range or malformed or a source the broadcast has not, `illegalTransition`
+    /// when none runs.
+    func setOffset(_ source: String, _ text: String) throws {
+        let type: SampleBufferType
+        let spec: OptionSpec<Int64>
+        switch source {
+        case "mic": (type, spec) = (.audioMic, Options.micOffset)
+        case "app": (type, spec) = (.audioApp, Options.appOffset)
+        case "video": (type, spec) = (.video, Options.videoOffset)
+        default: throw BroadcastError(.invalidArgument, "unknown source '\(source)': use mic, app or video")
+        }
+        let offset: Int64
+        do {
+            offset = try spec.parse(text)
+        } catch {
+            throw BroadcastError(.invalidArgument, error.description.replacing("invalid \(spec.name.flag) ", with: "invalid \(source) offset ", maxReplacements: 1))
+        }
+        guard let running = state.withLock({ $0.running }), running.session.state != .finished,
+            let control = running.offsetControl
+        else {
+            throw BroadcastError(.illegalTransition, "cannot set the \(source) offset: no broadcast is running")
+        }
+        guard type == .video ? running.primaryType == .video : running.audioSources.contains(type) else {
+            throw BroadcastError(.invalidArgument, "cannot set the \(source) offset: the broadcast has no \(source == "video" ? "video" : "\(source) audio")")
+        }
+        if control.set(offset, of: type) {
+            logger.notice("\(source) offset \(Values.offsetText(offset))")
+        }
+        publishChanges()
+    }
+
+    /// A reload's new `[audio] mic_offset`, `app_offset` and `[video] offset` apply at once, from
+    /// each source's next buffer; one the reload did not change stays as the control API left it.
+    private func applyOffsets(of fresh: DaemonConfiguration, changedFrom previous: DaemonConfiguration, to running: Running, trigger: String) {
+        guard let control = running.offsetControl else { return }
+        for (name, type) in [("video", SampleBufferType.video), ("mic", .audioMic), ("app", .audioApp)]
+        where fresh.encoder.offsets[type] != previous.encoder.offsets[type] {
+            control.set(fresh.encoder.offsets[type], of: type)
+            logger.notice("\(trigger): \(name) offset \(Values.offsetText(fresh.encoder.offsets[type]))")
+        }
     }
 
     /// A reload's new `mic_volume`/`mic_mute` (`app_...`) apply at once, from the source's next
@@ -799,6 +846,7 @@ final class BroadcastController: Sendable {
         }
         let applied = sourceReload?.apply(to: running.session, logger: logger)
         applyAudioLevels(of: fresh, changedFrom: previous, to: running, trigger: trigger)
+        applyOffsets(of: fresh, changedFrom: previous, to: running, trigger: trigger)
         state.withLock { state in
             var definitions = Dictionary(fresh.outputs.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
             // An output still on its old settings is compared with them at the next reload.
@@ -951,6 +999,7 @@ final class BroadcastController: Sendable {
             scene: runningComposite()?.shownSceneName,
             layers: (runningComposite()?.layerStatuses ?? []).map { .init(index: $0.index, name: $0.name, state: $0.sourceState, shown: $0.shown) },
             audio: Self.audioSourceNames(running.audioSources).map { ($0.name, running.audioControl?.level(of: $0.type).muted ?? false) },
+            offsets: Self.offsetSources(running).map { ($0.name, running.offsetControl?.offset(of: $0.type) ?? 0) },
             // What a pause leaves out is asked for, not lost: no drops event for it.
             drops: running.outputs.map { output in
                 .init(scope: "output", name: output.name, count: output.statistics().drops.filter { $0.key != .paused }.values.reduce(0, +))
@@ -984,6 +1033,11 @@ final class BroadcastController: Sendable {
     }
 
     /// The audio sources as the control API names them.
+    /// The sources a sync offset can be set for: the video (when the broadcast has video), then the audio.
+    private static func offsetSources(_ running: Running) -> [(name: String, type: SampleBufferType)] {
+        (running.primaryType == .video ? [("video", SampleBufferType.video)] : []) + audioSourceNames(running.audioSources)
+    }
+
     static func audioSourceNames(_ types: [SampleBufferType]) -> [(name: String, type: SampleBufferType)] {
         [("mic", SampleBufferType.audioMic), ("app", .audioApp)].filter { types.contains($0.1) }
     }
@@ -1080,6 +1134,10 @@ final class BroadcastController: Sendable {
             ("audio", .object(Self.audioSourceNames(running.audioSources).map { source in
                 let level = running.audioControl?.level(of: source.type) ?? AudioLevel()
                 return (source.name, .object([("muted", .bool(level.muted)), ("volume_db", .number(level.volumeDecibels))]))
+            })),
+            // Each source's sync offset in milliseconds (positive: delayed).
+            ("offsets_ms", .object(Self.offsetSources(running).map { name, type in
+                (name, JSONValue.number(Double(running.offsetControl?.offset(of: type) ?? 0) / 1e6))
             })),
             ("memory", Self.memoryFields(running.outputs, budget: state.withLock { $0.config.memoryBudgetBytes })),
             ("error", failure.map(JSONValue.string) ?? .null),

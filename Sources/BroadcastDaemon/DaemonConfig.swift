@@ -135,6 +135,7 @@ public struct DaemonConfiguration: Sendable {
             "video": table([
                 Options.video.setting(\.sources.video), Options.size.setting(\.sources.size), Options.fps.setting(\.sources.frameRate),
                 Options.videoInput.setting(\.sources.videoInput), Options.videoFormat.setting(\.sources.videoFormat),
+                Options.videoOffset.setting(\.encoder.offsets.video),
             ]),
             "audio": table([
                 Options.audioMic.setting(\.sources.audioMic), Options.audioApp.setting(\.sources.audioApp),
@@ -142,6 +143,7 @@ public struct DaemonConfiguration: Sendable {
                 Options.micVolume.setting(\.encoder.micLevel.volumeDecibels), Options.appVolume.setting(\.encoder.appLevel.volumeDecibels),
                 Options.micMute.setting(\.encoder.micLevel.muted), Options.appMute.setting(\.encoder.appLevel.muted),
                 Options.micDenoise.setting(\.encoder.micDenoise),
+                Options.micOffset.setting(\.encoder.offsets.mic), Options.appOffset.setting(\.encoder.offsets.app),
             ]),
             "encoder": table([
                 Options.videoBitrate.setting(\.encoder.videoBitrate), Options.audioBitrate.setting(\.encoder.audioBitrate),

@@ -40,6 +40,8 @@ struct EventSnapshot {
     }
     /// Per audio source (mic, app), whether it is muted.
     var audio: [(String, Bool)] = []
+    /// Per source (video, mic, app), its sync offset in nanoseconds.
+    var offsets: [(String, Int64)] = []
     /// What was dropped so far, per output and per sample-buffer type of the session.
     var drops: [Drops] = []
     /// The markers taken in this broadcast, in order.
@@ -118,6 +120,10 @@ struct EventSnapshot {
         let previousAudio = sameSession ? Dictionary(before.audio, uniquingKeysWith: { a, _ in a }) : [:]
         for (source, muted) in audio where muted != (previousAudio[source] ?? false) {
             events.append(("audio", [("source", .string(source)), ("state", .string(muted ? "muted" : "unmuted"))]))
+        }
+        let previousOffsets = sameSession ? Dictionary(before.offsets, uniquingKeysWith: { a, _ in a }) : [:]
+        for (source, offset) in offsets where offset != (previousOffsets[source] ?? 0) {
+            events.append(("offset", [("source", .string(source)), ("offset_ms", .number(Double(offset) / 1e6))]))
         }
         let previousDrops = sameSession ? Dictionary(before.drops.map { ("\($0.scope) \($0.name)", $0.count) }, uniquingKeysWith: { a, _ in a }) : [:]
         for drop in drops where Self.dropBand(drop.count) > Self.dropBand(previousDrops["\(drop.scope) \(drop.name)"] ?? 0) {

@@ -29,6 +29,9 @@ public struct EncoderSettings: Sendable, Hashable {
     public var appLevel = AudioLevel()
     /// The microphone's noise suppression (`--mic-denoise`, `[audio] mic_denoise`).
     public var micDenoise: Bool = Options.micDenoise.defaultValue
+    /// Each source's sync offset (`--mic-offset`, `--app-offset`, `--video-offset`; `[audio]
+    /// mic_offset`, `app_offset`, `[video] offset`): like the levels, changed while running.
+    public var offsets = SourceOffsets()
 
     public init() {}
 
@@ -173,6 +176,7 @@ public struct EncoderSettings: Sendable, Hashable {
             guard configuration.audioSources.contains(.audioMic) else { throw Self.noMicrophoneToDenoise }
             configuration.micDenoise = true
         }
+        configuration.sourceOffsets = offsets
         configuration.video?.colour = colour
         configuration.webRTC = GStreamerWebRTC()
         try configuration.validate()

@@ -257,6 +257,16 @@ public enum Options {
     /// Why `--app-denoise` / `app_denoise` is refused (it is not an option, but a likely guess).
     public static let appDenoiseRefusal =
         "noise suppression is for the microphone only (--mic-denoise): music and game audio must not be treated as noise"
+    /// A source's sync offset (see `Values.offset`): positive delays it, -2s to +2s.
+    public static let micOffset = OptionSpec<Int64>("--mic-offset", "audio.mic_offset", default: "0") { text in
+        try Values.offset(text, option: "--mic-offset")
+    }
+    public static let appOffset = OptionSpec<Int64>("--app-offset", "audio.app_offset", default: "0") { text in
+        try Values.offset(text, option: "--app-offset")
+    }
+    public static let videoOffset = OptionSpec<Int64>("--video-offset", "video.offset", default: "0") { text in
+        try Values.offset(text, option: "--video-offset")
+    }
     /// A source's volume in decibels: "-6dB", "-6", "+3dB", from -60 to +20 (0: as captured).
     public static let volumeRange: ClosedRange<Double> = -60...20
     static func volume(_ text: String, option: String) throws -> Double {

@@ -233,6 +233,14 @@ public struct SampleBuffer: ~Copyable {
         self.owner = owner
     }
 
+    /// The same buffer stamped `presentationTime` (a source's sync offset applied): it shares the
+    /// planes and their owner, valid as long as this one is.
+    package func retimed(to presentationTime: MediaTime) -> SampleBuffer {
+        SampleBuffer(
+            format: format, presentationTime: presentationTime, duration: duration, planes: planes, frameCount: frameCount,
+            changedRegions: changedRegions, owner: owner)
+    }
+
     /// True when the buffer says its picture is the previous one again (``changedRegions`` empty).
     public var isRepeat: Bool { changedRegions?.isEmpty == true }
 

@@ -25,6 +25,12 @@ public struct AudioChunk: Sendable, Hashable {
 /// `lagLimit` behind the others counts as silent there, and what it delivers later for time already
 /// mixed is dropped. One input alone passes through unchanged.
 ///
+/// An input may carry a sync offset (`lead`, in samples: its samples are placed that much later than
+/// they were captured). The lag between inputs is judged on capture time, less each one's lead, so
+/// an input delayed by 2 s is not taken for one 2 s ahead of the others; a lane whose lead changes
+/// continues exactly at the new position (no jitter snap): a gap in silence, an overlap dropped. At
+/// the start a positive lead is silence from where its capture began, so the track starts there.
+///
 /// At the start the mixer waits until `lagLimit` of audio has come in (unless `expectedInputs`
 /// inputs have all delivered) so that a second input starting a little later is mixed from its first
 /// sample rather than cut.
@@ -46,6 +52,13 @@ public final class AudioMixer {
         let input: SampleBufferType
         /// Position of the first sample held; when empty, where the next buffer is expected.
         var start: Int64
+        /// The input's sync offset in samples, as of its last buffer.
+        var lead: Int64 = 0
+        /// Where the input's capture has got to (its last buffer's end less its lead), once it has
+        /// had a lead: after a lead made shorter, the lane's end runs ahead of it until the dropped
+        /// overlap is caught up. nil: never a lead, the lane's end.
+        var capturedEnd: Int64?
+        var captured: Int64 { capturedEnd ?? end - lead }
         let samples: PlanarFIFO
         var end: Int64 { start + Int64(samples.count) }
         var isEmpty: Bool { samples.count == 0 }
@@ -86,22 +99,29 @@ public final class AudioMixer {
     private static func initialCapacity(sampleRate: Int) -> Int { max(4096, sampleRate / 2) }
 
     /// Adds `samples` (planar, `channelCount` arrays) of `input` starting at sample `position`.
-    public func append(_ samples: [[Float]], at position: Int64, from input: SampleBufferType) {
+    public func append(_ samples: [[Float]], at position: Int64, from input: SampleBufferType, lead: Int64 = 0) {
         precondition(samples.count == channelCount, "the mixer takes \(channelCount) channels, got \(samples.count)")
-        AudioChunk(startSample: position, channels: samples).withPlanarAudio { append($0, from: input) }
+        AudioChunk(startSample: position, channels: samples).withPlanarAudio { append($0, from: input, lead: lead) }
     }
 
     /// Adds lent `samples` of `input`, placed at their `startSample`; they are copied in, times
-    /// `gain` (a source's volume; 0 mutes it, keeping its place on the timeline).
-    public func append(_ samples: PlanarAudio, from input: SampleBufferType, gain: Float = 1) {
+    /// `gain` (a source's volume; 0 mutes it, keeping its place on the timeline). `lead`: the
+    /// input's sync offset in samples, already in `startSample` (see above).
+    public func append(_ samples: PlanarAudio, from input: SampleBufferType, gain: Float = 1, lead: Int64 = 0) {
         precondition(
             samples.channelCount == channelCount, "the mixer takes \(channelCount) channels, got \(samples.channelCount)")
         let count = samples.frameCount
         guard count > 0 else { return }
         var data = samples
-        let lane = lane(for: input, startingAt: data.startSample)
+        let lane = lane(for: input, startingAt: data.startSample, lead: lead)
         var position = data.startSample
-        if abs(position - lane.end) <= jitterTolerance { position = lane.end }
+        if lead != 0 || lane.capturedEnd != nil { lane.capturedEnd = position + Int64(count) - lead }
+        if lead != lane.lead {
+            // The offset changed: the samples go exactly where it puts them.
+            lane.lead = lead
+        } else if abs(position - lane.end) <= jitterTolerance {
+            position = lane.end
+        }
         if position > lane.end {
             if lane.isEmpty {
                 lane.start = position
@@ -117,11 +137,13 @@ public final class AudioMixer {
         if let cursor, lane.start < cursor { Self.trim(lane, upTo: cursor) }
     }
 
-    private func lane(for input: SampleBufferType, startingAt position: Int64) -> Lane {
+    private func lane(for input: SampleBufferType, startingAt position: Int64, lead: Int64) -> Lane {
         for i in 0..<lanes.count where lanes[i].input == input { return lanes[i] }
         let lane = Lane(
             input: input, start: position, channels: channelCount, capacity: Self.initialCapacity(sampleRate: sampleRate))
         lanes.append(lane)
+        // The first buffer's lead is the lane's own: no change to react to.
+        lane.lead = lead
         return lane
     }
 
@@ -133,26 +155,44 @@ public final class AudioMixer {
 
     /// `mix(final:)` without the copy: the samples are lent from the mixer's own storage until
     /// its next call.
-    public func mixed(final: Bool = false) -> PlanarAudio? {
+    /// `end` (with `final`): the mix ends there, cut or filled with silence (a source's offset moved
+    /// its last samples past, or short of, the end of the broadcast).
+    public func mixed(final: Bool = false, until end: Int64? = nil) -> PlanarAudio? {
         // The lanes that count: those holding samples, or all once mixing has started.
         var maxEnd: Int64?
         var first: Int64?
+        // The furthest any counted lane has got in capture time (its end less its lead), and
+        // where the earliest one's capture began (a delayed lane starts in silence from there).
+        var maxCapturedEnd: Int64?
+        var firstCaptured: Int64?
         for i in 0..<lanes.count {
             let lane = lanes[i]
             guard !lane.isEmpty || cursor != nil else { continue }
             maxEnd = max(maxEnd ?? lane.end, lane.end)
-            if !lane.isEmpty { first = min(first ?? lane.start, lane.start) }
+            maxCapturedEnd = max(maxCapturedEnd ?? lane.captured, lane.captured)
+            if !lane.isEmpty {
+                first = min(first ?? lane.start, lane.start)
+                let captured = lane.lead > 0 ? min(lane.start, max(0, lane.start - lane.lead)) : lane.start
+                firstCaptured = min(firstCaptured ?? captured, captured)
+            }
         }
-        guard let maxEnd else { return nil }
+        guard let maxEnd, let maxCapturedEnd else { return nil }
         if cursor == nil {
-            guard let first else { return nil }
+            guard let first, let firstCaptured else { return nil }
             if !final, lanes.count < expectedInputs, maxEnd - first < lagLimit { return nil }
-            cursor = first
+            cursor = firstCaptured
         }
         let from = cursor!
         var limit = maxEnd
-        if !final {
-            for i in 0..<lanes.count { limit = min(limit, max(lanes[i].end, maxEnd - lagLimit)) }
+        if let end, final {
+            limit = end
+        } else if !final {
+            // A lane more than the lag limit behind (in capture time) is silent up to there.
+            for i in 0..<lanes.count { limit = min(limit, max(lanes[i].end, maxCapturedEnd - lagLimit + lanes[i].end - lanes[i].captured)) }
+            // Not past where capture has got to: a delayed lane's last samples wait there, so
+            // the final call (`end`: where capture ended) can cut them and the track ends with
+            // the broadcast. Without leads this is `maxEnd`, no limit.
+            limit = min(limit, maxCapturedEnd)
         }
         guard limit > from else { return nil }
         let length = Int(limit - from)

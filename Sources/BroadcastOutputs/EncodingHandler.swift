@@ -35,6 +35,8 @@ public struct EncodingConfiguration: Sendable {
     /// The microphone's samples go through noise suppression (`NoiseSuppressor`) before its track
     /// and the mix. Only with a microphone among `audioSources` (`validate` refuses it otherwise).
     public var micDenoise = false
+    /// Each source's sync offset at the start (`EncodingHandler.offsetControl` changes them).
+    public var sourceOffsets = SourceOffsets()
 
     public init(
         video: VideoEncoderSettings?,
@@ -202,6 +204,16 @@ public final class EncodingHandler: BroadcastSampleHandler {
     private var audioLayout: AudioTrackLayout?
     /// The sources' volumes and mutes: set from any thread, applied from each source's next buffer.
     public let audioControl: AudioSourceControl
+    /// The sources' sync offsets: set from any thread, applied from each source's next buffer.
+    public let offsetControl: SourceOffsetControl
+    /// An offset other than 0 was applied to audio: the audio's end is then set by where the
+    /// sources' captures ended (`audioEnd`), not by where the offsets moved their last samples.
+    private var audioOffsetApplied = false
+    /// End of the audio delivered (output samples, before offsets).
+    private var audioEnd: Int64 = 0
+    /// Video frames left out because their offset put them before the start or not after the
+    /// frame before them (an offset made smaller while running).
+    public private(set) var framesDroppedByOffset = 0
     private var resamplers: [SampleBufferType: Resampler] = [:]
     /// `micDenoise`: the microphone's noise suppression, made at the start (state allocated once).
     private var micDenoiser: NoiseSuppressor?
@@ -252,6 +264,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
         let mediaClock = MediaClock(realtime: realtime)
         self.mediaClock = mediaClock
         audioControl = AudioSourceControl(configuration.audioLevels)
+        offsetControl = SourceOffsetControl(configuration.sourceOffsets)
         var outputs: [Output] = []
         do {
             for output in configuration.allOutputs {
@@ -655,85 +668,139 @@ public final class EncodingHandler: BroadcastSampleHandler {
         if end > deliveredEnd { deliveredEnd = end }
         switch type {
         case .video:
-            guard let videoEncoder else { return }
-            let time = buffer.presentationTime.nanoseconds ?? 0
-            if resumedSinceVideo, let last = lastVideoTime, let rate = configuration.video?.frameRate,
-                rate.numerator > 0, time - last < 1_000_000_000 * Int64(rate.denominator) / Int64(rate.numerator)
-            {
-                // A pause cut out a stretch of capture that is not a whole number of frames: the
-                // first frame after it can fall less than a frame period after the one before it.
-                // Players and transcoders that count in frames (1/fps) would give both the same
-                // timestamp ("non monotonically increasing dts"): this frame goes; the next one is
-                // between one and two periods after the last.
-                framesDroppedAfterResume += 1
-                videoEncoder.skippedFrame()
+            guard videoEncoder != nil else { return }
+            // The source's sync offset, as set now (one atomic load). A frame it puts before the
+            // start, or not after the last frame sent (the offset was made smaller), goes: the
+            // timestamps only go forward.
+            let offset = offsetControl.offset(of: .video)
+            guard let time = buffer.presentationTime.nanoseconds.map({ $0 + offset }) else { return try encodeVideo(buffer) }
+            if time < 0 || lastVideoTime.map({ time <= $0 }) ?? false {
+                framesDroppedByOffset += 1
+                videoEncoder?.skippedFrame()
                 for encode in extraEncodes { encode.encoder.skippedFrame() }
                 return
             }
-            if configuration.frameRateMode == .vfr, let settings = configuration.video {
-                let interval = Int64(settings.keyframeIntervalSeconds * 1_000_000_000)
-                let keyframeDue = lastKeyframeTime.map { time - $0 >= interval } ?? true
-                if buffer.isRepeat, !keyframeDue {
-                    // The picture did not change: no frame (its changes, none, are not lost to the
-                    // encoder's kept picture). The last one is sent at the end so the file is as long.
-                    repeatsNotSent += 1
-                    unsentRepeatTime = time
-                    return
-                }
-                unsentRepeatTime = nil
-                if keyframeDue {
-                    forceKeyframe()
-                    lastKeyframeTime = time
-                }
-            }
-            resumedSinceVideo = false
-            lastVideoTime = time
-            if keyframeRequest.load(ordering: .relaxed), keyframeRequest.exchange(false, ordering: .acquiring) {
-                forceKeyframe()
-            }
-            try route(media { () throws(FFmpegError) in try videoEncoder.encode(buffer) })
-            for encode in extraEncodes {
-                if encode.controller != nil { adapt(encode) }
-                try route(media { () throws(FFmpegError) in try encode.encoder.encode(buffer) }, encode: encode.status)
-            }
-            if buffer.videoFormat?.pixelFormat == .mjpeg {
-                counters.undecodableFrames.store(videoEncoder.undecodableFrames, ordering: .relaxed)
+            if offset == 0 {
+                try encodeVideo(buffer)
+            } else {
+                try encodeVideo(buffer.retimed(to: MediaTime(nanoseconds: time)))
             }
         case .audioMic, .audioApp:
-            guard let settings = configuration.audio, audioLayout != nil, let format = buffer.audioFormat else { return }
-            if resamplers[type]?.input != format {
-                resamplers[type] = try media { () throws(FFmpegError) in
-                    try Resampler(
-                        input: format,
-                        outputRate: settings.sampleRate,
-                        outputChannels: settings.channels
-                    )
-                }
-            }
-            let resampler = resamplers[type]!
-            let position = buffer.presentationTime.rescaled(to: Int32(settings.sampleRate)).value
-            // Converted and steered onto the timestamps (a device clock's drift is resampled away).
-            // Lent from stage to stage (the resampler's storage, then the mixer's): no copies, no
-            // allocation per buffer.
-            let converted = try media { () throws(FFmpegError) in try resampler.resample(buffer, at: position) }
-            // The microphone denoised first (before its volume, its track and the mix), in the
-            // suppressor's 10 ms frames: what is ready comes out at its own positions.
-            if type == .audioMic, let micDenoiser {
-                try micDenoiser.denoise(converted) { denoised in try deliverAudio(denoised, of: type) }
-            } else {
-                try deliverAudio(converted, of: type)
-            }
+            try processAudio(buffer, of: type)
         }
     }
 
-    /// Hands a source's samples (on the timeline, at the encoder's rate) to the mix and to the
-    /// source's own track. Session thread.
-    private func deliverAudio(_ converted: PlanarAudio, of type: SampleBufferType) throws {
+    /// A video frame, on its timeline (its offset applied).
+    private func encodeVideo(_ buffer: borrowing SampleBuffer) throws {
+        guard let videoEncoder else { return }
+        let time = buffer.presentationTime.nanoseconds ?? 0
+        if resumedSinceVideo, let last = lastVideoTime, let rate = configuration.video?.frameRate,
+            rate.numerator > 0, time - last < 1_000_000_000 * Int64(rate.denominator) / Int64(rate.numerator)
+        {
+            // A pause cut out a stretch of capture that is not a whole number of frames: the
+            // first frame after it can fall less than a frame period after the one before it.
+            // Players and transcoders that count in frames (1/fps) would give both the same
+            // timestamp ("non monotonically increasing dts"): this frame goes; the next one is
+            // between one and two periods after the last.
+            framesDroppedAfterResume += 1
+            videoEncoder.skippedFrame()
+            for encode in extraEncodes { encode.encoder.skippedFrame() }
+            return
+        }
+        if configuration.frameRateMode == .vfr, let settings = configuration.video {
+            let interval = Int64(settings.keyframeIntervalSeconds * 1_000_000_000)
+            let keyframeDue = lastKeyframeTime.map { time - $0 >= interval } ?? true
+            if buffer.isRepeat, !keyframeDue {
+                // The picture did not change: no frame (its changes, none, are not lost to the
+                // encoder's kept picture). The last one is sent at the end so the file is as long.
+                repeatsNotSent += 1
+                unsentRepeatTime = time
+                return
+            }
+            unsentRepeatTime = nil
+            if keyframeDue {
+                forceKeyframe()
+                lastKeyframeTime = time
+            }
+        }
+        resumedSinceVideo = false
+        lastVideoTime = time
+        if keyframeRequest.load(ordering: .relaxed), keyframeRequest.exchange(false, ordering: .acquiring) {
+            forceKeyframe()
+        }
+        try route(media { () throws(FFmpegError) in try videoEncoder.encode(buffer) })
+        for encode in extraEncodes {
+            if encode.controller != nil { adapt(encode) }
+            try route(media { () throws(FFmpegError) in try encode.encoder.encode(buffer) }, encode: encode.status)
+        }
+        if buffer.videoFormat?.pixelFormat == .mjpeg {
+            counters.undecodableFrames.store(videoEncoder.undecodableFrames, ordering: .relaxed)
+        }
+    }
+
+    /// An audio buffer: resampled on its capture timestamps, then moved by its source's offset
+    /// into the mix and its own track, whose aligners keep the track continuous across a change
+    /// (silence for a gap, an overlap dropped).
+    private func processAudio(_ buffer: borrowing SampleBuffer, of type: SampleBufferType) throws {
+        guard let settings = configuration.audio, audioLayout != nil, let format = buffer.audioFormat else { return }
+        if resamplers[type]?.input != format {
+            resamplers[type] = try media { () throws(FFmpegError) in
+                try Resampler(
+                    input: format,
+                    outputRate: settings.sampleRate,
+                    outputChannels: settings.channels
+                )
+            }
+        }
+        let resampler = resamplers[type]!
+        let position = buffer.presentationTime.rescaled(to: Int32(settings.sampleRate)).value
+        // Converted and steered onto the timestamps (a device clock's drift is resampled away).
+        // Lent from stage to stage (the resampler's storage, then the mixer's): no copies, no
+        // allocation per buffer.
+        var converted = try media { () throws(FFmpegError) in try resampler.resample(buffer, at: position) }
+        // The source's sync offset, as set now (one atomic load), in output samples. Applied
+        // after the resampler, which keeps steering on the capture timestamps: a change is a
+        // jump the aligners below fill with silence or take the overlap out of.
+        let lead = audioLead(of: type, sampleRate: settings.sampleRate)
+        if let start = buffer.presentationTime.nanoseconds {
+            let end = start + (buffer.duration.nanoseconds ?? 0)
+            audioEnd = max(audioEnd, (end * Int64(settings.sampleRate) + 500_000_000) / 1_000_000_000)
+        }
+        if lead != 0 {
+            audioOffsetApplied = true
+            converted.startSample += lead
+            // An early source's first samples belong before the start: they go.
+            if converted.startSample < 0 {
+                let before = Int(-converted.startSample)
+                if before >= converted.frameCount { return }
+                converted = converted.dropping(first: before)
+            }
+        }
+        // The microphone denoised first (before its volume, its track and the mix), in the
+        // suppressor's 10 ms frames: what is ready comes out at its own positions (a changed
+        // offset is a jump, which flushes what it holds first).
+        if type == .audioMic, let micDenoiser {
+            try micDenoiser.denoise(converted) { denoised in try deliverAudio(denoised, of: type, lead: lead) }
+        } else {
+            try deliverAudio(converted, of: type, lead: lead)
+        }
+    }
+
+    /// A source's sync offset as set now, in samples at `sampleRate` (rounded to the nearest).
+    private func audioLead(of type: SampleBufferType, sampleRate: Int) -> Int64 {
+        let offset = offsetControl.offset(of: type)
+        return offset == 0 ? 0 : (offset * Int64(sampleRate) + (offset > 0 ? 500_000_000 : -500_000_000)) / 1_000_000_000
+    }
+
+    /// Hands a source's samples (on the timeline, at the encoder's rate, its offset `lead` in
+    /// samples applied) to the mix and to the source's own track, and to their encodes at other
+    /// outputs' bitrates. Session thread.
+    private func deliverAudio(_ converted: PlanarAudio, of type: SampleBufferType, lead: Int64) throws {
         // The source's volume and mute, as set now (one atomic load): applied to its part of
         // the mix and to its own track alike.
         let gain = audioControl.gain(of: type)
         if let audioEncoder, let mixer {
-            mixer.append(converted, from: type, gain: gain)
+            mixer.append(converted, from: type, gain: gain, lead: lead)
             while let mixed = mixer.mixed() {
                 if let index = mixTrackIndex { audioTrackTap?(index, mixed) }
                 try route(media { () throws(FFmpegError) in try audioEncoder.encode(mixed) })
@@ -744,7 +811,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
             }
         }
         for track in sourceTracks where track.type == type {
-            track.aligner.append(converted, from: type, gain: gain)
+            track.aligner.append(converted, from: type, gain: gain, lead: lead)
             while let samples = track.aligner.mixed() {
                 if let index = sourceTrackIndex[type] { audioTrackTap?(index, samples) }
                 try route(media { () throws(FFmpegError) in try track.encoder.encode(samples) })
@@ -792,11 +859,12 @@ public final class EncodingHandler: BroadcastSampleHandler {
         do {
             // The microphone's last samples still inside the suppressor (a frame and its delay).
             if let micDenoiser {
-                try micDenoiser.finish { denoised in try deliverAudio(denoised, of: .audioMic) }
+                let lead = audioLead(of: .audioMic, sampleRate: configuration.audio?.sampleRate ?? 48_000)
+                try micDenoiser.finish { denoised in try deliverAudio(denoised, of: .audioMic, lead: lead) }
                 if micDenoiser.failedFrames > 0 { logger.warning("audio: noise suppression left \(micDenoiser.failedFrames) frames as they were (the library refused them)") }
             }
             if let audioEncoder, mixer != nil {
-                if let mixed = mixer!.mixed(final: true) {
+                if let mixed = mixer!.mixed(final: true, until: audioOffsetApplied ? audioEnd : nil) {
                     try route(audioEncoder.encode(mixed))
                     if let opusEncoder { try route(opusEncoder.encode(mixed), opus: true) }
                     for extra in extraAudio where extra.track == mixTrackIndex { try route(extra.encoder.encode(mixed), own: true) }
@@ -805,7 +873,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
                 if let opusEncoder { try route(opusEncoder.flush(), opus: true) }
             }
             for track in sourceTracks {
-                if let samples = track.aligner.mixed(final: true) {
+                if let samples = track.aligner.mixed(final: true, until: audioOffsetApplied ? audioEnd : nil) {
                     try route(track.encoder.encode(samples))
                     for extra in extraAudio where extra.track == sourceTrackIndex[track.type] {
                         try route(extra.encoder.encode(samples), own: true)
@@ -832,7 +900,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
             // with a count: a check of "delivered = in the file" must subtract these (a starved
             // device handing over two buffers within 1 ms of each other is one).
             logger.info(
-                "video: \(counters.videoFrames.load(ordering: .relaxed)) frames encoded; left out: \(videoEncoder.droppedFrames) less than 1 ms after the previous, \(videoEncoder.undecodableFrames) undecodable, \(framesDroppedAfterResume) too close after a resume, \(repeatsNotSent) unchanged (vfr)"
+                "video: \(counters.videoFrames.load(ordering: .relaxed)) frames encoded; left out: \(videoEncoder.droppedFrames) less than 1 ms after the previous, \(videoEncoder.undecodableFrames) undecodable, \(framesDroppedAfterResume) too close after a resume, \(repeatsNotSent) unchanged (vfr), \(framesDroppedByOffset) moved before the start or the previous frame by --video-offset"
             )
         }
         // The encoders are done: their memory (x264's frames and lookahead, tens of MB at 1080p)

@@ -39,6 +39,15 @@ public struct StatusSummary: Sendable {
         if let drift = status["audio_drift_ppm"]?.numberValue {
             lines.append("audio:     drift \(drift >= 0 ? "+" : "")\(Int(drift.rounded())) ppm against the video clock")
         }
+        if case .object(let offsets)? = status["offsets_ms"], offsets.contains(where: { ($0.1.numberValue ?? 0) != 0 }) {
+            // Only when a source is moved: "offsets:   video 0 ms, mic +120 ms".
+            let parts = offsets.map { name, value -> String in
+                let ms = value.numberValue ?? 0
+                let text = ms == ms.rounded() ? String(Int(ms)) : String(ms)
+                return "\(name) \(ms > 0 ? "+" : "")\(text) ms"
+            }
+            lines.append("offsets:   " + parts.joined(separator: ", "))
+        }
         if case .object(let types)? = status["types"], !types.isEmpty {
             lines.append("sources:")
             let nameWidth = types.map(\.0.count).max() ?? 0

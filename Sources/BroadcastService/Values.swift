@@ -98,6 +98,31 @@ public enum Values {
         return MediaTime(nanoseconds: Int64(rounded))
     }
 
+    /// The widest sync offset a source takes (`--mic-offset`, `--app-offset`, `--video-offset`): 2 s either way.
+    public static let maximumOffsetNanoseconds: Int64 = 2_000_000_000
+
+    /// A sync offset: "200ms", "-0.15s", "+1s", "0", "-0.2" (seconds), from -2s to +2s, in
+    /// nanoseconds. Positive delays the source (its buffers are stamped later).
+    public static func offset(_ text: String, option: String) throws -> Int64 {
+        let accepted = "expected an offset from -2s to +2s, such as 200ms, -0.15s or 0"
+        var body = Substring(text)
+        let negative = body.hasPrefix("-")
+        if negative || body.hasPrefix("+") { body = body.dropFirst() }
+        guard !body.hasPrefix("-"), !body.hasPrefix("+"), let nanoseconds = durationNanoseconds(String(body)), nanoseconds.isFinite else {
+            throw ValueError("invalid \(option) '\(text)': \(accepted)")
+        }
+        let rounded = nanoseconds.rounded()
+        guard rounded <= Double(maximumOffsetNanoseconds) else { throw ValueError("invalid \(option) '\(text)': \(accepted)") }
+        return negative ? -Int64(rounded) : Int64(rounded)
+    }
+
+    /// An offset as the options spell it: "+200ms", "-150ms", "0ms".
+    public static func offsetText(_ nanoseconds: Int64) -> String {
+        let milliseconds = Double(nanoseconds) / 1e6
+        let text = milliseconds == milliseconds.rounded() ? String(Int64(milliseconds)) : String(milliseconds)
+        return (nanoseconds > 0 ? "+" : "") + text + "ms"
+    }
+
     /// "10G", "500M", "64k", "1000000": bytes (powers of 1024 for the suffixes), from 1 to 1000000T.
     public static func byteCount(_ text: String, option: String) throws -> Int64 {
         let units: [Character: Double] = ["k": 0x1p10, "K": 0x1p10, "M": 0x1p20, "G": 0x1p30, "T": 0x1p40]

@@ -22,7 +22,7 @@ struct Broadcast: AsyncParsableCommand {
               broadcast record demo.mp4 --duration 10s
               broadcast devices
             """,
-        subcommands: [Record.self, Stream.self, Devices.self, DaemonCommand.self, Status.self, Start.self, Pause.self, Resume.self, Mute.self, Unmute.self, Stop.self, Reload.self, Replay.self, Scene.self, Mark.self, UI.self]
+        subcommands: [Record.self, Stream.self, Devices.self, DaemonCommand.self, Status.self, Start.self, Pause.self, Resume.self, Mute.self, Unmute.self, Offset.self, Stop.self, Reload.self, Replay.self, Scene.self, Mark.self, UI.self]
     )
 
     /// Parses and runs; bad input exits 2 with one line that names the value and what is accepted.

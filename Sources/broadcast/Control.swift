@@ -1,5 +1,6 @@
 import ArgumentParser
 import Atomics
+import BroadcastDaemon
 import BroadcastKit
 import BroadcastService
 
@@ -226,6 +227,43 @@ struct Unmute: ParsableCommand {
     @OptionGroup var control: ControlOptions
     @OptionGroup var audio: AudioSourceArgument
     func run() throws { try control.call("POST", "/v1/audio/\(audio.source)/unmute") }
+}
+
+struct Offset: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Move a running daemon's microphone, application audio or picture in time (a sync offset).",
+        discussion: """
+            broadcast offset mic 200ms plays the microphone 200 ms later than captured (for a late \
+            picture), broadcast offset video -0.1s shows the picture 100 ms earlier; -2s to +2s, 0 \
+            undoes it. Applies from the source's next buffer: the audio track stays continuous (a \
+            longer delay is filled with silence, a shorter one drops the samples it overlaps), video \
+            frames that would go back in time are left out. Lasts until the broadcast stops; the \
+            config's [audio] mic_offset, app_offset and [video] offset are the start's.
+            """
+    )
+    @OptionGroup var control: ControlOptions
+    @Argument(help: ArgumentHelp("mic, app or video.", valueName: "source"))
+    var source: String
+    @Argument(parsing: .allUnrecognized, help: ArgumentHelp("The offset: 200ms, -0.15s, 0 (from -2s to +2s).", valueName: "offset"))
+    var value: [String] = []
+
+    func validate() throws {
+        guard ["mic", "app", "video"].contains(source) else {
+            throw ValidationError("invalid source '\(source)': accepted are mic, app and video")
+        }
+        guard value.count == 1 else { throw ValidationError("expected one offset, such as 200ms, -0.15s or 0") }
+        let spec = source == "video" ? Options.videoOffset : source == "app" ? Options.appOffset : Options.micOffset
+        do {
+            _ = try spec.parse(value[0])
+        } catch {
+            throw ValidationError(error.description.replacing("invalid \(spec.name.flag) ", with: "invalid \(source) offset ", maxReplacements: 1))
+        }
+    }
+
+    func run() throws {
+        let path = source == "video" ? "/v1/video/offset" : "/v1/audio/\(source)/offset"
+        try control.call("POST", "\(path)?value=\(pathSegment(value[0]))")
+    }
 }
 
 struct Stop: ParsableCommand {

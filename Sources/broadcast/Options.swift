@@ -112,6 +112,23 @@ struct EncoderOptions: ParsableArguments {
     @Option(name: .customLong("app-volume"), help: ArgumentHelp("The application audio's volume in dB, -60dB to +20dB.", valueName: "dB"))
     var appVolume: String = Options.appVolume.defaultText!
 
+    @Option(
+        name: .customLong("mic-offset"), parsing: .unconditional,
+        help: ArgumentHelp(
+            "Move the microphone in time against the other sources, -2s to +2s: 200ms plays it 200 ms later (a late picture), -0.15s earlier. Changed while running: broadcast offset mic VALUE.",
+            valueName: "offset"))
+    var micOffset: String = Options.micOffset.defaultText!
+
+    @Option(name: .customLong("app-offset"), parsing: .unconditional, help: ArgumentHelp("Move the application audio in time, -2s to +2s (like --mic-offset).", valueName: "offset"))
+    var appOffset: String = Options.appOffset.defaultText!
+
+    @Option(
+        name: .customLong("video-offset"), parsing: .unconditional,
+        help: ArgumentHelp(
+            "Move the picture in time against the audio, -2s to +2s: 200ms shows each frame 200 ms later. Frames it puts before the start are left out.",
+            valueName: "offset"))
+    var videoOffset: String = Options.videoOffset.defaultText!
+
     @Flag(name: .customLong("mute-mic"), help: "Start with the microphone muted (silence in its track and the mix).")
     var muteMic = false
 
@@ -151,6 +168,9 @@ struct EncoderOptions: ParsableArguments {
         settings.micLevel.volumeDecibels = try Options.micVolume.parse(micVolume)
         settings.appLevel.volumeDecibels = try Options.appVolume.parse(appVolume)
         settings.micLevel.muted = muteMic
+        settings.offsets.mic = try Options.micOffset.parse(micOffset)
+        settings.offsets.app = try Options.appOffset.parse(appOffset)
+        settings.offsets.video = try Options.videoOffset.parse(videoOffset)
         settings.appLevel.muted = muteApp
         if appDenoise { throw OptionError(Options.micDenoise.name, "--app-denoise: \(Options.appDenoiseRefusal)") }
         settings.micDenoise = micDenoise

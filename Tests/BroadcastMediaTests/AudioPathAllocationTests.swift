@@ -81,9 +81,12 @@ import Testing
         /// `--mic-denoise`: the microphone through the noise suppressor before the mix.
         let denoiser: NoiseSuppressor?
         private(set) var packets = 0
+        /// The microphone's sync offset in samples (`--mic-offset`), added after the resampler.
+        let micLead: Int64
 
-        init(encoding: Bool, tracks: Bool = false, denoise: Bool = false) throws {
+        init(encoding: Bool, tracks: Bool = false, denoise: Bool = false, micLead: Int64 = 0) throws {
             denoiser = denoise ? try NoiseSuppressor(sampleRate: 48_000, channelCount: 2) : nil
+            self.micLead = micLead
             self.tracks = tracks ? [.audioMic: AudioMixer(channelCount: 2, sampleRate: 48_000, expectedInputs: 1),
                                     .audioApp: AudioMixer(channelCount: 2, sampleRate: 48_000, expectedInputs: 1)] : [:]
             mic = try Resampler(input: AudioPathAllocationTests.micFormat, outputRate: 48_000, outputChannels: 2)
@@ -95,22 +98,24 @@ import Testing
         func process(_ buffer: borrowing SampleBuffer, from type: SampleBufferType) throws {
             let resampler = type == .audioMic ? mic : app
             let position = buffer.presentationTime.rescaled(to: 48_000).value
-            let converted = try resampler.resample(buffer, at: position)
+            var converted = try resampler.resample(buffer, at: position)
+            let lead = type == .audioMic ? micLead : 0
+            converted.startSample += lead
             if type == .audioMic, let denoiser {
-                try denoiser.denoise(converted) { try deliver($0, from: type) }
+                try denoiser.denoise(converted) { try deliver($0, from: type, lead: lead) }
             } else {
-                try deliver(converted, from: type)
+                try deliver(converted, from: type, lead: lead)
             }
         }
 
-        func deliver(_ converted: PlanarAudio, from type: SampleBufferType) throws {
+        func deliver(_ converted: PlanarAudio, from type: SampleBufferType, lead: Int64) throws {
             let gain: Float = tracks.isEmpty ? 1 : 0.5
-            mixer.append(converted, from: type, gain: gain)
+            mixer.append(converted, from: type, gain: gain, lead: lead)
             while let mixed = mixer.mixed() {
                 if let encoder { packets += try encoder.encode(mixed).count }
             }
             if let track = tracks[type] {
-                track.append(converted, from: type, gain: gain)
+                track.append(converted, from: type, gain: gain, lead: lead)
                 while track.mixed() != nil {}
             }
         }
@@ -118,11 +123,13 @@ import Testing
 
     /// Runs `warmUp` then `window` periods of both inputs through the path, counting the window.
     /// Prints "own ffmpeg packets" for the parent to read.
-    static func count(encoding: Bool, tracks: Bool = false, denoise: Bool = false, warmUp: Int = 300, window: Int = 1000) throws {
+    static func count(
+        encoding: Bool, tracks: Bool = false, denoise: Bool = false, micLead: Int64 = 0, warmUp: Int = 300, window: Int = 1000
+    ) throws {
         AllocationCounter.prepare(countingCaptureThreads: false)
         defer { AllocationCounter.finish() }
         let inputs = Inputs()
-        let path = try Path(encoding: encoding, tracks: tracks, denoise: denoise)
+        let path = try Path(encoding: encoding, tracks: tracks, denoise: denoise, micLead: micLead)
         var packetsBefore = 0
         for step in 0..<(warmUp + window) {
             if step == warmUp {
@@ -175,6 +182,17 @@ import Testing
         let counts = try #require(Self.parse(result.standardOutputContent))
         #expect(counts.own == 0, "allocations in 2000 buffers after the warm-up")
         #expect(counts.ffmpeg == 0, "allocations inside the libraries in 2000 buffers after the warm-up")
+    }
+
+    @Test("a sync offset (the microphone 300 ms late, past the lag limit) allocates nothing per buffer")
+    func syncOffsetAllocatesNothing() async throws {
+        let result = try #require(
+            await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
+                try AudioPathAllocationTests.count(encoding: false, tracks: true, micLead: 14_400)
+            })
+        let counts = try #require(Self.parse(result.standardOutputContent))
+        #expect(counts.own == 0, "allocations in 2000 buffers after the warm-up")
+        #expect(counts.ffmpeg == 0, "allocations inside libswresample in 2000 buffers after the warm-up")
     }
 
     @Test("encoding the mix allocates only per AAC packet")

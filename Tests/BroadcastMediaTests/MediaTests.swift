@@ -139,6 +139,84 @@ struct AudioMixerTests {
         #expect(out?.frameCount == 150)
     }
 
+    @Test("an input delayed by its sync offset is not taken for one the others lag behind")
+    func leadIsNotLag() {
+        let mixer = AudioMixer(channelCount: 1, sampleRate: 1000)
+        // The microphone 300 ms late (beyond the 200 ms lag limit): its samples sit 300 ms ahead.
+        for step in 0..<4 {
+            mixer.append(chunk(0.1, 100), at: Int64(step * 100), from: .audioApp)
+            mixer.append(chunk(0.2, 100), at: Int64(300 + step * 100), from: .audioMic, lead: 300)
+        }
+        // Mixed up to where capture has got to (400), the application's samples all there, the
+        // microphone silent for its first 300 ms.
+        let out = mixer.mix()
+        #expect(out?.startSample == 0)
+        #expect(out?.frameCount == 400)
+        #expect(out.map { $0.channels[0].prefix(300).allSatisfy { abs($0 - 0.1) < 1e-6 } } == true)
+        #expect(out.map { $0.channels[0].suffix(100).allSatisfy { abs($0 - 0.3) < 1e-6 } } == true)
+    }
+
+    @Test("a changed lead continues exactly: a gap of silence, an overlap dropped, no jitter snap")
+    func changedLead() {
+        let mixer = AudioMixer(channelCount: 1, sampleRate: 1000, expectedInputs: 1)
+        mixer.append(chunk(0.5, 100), at: 0, from: .audioMic)
+        #expect(mixer.mix()?.frameCount == 100)
+        // 5 ms later (within the jitter tolerance, applied all the same): 5 samples of silence;
+        // the mix waits where capture has got to (200).
+        mixer.append(chunk(0.5, 100), at: 105, from: .audioMic, lead: 5)
+        let grown = mixer.mix()
+        #expect(grown?.startSample == 100)
+        #expect(grown?.frameCount == 100)
+        #expect(grown.map { Array($0.channels[0].prefix(6)) } == [0, 0, 0, 0, 0, 0.5])
+        // Back to 0: the 5 samples the new position overlaps are dropped, the run goes on.
+        mixer.append(chunk(0.25, 100), at: 200, from: .audioMic, lead: 0)
+        let shrunk = mixer.mix()
+        #expect(shrunk?.startSample == 200)
+        #expect(shrunk?.frameCount == 100)
+        #expect(shrunk.map { Array($0.channels[0][4...6]) } == [0.5, 0.25, 0.25])
+        #expect(mixer.mix(final: true) == nil)
+    }
+
+    @Test("a lead made much shorter does not make the other input look late while its overlap is dropped")
+    func shrunkLeadKeepsTheOtherInput() {
+        let mixer = AudioMixer(channelCount: 1, sampleRate: 1000)
+        var out: [Int64: Float] = [:]
+        func drain() {
+            while let chunk = mixer.mix() {
+                for (i, v) in chunk.channels[0].enumerated() { out[chunk.startSample + Int64(i)] = v }
+            }
+        }
+        // The microphone 500 ms late, then 100 ms: the next 400 ms it captures overlap what its
+        // lane holds and are dropped; meanwhile the application must go on being mixed.
+        for step in 0..<12 {
+            let lead: Int64 = step < 6 ? 500 : 100
+            mixer.append(chunk(0.1, 100), at: Int64(step * 100), from: .audioApp)
+            mixer.append(chunk(0.2, 100), at: Int64(step * 100) + lead, from: .audioMic, lead: lead)
+            drain()
+        }
+        let mixed = out.keys.sorted()
+        #expect(mixed.first == 0 && mixed.count == Int(mixed.last! + 1), "one run from 0: \(mixed.first ?? -1)...\(mixed.last ?? -1), \(mixed.count) samples")
+        // The application alone is 0.1, with the microphone 0.3; 0 or 0.2 is the application missing.
+        let appSilent = mixed.filter { abs(out[$0]! - 0.1) > 1e-6 && abs(out[$0]! - 0.3) > 1e-6 }
+        #expect(appSilent.isEmpty, "the application missing from the mix at \(appSilent.first ?? -1)...\(appSilent.last ?? -1)")
+        #expect(mixed.count >= 1100, "mixed \(mixed.count) samples of 1200")
+    }
+
+    @Test("the final mix ends where it is told: cut, or filled with silence")
+    func finalEnd() {
+        let mixer = AudioMixer(channelCount: 1, sampleRate: 1000, expectedInputs: 1)
+        mixer.append(chunk(0.5, 100), at: 50, from: .audioMic, lead: 50)
+        // A delayed start is silence from where capture began.
+        let first = mixer.mix()
+        #expect(first?.startSample == 0)
+        #expect(first.map { $0.channels[0].prefix(50).allSatisfy { $0 == 0 } && $0.channels[0].suffix(50).allSatisfy { $0 == 0.5 } } == true)
+        #expect(mixer.mixed(final: true, until: 120).map(AudioChunk.init) == AudioChunk(startSample: 100, channels: [Array(repeating: 0.5, count: 20)]))
+        let padded = AudioMixer(channelCount: 1, sampleRate: 1000, expectedInputs: 1)
+        padded.append(chunk(0.5, 100), at: 0, from: .audioMic, lead: -20)
+        #expect(padded.mix()?.frameCount == 100)
+        #expect(padded.mixed(final: true, until: 120).map(AudioChunk.init) == AudioChunk(startSample: 100, channels: [Array(repeating: 0, count: 20)]))
+    }
+
     @Test("at the start the mixer waits for a second input before mixing")
     func startupGrace() {
         let mixer = AudioMixer(channelCount: 1, sampleRate: 1000)

@@ -57,6 +57,18 @@ import Testing
         #expect(text.contains("12 source"), "\(text)")
     }
 
+    @Test("sync offsets are shown only when a source is moved")
+    func offsets() {
+        func render(_ offsets: String) -> String {
+            var text = Self.document(outputs: []).serialized()
+            text.removeLast()
+            return StatusSummary(width: 100).render(JSONValue.parse(text + ",\"offsets_ms\":\(offsets)}")!)
+        }
+        let moved = render("{\"video\":0,\"mic\":120,\"app\":-50.5}")
+        #expect(moved.contains("offsets:   video 0 ms, mic +120 ms, app -50.5 ms"), "\(moved)")
+        #expect(!render("{\"video\":0,\"mic\":0}").contains("offsets"))
+    }
+
     @Test("a paused output reads paused; an output's error and the broadcast's error are shown")
     func pausedAndErrors() {
         let text = StatusSummary().render(Self.document(

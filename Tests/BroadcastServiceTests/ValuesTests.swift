@@ -50,6 +50,9 @@ import Testing
             let ns = try Values.duration(text, option: "--duration").nanoseconds ?? 0
             return (1...Values.maximumDurationNanoseconds).contains(ns)
         }
+        expectInRange(text, "offset") {
+            (-Values.maximumOffsetNanoseconds...Values.maximumOffsetNanoseconds).contains(try Values.offset(text, option: "--mic-offset"))
+        }
         expectInRange(text, "byteCount") { (1...Values.maximumBytes).contains(try Values.byteCount(text, option: "retain_bytes")) }
         expectInRange(text, "memoryBudget") { ((16 << 20)...(1 << 40)).contains(try Values.memoryBudget(text, option: "--memory-budget")) }
     }
@@ -117,5 +120,18 @@ import Testing
         #expect(try Values.duration("01:30", option: "d").nanoseconds == 90 * 1_000_000_000)
         #expect(try Values.byteCount("10G", option: "b") == 10 << 30)
         #expect(try Values.byteCount("1000000", option: "b") == 1_000_000)
+    }
+
+    @Test(arguments: [
+        ("200ms", 200_000_000), ("-0.15s", -150_000_000), ("+1s", 1_000_000_000), ("0", 0), ("-0.2", -200_000_000),
+        ("2s", 2_000_000_000), ("-2000ms", -2_000_000_000), ("1s500ms", 1_500_000_000),
+    ] as [(String, Int64)])
+    func offsetsParse(text: String, nanoseconds: Int64) throws {
+        #expect(try Values.offset(text, option: "--mic-offset") == nanoseconds)
+    }
+
+    @Test(arguments: ["2.001s", "-3s", "--1s", "+-1s", "", "-", "soon", "1e400", "nan", "200 ms"])
+    func offsetsRefused(text: String) {
+        #expect(throws: ValueError.self) { try Values.offset(text, option: "--mic-offset") }
     }
 }
