@@ -10,13 +10,18 @@ import Glibc
 struct Broadcast: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "broadcast",
-        abstract: "Capture video and audio on Linux, encode once, record and stream.",
+        abstract: "Capture video and audio on Linux, encode per quality, record and stream.",
         discussion: """
             broadcast runs a capture session: sources (V4L2 video devices, ALSA PCMs, X11 \
-            screens, and the built-in test pattern and tone) deliver timestamped sample buffers on \
-            one clock to a handler, called serially like ReplayKit's RPBroadcastSampleHandler. The \
-            built-in handler encodes H.264 + AAC with FFmpeg's libraries and writes every output \
-            (recordings, RTMP/RTMPS and SRT streams) from one encode.
+            screens, the Wayland desktop through the ScreenCast portal and PipeWire, PipeWire \
+            audio, and the built-in test pattern and tone; layers and scenes composed over the \
+            first video) deliver timestamped sample buffers on one clock to a handler, called \
+            serially like ReplayKit's RPBroadcastSampleHandler. The built-in handler encodes \
+            H.264 + AAC with FFmpeg's libraries and writes every output (recordings, a replay \
+            buffer, RTMP/RTMPS, SRT and WHIP streams): outputs that ask the same quality share one \
+            encode, and live outputs can follow their network (--adaptive). The daemon is run by \
+            systemd and controlled through its socket (status, pause, mark, scene, ...) or its \
+            page (broadcast ui).
 
             Start with:
               broadcast record demo.mp4 --duration 10s

@@ -458,6 +458,11 @@ final class PollState: Sendable {
             """)
         #expect(titles != nil, "meters: \((try? browser.string("return Array.from(document.querySelectorAll('#meters .meter')).map((m) => m.dataset.title).join()")) ?? "")")
         #expect(try browser.string("return document.getElementById('meters').innerText")?.contains("track1") == false)
+
+        // Mark: a chapter in the recording, its default title.
+        try browser.click("#mark")
+        #expect(try ControlPageTests.waitForStatus(socket) { ($0["marks"] as? [[String: Any]])?.first?["title"] as? String == "Marker 1" },
+                "the page's Mark did not mark: \((try? ControlPageTests.status(socket)["marks"]).map { "\($0)" } ?? "")")
     }
 
     @Test func thePageListsTheEncodes() throws {
