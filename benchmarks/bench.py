@@ -546,12 +546,16 @@ def machine():
 
 
 class Nginx:
-    """A throwaway nginx-rtmp (own temp dir, one process, no recording) for the stream cases."""
+    """A throwaway nginx-rtmp (own temp dir, one process) for the stream cases; `record=True` keeps
+    what it receives in record_dir (one .flv per publish: benchmarks/dip.py reads it)."""
 
     MODULE = "/usr/lib/nginx/modules/ngx_rtmp_module.so"
 
-    def __init__(self, work):
+    def __init__(self, work, record=False):
         self.dir = os.path.join(work, "nginx")
+        self.record_dir = os.path.join(self.dir, "rec")
+        os.makedirs(self.record_dir, exist_ok=True)
+        recording = f" record all; record_path {self.record_dir}; record_unique on;" if record else ""
         os.makedirs(self.dir, exist_ok=True)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -561,7 +565,7 @@ class Nginx:
             f.write(f"""load_module {self.MODULE};
 daemon off; master_process off; pid {self.dir}/nginx.pid; error_log {self.dir}/error.log warn;
 events {{ worker_connections 64; }}
-rtmp {{ server {{ listen 127.0.0.1:{self.port}; application live {{ live on; }} }} }}
+rtmp {{ server {{ listen 127.0.0.1:{self.port}; application live {{ live on;{recording} }} }} }}
 """)
         self.proc = subprocess.Popen(["/usr/sbin/nginx", "-c", conf, "-p", self.dir, "-e", f"{self.dir}/error.log"])
         for _ in range(50):
