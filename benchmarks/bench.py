@@ -97,6 +97,8 @@ def make_pattern(broadcast, work, key, w, h):
     subprocess.run([broadcast, "record", mkv, "-y", "--video", "test", "--audio-mic", "test", "--size", f"{w}x{h}",
                     "--fps", str(FPS), "--duration", "4s", "--no-realtime", "--rate-control", "crf", "--crf", "0",
                     "--video-bitrate", "500M", "--preset", "ultrafast", "--audio-bitrate", "320k", "--quiet",
+                    # Lossless 500M sizes the queues past the default budget (720p asks 167.5 MiB).
+                    "--memory-budget", "1G",
                     "--log-level", "error"], check=True)
     out = {"video": os.path.join(work, f"pattern-{key}.yuv"), "audio": os.path.join(work, f"pattern-{key}.s16")}
     subprocess.run(FF + ["-i", mkv, "-map", "0:v", "-f", "rawvideo", "-pix_fmt", "yuv420p", out["video"],

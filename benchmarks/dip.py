@@ -5,7 +5,7 @@ and ffmpeg's plain `-f flv` stream, side by side.
 The path: a TCP token-bucket proxy of our own (below) in front of a local nginx-rtmp that records
 what it receives (bench.py's Nginx). The proxy's rate is --high-kbit (6 Mbit/s), then --low-kbit
 (1.2 Mbit/s: 40 % of the stream's 3 Mbit/s) for --dip seconds, then --high-kbit again. broadcast
-streams the 1280x720 test pattern and tone at --video-bitrate 3M (CBR, veryfast, zerolatency) to the
+streams a 1280x720 X11 screen (Xvfb, ffplay showing testsrc2 over it) and the test tone at --video-bitrate 3M (CBR, veryfast, zerolatency) to the
 proxy and records beside it (--record rec.mkv). Measured per second of media:
 
 - frames the server got (ffprobe of nginx's recording: video packet pts, bucketed by second) and the
@@ -16,7 +16,9 @@ proxy and records beside it (--record rec.mkv). Measured per second of media:
 - reconnects and the max backlog (the stream's summary line).
 
 For ffmpeg (it blocks in its write, it drops nothing) every media second reaches the server late;
-its lag is the wall time it ran past the media's length, reported as its "backlog".
+its lag is the wall time it ran past the media's length, reported as its "backlog". ffmpeg grabs
+the same screen (x11grab) and streams it at the same x264 settings, CBR with nal-hrd filler as a
+fixed-rate stream is sent (broadcast's adaptive stream drops the filler: its bitrate changes).
 
 Nothing here is a pass/fail threshold; the goals are printed beside the figures.
 
@@ -37,7 +39,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import FF, X264, Nginx, machine, make_pattern, x264_rc  # noqa: E402
+import bench  # noqa: E402
+from bench import FF, X264, Nginx, XScreen, machine, x264_rc  # noqa: E402
 
 W, H, FPS = 1280, 720, 30
 
@@ -192,19 +195,19 @@ def clock_seconds(text):
     return int(h) * 3600 + int(m) * 60 + float(s)
 
 
-def run_one(args, mode, work, nginx, pattern, index):
+def run_one(args, mode, work, nginx, display, index):
     proxy = ThrottlingProxy(nginx.port, args.high_kbit * 1000)
     name = f"{mode}{index}"
     url = f"rtmp://127.0.0.1:{proxy.port}/live/{name}"
     rec = os.path.join(work, f"rec-{name}.mkv")
     total = args.before + args.dip + args.after
     if mode == "ffmpeg":
-        cmd = (FF + ["-re", "-stream_loop", "-1", "-f", "rawvideo", "-pix_fmt", "yuv420p", "-s", f"{W}x{H}", "-r", str(FPS),
-                     "-i", pattern["video"], "-re", "-stream_loop", "-1", "-f", "s16le", "-ar", "48000", "-ac", "2",
-                     "-i", pattern["audio"], "-t", str(total), "-map", "0:v", "-map", "1:a", "-c:v", "libx264"]
+        cmd = (FF + ["-f", "x11grab", "-draw_mouse", "0", "-framerate", str(FPS), "-video_size", f"{W}x{H}",
+                     "-i", display, "-re", "-f", "lavfi", "-i", "sine=frequency=1000:sample_rate=48000",
+                     "-t", str(total), "-map", "0:v", "-map", "1:a", "-c:v", "libx264"]
                + X264 + x264_rc(args.bitrate) + ["-c:a", "aac", "-b:a", "128k", "-f", "flv", url])
     else:
-        cmd = [args.broadcast, "stream", url, "--record", rec, "--video", "test", "--audio-mic", "test",
+        cmd = [args.broadcast, "stream", url, "--record", rec, "--video", f"x11:{display}?cursor=off", "--audio-mic", "test",
                "--size", f"{W}x{H}", "--fps", str(FPS), "--preset", "veryfast", "--tune", "zerolatency",
                "--video-bitrate", args.bitrate, "--rate-control", "cbr", "--keyframe-interval", "2s",
                "--audio-bitrate", "128k", "--duration", f"{total}s", "-y"] + (["--adaptive"] if mode == "adaptive" else [])
@@ -436,16 +439,23 @@ def main():
     results = []
     with tempfile.TemporaryDirectory(prefix="broadcast-dip-") as work:
         nginx = Nginx(work, record=True)
+        # The picture: an X11 screen (Xvfb) with ffplay showing testsrc2 over all of it (bench.py's
+        # "full" screen): moving colour everywhere, so the stream needs its 3 Mbit/s. broadcast's
+        # test pattern would not (flat bars: ~200 kbit/s, and an adaptive stream's encode pads
+        # nothing: no nal-hrd=cbr filler), so the dip would never touch it.
+        bench.SCREEN_SIZE = (W, H)
+        screen = XScreen("full")
+        screen.start()
         try:
-            pattern = (make_pattern(args.broadcast, work, "720", W, H) if "ffmpeg" in args.modes.split(",") else None)
             for i in range(args.runs):
                 for mode in args.modes.split(","):
                     print(f"{mode} run {i + 1}/{args.runs} ...", flush=True)
-                    r = run_one(args, mode, work, nginx, pattern, i + 1)
+                    r = run_one(args, mode, work, nginx, screen.display, i + 1)
                     r["analysis"] = analyse(r, args)
                     print(f"  {json.dumps(r['analysis'])}\n  {r['summary']}\n  {r['rec_summary']}", flush=True)
                     results.append(r)
         finally:
+            screen.stop()
             nginx.stop()
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"machine": info, "results": results}, f, indent=1)
