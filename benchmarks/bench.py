@@ -330,11 +330,12 @@ def make_cases(args, work, rtmp, patterns):
                                                     "--record-video-bitrate", "8M", "--record-rate-control", "cbr"]
             + broadcast_encode(1280, 720, "2500k", s, True),
             lambda s=s, u=f"{rtmp}/benc", o=mp4b, pat=pat: FF + ffmpeg_same_inputs(pat, 1920, 1080, True)
+            # -t is an output option: each output needs its own, or the stream's never ends.
             + ["-t", str(s), "-filter_complex", "[0:v]split=2[full][small];[small]scale=1280:720[s720]",
                "-map", "[full]", "-map", "1:a", "-c:v", "libx264"] + X264 + x264_rc("8M")
             + ["-c:a", "aac", "-b:a", "128k", "-ac", "2", "-ar", "48000", "-movflags", "+faststart", o,
                "-map", "[s720]", "-map", "1:a", "-c:v", "libx264"] + X264 + x264_rc("2500k")
-            + ["-c:a", "aac", "-b:a", "128k", "-ac", "2", "-ar", "48000", "-f", "flv", u],
+            + ["-c:a", "aac", "-b:a", "128k", "-ac", "2", "-ar", "48000", "-t", str(s), "-f", "flv", u],
             s, s * FPS, True, needs_stream=True))
     return [c for c in cases if wanted(args, c.name)]
 
