@@ -116,8 +116,10 @@ unit-security:
 
 # Benchmarks side by side with ffmpeg, and the one-hour soak: see benchmarks/README.md.
 # make bench PAIRS=5 CASES=rec-720,offline-720,glass     make soak SOAK_SECONDS=600
-.PHONY: bench soak
+.PHONY: bench bench-dip soak
 PAIRS ?= 3
+DIP_RUNS ?= 1
+DIP_MODES ?= adaptive,fixed,ffmpeg
 SOAK_SECONDS ?= 3600
 
 bench: deps
@@ -129,6 +131,13 @@ bench: deps
 	benchmarks/portal.sh $$($(RELEASE_BUILD) --show-bin-path)/broadcast 10 | tee $(OUT)/bench/portal.md
 	case ",$(CASES)," in ",,"|*,glass,*) python3 benchmarks/glass.py --runs $(PAIRS) --out $(OUT)/glass \
 		--broadcast $$($(RELEASE_BUILD) --show-bin-path)/broadcast;; *) echo "glass-to-glass: not in CASES";; esac
+
+# A 3 Mbit/s stream through a 20 s dip of its path to 1.2 Mbit/s, with and without --adaptive and
+# ffmpeg's plain stream (issue 36): benchmarks/dip.py, results in $(OUT)/dip.
+bench-dip: deps
+	$(RELEASE_BUILD) --product broadcast
+	python3 benchmarks/dip.py --broadcast $$($(RELEASE_BUILD) --show-bin-path)/broadcast \
+		--runs $(DIP_RUNS) --modes $(DIP_MODES) --out $(OUT)/dip
 
 soak: deps
 	$(RELEASE_BUILD) --product broadcast

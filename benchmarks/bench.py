@@ -97,6 +97,8 @@ def make_pattern(broadcast, work, key, w, h):
     subprocess.run([broadcast, "record", mkv, "-y", "--video", "test", "--audio-mic", "test", "--size", f"{w}x{h}",
                     "--fps", str(FPS), "--duration", "4s", "--no-realtime", "--rate-control", "crf", "--crf", "0",
                     "--video-bitrate", "500M", "--preset", "ultrafast", "--audio-bitrate", "320k", "--quiet",
+                    # Lossless 500M sizes the queues past the default budget (720p asks 167.5 MiB).
+                    "--memory-budget", "1G",
                     "--log-level", "error"], check=True)
     out = {"video": os.path.join(work, f"pattern-{key}.yuv"), "audio": os.path.join(work, f"pattern-{key}.s16")}
     subprocess.run(FF + ["-i", mkv, "-map", "0:v", "-f", "rawvideo", "-pix_fmt", "yuv420p", out["video"],
@@ -328,11 +330,12 @@ def make_cases(args, work, rtmp, patterns):
                                                     "--record-video-bitrate", "8M", "--record-rate-control", "cbr"]
             + broadcast_encode(1280, 720, "2500k", s, True),
             lambda s=s, u=f"{rtmp}/benc", o=mp4b, pat=pat: FF + ffmpeg_same_inputs(pat, 1920, 1080, True)
+            # -t is an output option: each output needs its own, or the stream's never ends.
             + ["-t", str(s), "-filter_complex", "[0:v]split=2[full][small];[small]scale=1280:720[s720]",
                "-map", "[full]", "-map", "1:a", "-c:v", "libx264"] + X264 + x264_rc("8M")
             + ["-c:a", "aac", "-b:a", "128k", "-ac", "2", "-ar", "48000", "-movflags", "+faststart", o,
                "-map", "[s720]", "-map", "1:a", "-c:v", "libx264"] + X264 + x264_rc("2500k")
-            + ["-c:a", "aac", "-b:a", "128k", "-ac", "2", "-ar", "48000", "-f", "flv", u],
+            + ["-c:a", "aac", "-b:a", "128k", "-ac", "2", "-ar", "48000", "-t", str(s), "-f", "flv", u],
             s, s * FPS, True, needs_stream=True))
     # The microphone's noise suppression (issue 38): broadcast against itself, A with --mic-denoise,
     # B without, audio only (the test tone as the microphone, AAC), as fast as it goes, so the
@@ -559,12 +562,16 @@ def machine():
 
 
 class Nginx:
-    """A throwaway nginx-rtmp (own temp dir, one process, no recording) for the stream cases."""
+    """A throwaway nginx-rtmp (own temp dir, one process) for the stream cases; `record=True` keeps
+    what it receives in record_dir (one .flv per publish: benchmarks/dip.py reads it)."""
 
     MODULE = "/usr/lib/nginx/modules/ngx_rtmp_module.so"
 
-    def __init__(self, work):
+    def __init__(self, work, record=False):
         self.dir = os.path.join(work, "nginx")
+        self.record_dir = os.path.join(self.dir, "rec")
+        os.makedirs(self.record_dir, exist_ok=True)
+        recording = f" record all; record_path {self.record_dir}; record_unique on;" if record else ""
         os.makedirs(self.dir, exist_ok=True)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -574,7 +581,7 @@ class Nginx:
             f.write(f"""load_module {self.MODULE};
 daemon off; master_process off; pid {self.dir}/nginx.pid; error_log {self.dir}/error.log warn;
 events {{ worker_connections 64; }}
-rtmp {{ server {{ listen 127.0.0.1:{self.port}; application live {{ live on; }} }} }}
+rtmp {{ server {{ listen 127.0.0.1:{self.port}; application live {{ live on;{recording} }} }} }}
 """)
         self.proc = subprocess.Popen(["/usr/sbin/nginx", "-c", conf, "-p", self.dir, "-e", f"{self.dir}/error.log"])
         for _ in range(50):
