@@ -608,33 +608,26 @@ final class BroadcastController: Sendable {
         publishChanges()
     }
 
-    /// A reload's new `[audio] mic_offset`, `app_offset` and `[video] offset` apply at once, from
-    /// each source's next buffer; one the reload did not change stays as the control API left it.
-    private func applyOffsets(of fresh: DaemonConfiguration, changedFrom previous: DaemonConfiguration, to running: Running, trigger: String) {
-        guard let control = running.offsetControl else { return }
-        for (name, type) in [("video", SampleBufferType.video), ("mic", .audioMic), ("app", .audioApp)]
-        where fresh.encoder.offsets[type] != previous.encoder.offsets[type] {
-            control.set(fresh.encoder.offsets[type], of: type)
-            logger.notice("\(trigger): \(name) offset \(Values.offsetText(fresh.encoder.offsets[type]))")
-        }
-    }
-
-    /// A reload's new `mic_volume`/`mic_mute` (`app_...`) apply at once, from the source's next
-    /// buffer; a level the reload did not change stays as the control API left it.
-    private func applyAudioLevels(of fresh: DaemonConfiguration, changedFrom previous: DaemonConfiguration, to running: Running, trigger: String) {
-        guard let control = running.audioControl else { return }
-        for (name, type, level, before) in [
-            ("mic", SampleBufferType.audioMic, fresh.encoder.micLevel, previous.encoder.micLevel),
-            ("app", .audioApp, fresh.encoder.appLevel, previous.encoder.appLevel),
-        ] where level != before && running.audioSources.contains(type) {
-            // Only what the reload changed: a mute the control API set meanwhile stays when the
-            // reload changed the volume alone (and the other way round).
-            control.update(type) { now in
-                if level.volumeDecibels != before.volumeDecibels { now.volumeDecibels = level.volumeDecibels }
-                if level.muted != before.muted { now.muted = level.muted }
+    /// A reload's changed volumes, mutes and sync offsets (`ReloadPlan.levels`, `offsets`) apply
+    /// at once, from each source's next buffer; what the reload did not change stays as the control
+    /// API left it.
+    private func apply(_ plan: ReloadPlan, to running: Running, trigger: String) {
+        if let control = running.audioControl {
+            for change in plan.levels where running.audioSources.contains(change.type) {
+                control.update(change.type) { now in
+                    if let volume = change.volume { now.volumeDecibels = volume }
+                    if let muted = change.muted { now.muted = muted }
+                }
+                let now = control.level(of: change.type)
+                logger.notice("\(trigger): \(change.type == .audioApp ? "app" : "mic") audio at \(now.volumeDecibels) dB\(now.muted ? ", muted" : "")")
             }
-            let now = control.level(of: type)
-            logger.notice("\(trigger): \(name) audio at \(now.volumeDecibels) dB\(now.muted ? ", muted" : "")")
+        }
+        if let control = running.offsetControl {
+            for change in plan.offsets {
+                control.set(change.nanoseconds, of: change.type)
+                let name = change.type == .video ? "video" : change.type == .audioApp ? "app" : "mic"
+                logger.notice("\(trigger): \(name) offset \(Values.offsetText(change.nanoseconds))")
+            }
         }
     }
 
@@ -790,41 +783,19 @@ final class BroadcastController: Sendable {
             logger.notice("\(trigger): config reloaded; it applies from the next start")
             return .nextStart
         }
-        // Unchanged outputs keep their configuration (a recording keeps the file it writes). One
-        // whose new entry cannot be made keeps running as it is: a reload ends only what it leaves out.
-        var desired: [OutputConfiguration] = []
-        var unmade: [OutputChange] = []
-        for entry in fresh.outputs {
-            let current = running.outputs.first { $0.name == entry.name }
-            if let before = running.definitions[entry.name], Self.sameDefinition(before, entry), let current {
-                desired.append(current.configuration)
-                continue
-            }
-            do {
-                // Sized like the others; not counted against the budget until the next start.
-                desired += try Self.outputConfigurations([entry]).map { output in
-                    var output = running.memoryPlan.sized(output, replayLimitSet: entry.maxMemory != nil)
-                    // An encode of its own, from the running picture: refused here (the output kept
-                    // or not added) when it cannot be made from it (larger than the picture).
-                    output.audioBitrate = entry.encode?.audioBitrate
-                    if let encode = entry.encode, let video = running.video {
-                        try EncoderSettings.apply(
-                            encode, to: &output, picture: VideoSize(width: video.width, height: video.height), frameRate: video.frameRate,
-                            colour: video.colour)
-                    }
-                    return output
-                }
-            } catch {
-                let reason = (error as? BroadcastError)?.message ?? "\(error)"
-                if let current {
-                    desired.append(current.configuration)
-                    unmade.append(OutputChange(name: entry.name, result: .kept, reason: reason))
-                } else {
-                    unmade.append(OutputChange(name: entry.name, result: .failed, reason: reason))
-                }
-                logger.error("\(trigger): output \(entry.name): \(reason)\(current == nil ? "; not added" : "; it goes on with its old settings")")
-            }
+        // The plan: unchanged outputs keep their configuration (a recording keeps the file it
+        // writes); one whose new entry cannot be made keeps running as it is (a reload ends only
+        // what it leaves out); levels and offsets the reload changed; encode keys for the next start.
+        let plan = ReloadPlan(
+            previous: previous, fresh: fresh,
+            running: ReloadPlan.Running(
+                outputs: Dictionary(running.outputs.map { ($0.name, $0.configuration) }, uniquingKeysWith: { first, _ in first }),
+                definitions: running.definitions, video: running.video,
+                size: { running.memoryPlan.sized($0, replayLimitSet: $1) }))
+        for change in plan.unmade {
+            logger.error("\(trigger): output \(change.name): \(change.reason ?? "")\(change.result == .failed ? "; not added" : "; it goes on with its old settings")")
         }
+        let desired = plan.desired, unmade = plan.unmade
         // Applied on the session's thread between two buffers, or at once while paused; the
         // answer waits for what it did (the swap of a device waits its own way, below).
         let request = running.outputControl.reconfigure(desired)
@@ -845,8 +816,7 @@ final class BroadcastController: Sendable {
                 : "the outputs change before the broadcast's next buffer; its thread was busy for \(Self.reloadPatience / 1_000_000_000) s"
         }
         let applied = sourceReload?.apply(to: running.session, logger: logger)
-        applyAudioLevels(of: fresh, changedFrom: previous, to: running, trigger: trigger)
-        applyOffsets(of: fresh, changedFrom: previous, to: running, trigger: trigger)
+        apply(plan, to: running, trigger: trigger)
         state.withLock { state in
             var definitions = Dictionary(fresh.outputs.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
             // An output still on its old settings is compared with them at the next reload.
@@ -859,18 +829,9 @@ final class BroadcastController: Sendable {
                 state.running?.audioDevices = running.session.currentSources.compactMap { $0.source as? ALSASource }
             }
         }
-        // The running encode keeps its settings (its tracks, bitrate, preset ...): a changed
-        // [encoder] key waits for the next start, and the answer says so.
-        // [audio] mic_denoise too: the suppressor is made with the encode (its state allocated at
-        // the start, none on the audio path), so a running broadcast keeps it on or off.
-        let encoderChanges = previous.encoder.changedKeys(to: fresh.encoder).map {
-            $0.hasPrefix("audio.")
-                ? "[\($0.replacing("audio.", with: "audio] ", maxReplacements: 1)): the running broadcast keeps its microphone's noise suppression as it started; this applies at the next start"
-                : "[\($0.replacing("encoder.", with: "encoder] ", maxReplacements: 1)): the running encode keeps its settings; this applies at the next start"
-        }
         let report = ReloadReport(
             outputs: running.outputs.map(\.name), changes: changes, sources: applied?.changes ?? [],
-            nextStart: (sourceReload?.deferred ?? []) + encoderChanges, pending: pending)
+            nextStart: (sourceReload?.deferred ?? []) + plan.nextStart, pending: pending)
         logger.notice(
             "\(trigger): config reloaded\(report.complete ? "" : ", not all of it now"); outputs now \(report.outputs.joined(separator: ", "))")
         return .applied(report)
@@ -892,17 +853,6 @@ final class BroadcastController: Sendable {
             message: "changed, which applies only at a restart: restart needed (a reload changes control.token, not the socket or TCP listener)")
     }
 
-    /// Whether two config entries describe the same output (their lines may differ).
-    static func sameDefinition(_ a: DaemonConfiguration.Output, _ b: DaemonConfiguration.Output) -> Bool {
-        let sameKind: Bool
-        switch (a.kind, b.kind) {
-        case (.recording(let x), .recording(let y)), (.live(let x), .live(let y)): sameKind = x == y
-        default: sameKind = false
-        }
-        return sameKind && a.name == b.name && a.segment == b.segment && a.retainFor == b.retainFor
-            && a.retainBytes == b.retainBytes && a.overwrite == b.overwrite && sameReplayKeys(a, b) && a.tls == b.tls
-            && a.encode == b.encode
-    }
 
     func deliveredFrames() -> Int {
         guard let running = state.withLock({ $0.running }) else { return 0 }
