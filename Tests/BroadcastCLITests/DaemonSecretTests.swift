@@ -141,7 +141,7 @@ import Testing
         #expect(!environment.contains { $0.contains(key) || $0.hasPrefix("STREAM_KEY=") }, "the hook got the key: \(environment)")
         let allowed: Set<String> = [
             "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS",
-            "DISPLAY", "WAYLAND_DISPLAY", "BROADCAST_FILE", "BROADCAST_OUTPUT",
+            "DISPLAY", "WAYLAND_DISPLAY", "BROADCAST_FILE", "BROADCAST_OUTPUT", "BROADCAST_MARKERS",
         ]
         let names = environment.compactMap { $0.split(separator: "=").first.map(String.init) }
         #expect(names.allSatisfy { allowed.contains($0) || $0.hasPrefix("LC_") }, "\(names)")

@@ -24,7 +24,7 @@ import Testing
         ("[video]\nfps = \"fast\"", "2: video.fps: invalid value 'fast': expected frames per second"),
         ("[video]\nfps = 0", "2: video.fps: invalid value '0'"),
         ("[video]\nsource = \"/dev/nothing-here\"", "2: video.source: no video device /dev/nothing-here"),
-        ("[video]\nsizee = \"1280x720\"", "2: video.sizee: unknown key: [video] accepts format, fps, input, size, source"),
+        ("[video]\nsizee = \"1280x720\"", "2: video.sizee: unknown key: [video] accepts format, fps, input, offset, size, source"),
         ("[video]\nsize = true", "2: video.size: expected a string or a number, got a boolean"),
         ("[audio]\nmic = \"none\"\napp = \"none\"\n[video]\nsource = \"none\"", "5: video.source: nothing to capture: video.source, audio.mic and audio.app are all 'none'"),
         ("[encoder]\nvideo_bitrate = \"lots\"", "2: encoder.video_bitrate: invalid value 'lots': expected bits per second"),

@@ -18,16 +18,21 @@ import Testing
     @Test func aTaskThatOutlivesItsServerStillRuns() async throws {
         let resumed = Flag()
         let before = ControlExecutor.shared.jobsRun
+        // The task waits for the test to let it go (not for a time: on a loaded machine the scope
+        // could end after a sleep had run out, and the task would have finished inside it).
+        let (gate, open) = AsyncStream<Void>.makeStream()
         await withTaskExecutorPreference(ControlExecutor.shared) {
             Task {
-                try? await Task.sleep(for: .milliseconds(300))
+                for await _ in gate { break }
                 resumed.value.withLock { $0 = true }
             }
         }
         // The scope (the server's run) has ended; the task has not run to its end yet.
         #expect(!resumed.value.withLock { $0 })
+        open.yield()
+        open.finish()
         // A guard against hanging, not a measurement: a loaded fresh-clone run (beside two busy
-        // processes and a VM) did not see the 300 ms sleep end within 30 s.
+        // processes and a VM) did not see a 300 ms sleep end within 30 s.
         let deadline = Date().addingTimeInterval(180)
         while !resumed.value.withLock({ $0 }) && Date() < deadline { try await Task.sleep(for: .milliseconds(20)) }
         #expect(resumed.value.withLock { $0 }, "the task never resumed")
