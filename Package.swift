@@ -18,6 +18,7 @@ let package = Package(
         .library(name: "BroadcastKit", targets: ["BroadcastKit"]),
         .library(name: "BroadcastCapture", targets: ["BroadcastCapture"]),
         .library(name: "BroadcastMedia", targets: ["BroadcastMedia"]),
+        .library(name: "BroadcastComposition", targets: ["BroadcastComposition"]),
         .library(name: "BroadcastOutputs", targets: ["BroadcastOutputs"]),
         .library(name: "BroadcastService", targets: ["BroadcastService"]),
         .library(name: "BroadcastDaemon", targets: ["BroadcastDaemon"]),
@@ -123,6 +124,17 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // Layers and scenes: several capture sources as one (LayeredVideoSource), drawn by the
+        // Compositor through BroadcastMedia's Scaler and MJPEGDecoder into AVFrames (hence libavutil).
+        .target(
+            name: "BroadcastComposition",
+            dependencies: [
+                "BroadcastKit", "BroadcastMedia", "CAVCodec", "CAVFormat", "CAVUtil", "CSwScale", "CSwResample",
+                .product(name: "Atomics", package: "swift-atomics"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         .target(
             name: "BroadcastOutputs",
             dependencies: [
@@ -161,8 +173,8 @@ let package = Package(
         .target(
             name: "BroadcastDaemon",
             dependencies: [
-                "BroadcastKit", "BroadcastCapture", "BroadcastMedia", "BroadcastOutputs", "BroadcastService",
-                "BroadcastWebRTC",
+                "BroadcastKit", "BroadcastCapture", "BroadcastMedia", "BroadcastComposition", "BroadcastOutputs",
+                "BroadcastService", "BroadcastWebRTC",
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -181,8 +193,7 @@ let package = Package(
         .executableTarget(
             name: "broadcast",
             dependencies: [
-                "BroadcastKit", "BroadcastCapture", "BroadcastMedia", "BroadcastOutputs", "BroadcastService", "BroadcastDaemon",
-                "CProcessShim",
+                "BroadcastKit", "BroadcastCapture", "BroadcastOutputs", "BroadcastService", "BroadcastDaemon", "CProcessShim",
                 .product(name: "Atomics", package: "swift-atomics"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -233,7 +244,8 @@ let package = Package(
         .testTarget(
             name: "BroadcastMediaTests",
             dependencies: [
-                "BroadcastKit", "BroadcastMedia", "BroadcastOutputs", "AllocationCounting", "ChildProcesses",
+                "BroadcastKit", "BroadcastMedia", "BroadcastComposition", "BroadcastOutputs", "AllocationCounting",
+                "ChildProcesses",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Atomics", package: "swift-atomics"),
             ],

@@ -1,4 +1,5 @@
 import BroadcastKit
+import BroadcastComposition
 import BroadcastMedia
 import BroadcastOutputs
 import BroadcastService

@@ -1,6 +1,7 @@
 import Atomics
 import BroadcastCapture
 import BroadcastKit
+import BroadcastComposition
 import BroadcastMedia
 public import BroadcastOutputs
 public import BroadcastService

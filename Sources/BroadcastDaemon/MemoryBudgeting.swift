@@ -1,5 +1,6 @@
 import BroadcastCapture
 public import BroadcastKit
+import BroadcastComposition
 import BroadcastMedia
 public import BroadcastOutputs
 import BroadcastService

@@ -1,4 +1,5 @@
 import BroadcastCapture
+import BroadcastMedia
 public import BroadcastKit
 public import BroadcastOutputs
 public import Logging
@@ -59,5 +60,14 @@ public struct PipelineAssembly {
         } else {
             logger.log(level: level, "memory plan: \(plan)")
         }
+    }
+}
+
+extension PipelineAssembly {
+    /// FFmpeg's log (av_log) into `logger` from now on, each line through `redact` (a stream's
+    /// keys scrubbed): what every command that encodes does first. Here so that the executable
+    /// needs no BroadcastMedia of its own (docs/DESIGN.md, "The executable's imports").
+    public static func logFFmpeg(into logger: Logger, redact: @escaping @Sendable (String) -> String = { $0 }) {
+        FFmpegLog.install(logger, redact: redact)
     }
 }

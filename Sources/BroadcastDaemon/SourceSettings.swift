@@ -1,5 +1,6 @@
 public import BroadcastCapture
 public import BroadcastKit
+import BroadcastComposition
 public import BroadcastMedia
 public import Logging
 

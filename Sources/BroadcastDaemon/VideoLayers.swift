@@ -1,6 +1,7 @@
 import BroadcastCapture
 import BroadcastKit
-public import BroadcastMedia
+public import BroadcastComposition
+import BroadcastMedia
 import BroadcastService
 import Logging
 

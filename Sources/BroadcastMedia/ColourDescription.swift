@@ -1,7 +1,7 @@
-internal import BroadcastKit
-internal import CAVCodec
-internal import CAVUtil
-internal import CSwScale
+package import BroadcastKit
+package import CAVCodec
+package import CAVUtil
+package import CSwScale
 
 /// How an encoder's YUV output is to be read: the matrix that made it from RGB, its range, and the
 /// primaries and transfer of the RGB it came from. Written into the H.264 VUI (x264 reads the codec
@@ -11,8 +11,8 @@ internal import CSwScale
 /// The rule: BT.709 for pictures 720 lines high or more, BT.601 (SMPTE 170M) below. That is what
 /// players assume for untagged video (ffmpeg, mpv, browsers), so even a player that ignores the tags
 /// shows the right colours, and an SD camera's BT.601 YUV passes through without a matrix change.
-struct ColourDescription: Equatable, CustomStringConvertible {
-    var matrix: AVColorSpace
+package struct ColourDescription: Equatable, CustomStringConvertible {
+    package var matrix: AVColorSpace
     var primaries: AVColorPrimaries
     var transfer: AVColorTransferCharacteristic
     /// Limited ("TV", 16–235) range; H.264 encoders are given video range.
@@ -42,7 +42,7 @@ struct ColourDescription: Equatable, CustomStringConvertible {
         }
     }
 
-    var description: String {
+    package var description: String {
         let name = av_color_space_name(matrix).map { String(cString: $0) } ?? "matrix \(matrix.rawValue)"
         return "\(name) \(fullRange ? "full" : "limited") range"
     }
@@ -50,7 +50,7 @@ struct ColourDescription: Equatable, CustomStringConvertible {
 
 extension ColourDescription {
     /// A source's description in FFmpeg's terms: the H.273 code points are FFmpeg's AVCOL_* values.
-    init(_ colour: VideoColour) {
+    package init(_ colour: VideoColour) {
         self.init(
             matrix: AVColorSpace(rawValue: UInt32(colour.matrix.rawValue)),
             primaries: AVColorPrimaries(rawValue: UInt32(colour.primaries.rawValue)),

@@ -50,7 +50,7 @@ public struct FFmpegError: Error, Sendable, Hashable, CustomStringConvertible {
     /// AVERROR(errno) for a POSIX errno.
     public static func posix(_ errno: Int32) -> Int32 { CBroadcast_AVERROR(errno) }
 
-    static func invalidArgument(_ reason: String, _ operation: String) -> FFmpegError {
+    package static func invalidArgument(_ reason: String, _ operation: String) -> FFmpegError {
         FFmpegError(code: posix(22 /* EINVAL */), reason: reason, operation: operation)
     }
 
@@ -61,7 +61,7 @@ public struct FFmpegError: Error, Sendable, Hashable, CustomStringConvertible {
 
 /// Throws an `FFmpegError` when `result` is negative; returns it otherwise.
 @discardableResult
-func check(_ result: Int32, _ operation: @autoclosure () -> String) throws(FFmpegError) -> Int32 {
+package func check(_ result: Int32, _ operation: @autoclosure () -> String) throws(FFmpegError) -> Int32 {
     if result < 0 { throw FFmpegError(code: result, operation: operation()) }
     return result
 }

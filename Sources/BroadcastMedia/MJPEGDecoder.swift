@@ -1,9 +1,9 @@
-internal import BroadcastKit
-internal import CAVCodec
-internal import CAVFormat
-internal import CAVUtil
-internal import CSwResample
-internal import CSwScale
+package import BroadcastKit
+package import CAVCodec
+package import CAVFormat
+package import CAVUtil
+package import CSwResample
+package import CSwScale
 
 /// Decodes the JPEG frames a V4L2 device captures as MJPEG (libavcodec's "mjpeg" decoder).
 ///
@@ -12,7 +12,7 @@ internal import CSwScale
 ///
 /// Not thread-safe: the encoder's thread uses it. Nothing is allocated per frame once the packet
 /// buffer has grown to the largest JPEG seen (the decoder's frames come from its own pool).
-final class MJPEGDecoder {
+package final class MJPEGDecoder {
     private let context: CodecContext
     private let packet: Packet
     private let frame: Frame
@@ -20,7 +20,7 @@ final class MJPEGDecoder {
     /// after the data (a capture buffer has no such guarantee).
     private var payload: UnsafeMutablePointer<AVBufferRef>?
 
-    init() throws(FFmpegError) {
+    package init() throws(FFmpegError) {
         let what = "opening the MJPEG decoder"
         guard let codec = avcodec_find_decoder(AV_CODEC_ID_MJPEG) else {
             throw FFmpegError(code: CBroadcastShimBridge.decoderNotFound, operation: what)
@@ -44,7 +44,7 @@ final class MJPEGDecoder {
 
     /// Decodes one JPEG. Returns the decoded picture (full-range YUV, usually yuvj422p or yuvj420p),
     /// valid until the next call; throws when the JPEG cannot be decoded.
-    func decode(_ jpeg: Plane) throws(FFmpegError) -> UnsafePointer<AVFrame> {
+    package func decode(_ jpeg: Plane) throws(FFmpegError) -> UnsafePointer<AVFrame> {
         let what = "decoding a \(jpeg.count)-byte MJPEG frame"
         guard jpeg.count > 0, jpeg.count <= Int(Int32.max) - Int(AV_INPUT_BUFFER_PADDING_SIZE) else {
             throw FFmpegError(code: CBroadcastShimBridge.invalidData, reason: "no JPEG data", operation: what)

@@ -1,21 +1,25 @@
-internal import CAVCodec
-internal import CAVFormat
-internal import CAVUtil
-internal import CSwResample
-internal import CSwScale
+package import CAVCodec
+package import CAVFormat
+package import CAVUtil
+package import CSwResample
+package import CSwScale
 
 // Every file that touches libav* imports all five C modules: the FFmpeg headers they share are
 // owned by whichever module clang happened to build first, so a C enum's constants (AV_PIX_FMT_*,
-// AV_SAMPLE_FMT_*) are only found reliably with all of them imported.
+// AV_SAMPLE_FMT_*) are only found reliably with all of them imported. A file whose `package`
+// declarations name libav* types (here, Scaler, MJPEGDecoder, ColourDescription: what
+// BroadcastComposition uses) imports all of them `package`, for the same reason: which module
+// owns AVFrame or AVPixelFormat is that accident (the compiler's "package import of ... was not
+// used in package declarations" names the ones it did not pick this time).
 
-// ~Copyable owners of libav* objects: one owner, one free, in deinit. They never leave
-// BroadcastMedia; the public types hold them.
+// ~Copyable owners of libav* objects: one owner, one free, in deinit. They never leave the
+// package (BroadcastComposition draws into a `Frame`); the public types hold them.
 
 /// Owns an AVFrame.
-struct Frame: ~Copyable {
-    let pointer: UnsafeMutablePointer<AVFrame>
+package struct Frame: ~Copyable {
+    package let pointer: UnsafeMutablePointer<AVFrame>
 
-    init() throws(FFmpegError) {
+    package init() throws(FFmpegError) {
         guard let p = av_frame_alloc() else { throw .outOfMemory("allocating a frame") }
         pointer = p
     }
@@ -33,12 +37,29 @@ struct Frame: ~Copyable {
         withUnsafeMutableBytes(of: &pointer.pointee.linesize) { $0.bindMemory(to: Int32.self)[index] = bytesPerRow }
     }
 
-    func plane(_ index: Int) -> UnsafeMutablePointer<UInt8>? {
-        withUnsafeBytes(of: pointer.pointee.data) { $0.bindMemory(to: UnsafeMutablePointer<UInt8>?.self)[index] }
+    package func plane(_ index: Int) -> UnsafeMutablePointer<UInt8>? { Self.plane(index, of: pointer) }
+
+    package func bytesPerRow(_ index: Int) -> Int32 { Self.bytesPerRow(index, of: pointer) }
+
+    /// `frame`'s `data[index]`: any AVFrame's, owned here or not (a decoder's, a scaler's).
+    package static func plane(_ index: Int, of frame: UnsafePointer<AVFrame>) -> UnsafeMutablePointer<UInt8>? {
+        withUnsafeBytes(of: frame.pointee.data) { $0.bindMemory(to: UnsafeMutablePointer<UInt8>?.self)[index] }
     }
 
-    func bytesPerRow(_ index: Int) -> Int32 {
-        withUnsafeBytes(of: pointer.pointee.linesize) { $0.bindMemory(to: Int32.self)[index] }
+    /// `frame`'s `linesize[index]`.
+    package static func bytesPerRow(_ index: Int, of frame: UnsafePointer<AVFrame>) -> Int32 {
+        withUnsafeBytes(of: frame.pointee.linesize) { $0.bindMemory(to: Int32.self)[index] }
+    }
+
+    /// `frame`'s four planes and strides, as libswscale takes them, written into arrays the
+    /// caller keeps (so a conversion makes none).
+    package static func planes(
+        of frame: UnsafePointer<AVFrame>, into planes: inout [UnsafePointer<UInt8>?], strides: inout [Int32]
+    ) {
+        for index in 0..<4 {
+            planes[index] = UnsafePointer(plane(index, of: frame))
+            strides[index] = bytesPerRow(index, of: frame)
+        }
     }
 }
 

@@ -1,9 +1,9 @@
-internal import BroadcastKit
-internal import CAVCodec
-internal import CAVFormat
-internal import CAVUtil
-internal import CSwResample
-internal import CSwScale
+package import BroadcastKit
+package import CAVCodec
+package import CAVFormat
+package import CAVUtil
+package import CSwResample
+package import CSwScale
 
 extension PixelFormat {
     /// The matching AVPixelFormat; nil for compressed formats (mjpeg).
@@ -26,16 +26,16 @@ extension PixelFormat {
 /// Converts video frames of one format and size to another (libswscale), into frames it owns.
 ///
 /// Made for one input (format, size, range): a frame of another needs another scaler.
-final class Scaler {
+package final class Scaler {
     /// What a scaler converts from.
-    struct Source: Equatable, CustomStringConvertible {
-        var format: AVPixelFormat
-        var width: Int32
-        var height: Int32
+    package struct Source: Equatable, CustomStringConvertible {
+        package var format: AVPixelFormat
+        package var width: Int32
+        package var height: Int32
         /// Full-range ("JPEG") YUV, 0–255, as decoded MJPEG is; otherwise video range (16–235).
-        var fullRange: Bool
+        package var fullRange: Bool
 
-        init(format: AVPixelFormat, width: Int32, height: Int32, fullRange: Bool) {
+        package init(format: AVPixelFormat, width: Int32, height: Int32, fullRange: Bool) {
             // The yuvj* formats are yuv* at full range; libswscale wants the range said, not implied.
             (self.format, self.fullRange) = Self.withoutJPEGFormat(format, fullRange: fullRange)
             self.width = width
@@ -43,7 +43,7 @@ final class Scaler {
         }
 
         /// A sample buffer's format (never compressed: decode first).
-        init?(_ video: VideoFormat) {
+        package init?(_ video: VideoFormat) {
             guard let format = video.pixelFormat.avPixelFormat else { return nil }
             // RGB is full range by nature (libswscale ignores the flag for it); YUV says its own.
             self.init(
@@ -52,7 +52,7 @@ final class Scaler {
         }
 
         /// What a decoder produced.
-        init(decoded frame: UnsafePointer<AVFrame>) {
+        package init(decoded frame: UnsafePointer<AVFrame>) {
             self.init(
                 format: AVPixelFormat(rawValue: frame.pointee.format),
                 width: frame.pointee.width,
@@ -72,21 +72,21 @@ final class Scaler {
             }
         }
 
-        var description: String {
+        package var description: String {
             let name = av_get_pix_fmt_name(format).map { String(cString: $0) } ?? "pixel format \(format.rawValue)"
             return "\(name)\(fullRange ? " (full range)" : "") \(width)x\(height)"
         }
     }
 
-    let source: Source
-    let outputFormat: AVPixelFormat
-    let outputWidth: Int32
-    let outputHeight: Int32
+    package let source: Source
+    package let outputFormat: AVPixelFormat
+    package let outputWidth: Int32
+    package let outputHeight: Int32
     private let context: ScaleContext
     private let colour: ColourDescription
     private let frame: Frame
     /// Whether `frame` holds the conversion of the previous input, so regions can be updated.
-    private(set) var holdsPicture = false
+    package private(set) var holdsPicture = false
     /// Region conversions: contexts by size (a few sizes recur: a clock, a video, a pointer), and
     /// a full-size frame they write into before the inside is copied out.
     private var regionContexts: [RegionSize: RegionContext] = [:]
@@ -98,7 +98,7 @@ final class Scaler {
     /// Pixels converted since the scaler was made (benchmarks and tests).
     private(set) var convertedPixels = 0
 
-    convenience init(
+    package convenience init(
         input: VideoFormat, outputFormat: AVPixelFormat, width: Int32, height: Int32,
         colour: ColourDescription? = nil
     ) throws(FFmpegError) {
@@ -116,7 +116,7 @@ final class Scaler {
     /// given; a full-range source is compressed into it). An RGB source becomes YUV with `colour`'s
     /// matrix (default: the rule for the output height, BT.709 from 720 lines); a YUV source keeps
     /// its matrix, so the encoder is told the source's (`VideoEncoderSettings.colour`).
-    init(
+    package init(
         source: Source, outputFormat: AVPixelFormat, width: Int32, height: Int32,
         colour: ColourDescription? = nil
     ) throws(FFmpegError) {
@@ -166,7 +166,7 @@ final class Scaler {
 
     /// Whether region updates are possible: same size in and out, even sizes, and a packed RGB
     /// source (one plane, one pixel per 3 or 4 bytes).
-    var convertsRegions: Bool {
+    package var convertsRegions: Bool {
         source.width == outputWidth && source.height == outputHeight && source.width % 2 == 0
             && source.height % 2 == 0 && outputFormat == AV_PIX_FMT_YUV420P && !source.fullRange
             && [AV_PIX_FMT_BGR0, AV_PIX_FMT_BGRA, AV_PIX_FMT_RGB24, AV_PIX_FMT_BGR24, AV_PIX_FMT_RGB0, AV_PIX_FMT_RGBA]
@@ -181,7 +181,7 @@ final class Scaler {
     /// `changed` nil converts everything, empty nothing (the frame is returned as it is), otherwise
     /// only the regions, padded to the 4:2:0 chroma grid, and the result is pixel for pixel what a
     /// full conversion gives (see `convertRegion`).
-    func scale(_ buffer: borrowing SampleBuffer, changed: [PixelRegion]?) throws(FFmpegError) -> UnsafeMutablePointer<AVFrame> {
+    package func scale(_ buffer: borrowing SampleBuffer, changed: [PixelRegion]?) throws(FFmpegError) -> UnsafeMutablePointer<AVFrame> {
         guard holdsPicture, let changed, convertsRegions else { return try scale(buffer) }
         if changed.isEmpty { return frame.pointer }
         let width = Int(source.width)
@@ -298,7 +298,7 @@ final class Scaler {
     }
 
     /// The kept picture, to encode again.
-    func keptPicture() throws(FFmpegError) -> UnsafeMutablePointer<AVFrame> { frame.pointer }
+    package func keptPicture() throws(FFmpegError) -> UnsafeMutablePointer<AVFrame> { frame.pointer }
 
     /// Tests: a scaler to yuv420p of the same size, as the encoder makes for a screen.
     convenience init(toYUV420P input: VideoFormat) throws(FFmpegError) {
@@ -327,7 +327,7 @@ final class Scaler {
 
     /// Converts `buffer` and returns the scaler's frame, valid until the next call. When an
     /// encoder still holds a reference to the frame, a new buffer is allocated first.
-    func scale(_ buffer: borrowing SampleBuffer) throws(FFmpegError) -> UnsafeMutablePointer<AVFrame> {
+    package func scale(_ buffer: borrowing SampleBuffer) throws(FFmpegError) -> UnsafeMutablePointer<AVFrame> {
         var sourcePlanes: [UnsafePointer<UInt8>?] = [nil, nil, nil, nil]
         var sourceStrides: [Int32] = [0, 0, 0, 0]
         for (index, plane) in buffer.planes.prefix(4).enumerated() {
@@ -338,20 +338,16 @@ final class Scaler {
     }
 
     /// Converts a decoded frame (of `source`'s format and size); same result as `scale(_:)`.
-    func scale(_ decoded: UnsafePointer<AVFrame>) throws(FFmpegError) -> UnsafeMutablePointer<AVFrame> {
-        var sourcePlanes: [UnsafePointer<UInt8>?] = withUnsafeBytes(of: decoded.pointee.data) { data in
-            let pointers = data.bindMemory(to: UnsafeMutablePointer<UInt8>?.self)
-            return (0..<4).map { UnsafePointer(pointers[$0]) }
-        }
-        var sourceStrides: [Int32] = withUnsafeBytes(of: decoded.pointee.linesize) { sizes in
-            (0..<4).map { sizes.load(fromByteOffset: $0 * 4, as: Int32.self) }
-        }
+    package func scale(_ decoded: UnsafePointer<AVFrame>) throws(FFmpegError) -> UnsafeMutablePointer<AVFrame> {
+        var sourcePlanes: [UnsafePointer<UInt8>?] = [nil, nil, nil, nil]
+        var sourceStrides: [Int32] = [0, 0, 0, 0]
+        Frame.planes(of: decoded, into: &sourcePlanes, strides: &sourceStrides)
         return try scale(planes: &sourcePlanes, strides: &sourceStrides)
     }
 
     /// Converts planes of `source`'s format and size (a cropped view of a bigger picture: the
     /// compositor's layers).
-    func scale(
+    package func scale(
         planes sourcePlanes: inout [UnsafePointer<UInt8>?],
         strides sourceStrides: inout [Int32]
     ) throws(FFmpegError) -> UnsafeMutablePointer<AVFrame> {

@@ -1,6 +1,5 @@
 import ArgumentParser
 import BroadcastDaemon
-import BroadcastMedia
 import BroadcastOutputs
 import BroadcastService
 import Logging
@@ -52,7 +51,7 @@ struct DaemonCommand: AsyncParsableCommand {
         // FFmpeg's protocols name what they open ("Sending publish command for 'KEY'" at debug):
         // every line is scrubbed of the stream keys the config ever named.
         let secrets = StreamSecrets()
-        FFmpegLog.install(logger, redact: { secrets.scrub($0) })
+        PipelineAssembly.logFFmpeg(into: logger, redact: { secrets.scrub($0) })
         let daemon = Daemon(
             configuration: configuration, environment: { ProcessEnvironment.current() }, metrics: DaemonMetrics.bootstrap(),
             notifier: SystemdNotifier.fromProcessEnvironment(), secrets: secrets, logger: logger)

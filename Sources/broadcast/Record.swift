@@ -2,7 +2,6 @@ import ArgumentParser
 import Atomics
 import BroadcastCapture
 import BroadcastKit
-import BroadcastMedia
 import BroadcastOutputs
 import BroadcastDaemon
 import BroadcastService
@@ -84,7 +83,7 @@ struct Record: ParsableCommand {
         let budget = assembly.plan.budget
         let setupInfo = try sources.setupInfo()
 
-        FFmpegLog.install(logger)
+        PipelineAssembly.logFFmpeg(into: logger)
         assembly.logPlan(logger)
         let handler = assembly.makeHandler(logger: logger, realtime: !sources.noRealtime)
         let session = assembly.makeSession(handler: handler, options: SessionOptions(duration: duration), logger: logger)

@@ -1,6 +1,5 @@
 import ArgumentParser
 import BroadcastKit
-import BroadcastMedia
 import BroadcastOutputs
 import BroadcastDaemon
 import BroadcastService
@@ -236,7 +235,7 @@ struct Stream: ParsableCommand {
         let budget = assembly.plan.budget
         let setupInfo = try sources.setupInfo()
 
-        FFmpegLog.install(logger, redact: { StreamURL.scrub($0, secrets: secrets) })
+        PipelineAssembly.logFFmpeg(into: logger, redact: { StreamURL.scrub($0, secrets: secrets) })
         assembly.logPlan(logger)
         let handler = assembly.makeHandler(logger: logger, realtime: !sources.noRealtime)
         let session = assembly.makeSession(handler: handler, options: SessionOptions(duration: duration), logger: logger)

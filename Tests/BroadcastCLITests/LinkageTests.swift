@@ -25,7 +25,7 @@ import Testing
     }
 
     /// GStreamer (webrtcbin, for WHIP) and libcurl are BroadcastWebRTC's alone: the sample links
-    /// neither, and no object file of the capture, session, media or outputs targets refers to
+    /// neither, and no object file of the capture, session, media, composition or outputs targets refers to
     /// one of their symbols (those targets are linked into the one executable, so ldd cannot tell).
     @Test func onlyBroadcastWebRTCLinksGStreamer() throws {
         let debug = URL(fileURLWithPath: broadcastBinary).deletingLastPathComponent()
@@ -45,7 +45,9 @@ import Testing
             return r.stdout.split(separator: "\n").compactMap { $0.split(separator: " ").last.map(String.init) }
                 .filter { $0.hasPrefix("gst_") || $0.hasPrefix("g_") || $0.hasPrefix("curl_") || $0.hasPrefix("CBroadcastWHIP") }
         }
-        for target in ["BroadcastKit", "BroadcastCapture", "BroadcastMedia", "BroadcastOutputs", "BroadcastService"] {
+        for target in [
+            "BroadcastKit", "BroadcastCapture", "BroadcastMedia", "BroadcastComposition", "BroadcastOutputs", "BroadcastService",
+        ] {
             #expect(try undefinedForeignSymbols(target).isEmpty, "\(target) refers to GStreamer/curl")
         }
         // The check can see such a reference: the WebRTC target has them.

@@ -1,6 +1,7 @@
 import AllocationCounting
 import Atomics
 import BroadcastKit
+@testable import BroadcastComposition
 @testable import BroadcastMedia
 import Logging
 import Testing

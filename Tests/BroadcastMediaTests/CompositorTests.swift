@@ -1,5 +1,6 @@
 import Atomics
 import BroadcastKit
+@testable import BroadcastComposition
 @testable import BroadcastMedia
 import Foundation
 import Logging

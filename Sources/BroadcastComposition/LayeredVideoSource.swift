@@ -1,10 +1,6 @@
-public import Atomics
+internal import Atomics
 public import BroadcastKit
-internal import CAVCodec
-internal import CAVFormat
-internal import CAVUtil
-internal import CSwResample
-internal import CSwScale
+internal import BroadcastMedia
 public import Logging
 
 /// Several video sources as one: the first (the base) sets the frame's times and fills it, each

@@ -1,4 +1,5 @@
 internal import BroadcastKit
+internal import BroadcastMedia
 internal import CAVCodec
 internal import CAVFormat
 internal import CAVUtil
@@ -201,13 +202,7 @@ final class Compositor: @unchecked Sendable {
             if layer.decoder == nil { layer.decoder = try MJPEGDecoder() }
             let decoded = try layer.decoder!.decode(buffer.planes[0])
             source = Scaler.Source(decoded: decoded)
-            withUnsafeBytes(of: decoded.pointee.data) { data in
-                let pointers = data.bindMemory(to: UnsafeMutablePointer<UInt8>?.self)
-                for index in 0..<4 { sourcePlanes[index] = UnsafePointer(pointers[index]) }
-            }
-            withUnsafeBytes(of: decoded.pointee.linesize) { sizes in
-                for index in 0..<4 { sourceStrides[index] = sizes.load(fromByteOffset: index * 4, as: Int32.self) }
-            }
+            Frame.planes(of: decoded, into: &sourcePlanes, strides: &sourceStrides)
             sourceColour = sourceColour ?? .jpeg
         } else {
             guard let known = Scaler.Source(format) else { return }
@@ -339,58 +334,42 @@ final class Compositor: @unchecked Sendable {
     static func copy(
         _ region: PixelRegion, from: UnsafeMutablePointer<AVFrame>, origin: (x: Int, y: Int), into to: UnsafeMutablePointer<AVFrame>
     ) {
-        withUnsafeBytes(of: from.pointee.data) { fromData in
-            withUnsafeBytes(of: to.pointee.data) { toData in
-                let fromPlanes = fromData.bindMemory(to: UnsafeMutablePointer<UInt8>?.self)
-                let toPlanes = toData.bindMemory(to: UnsafeMutablePointer<UInt8>?.self)
-                for index in 0..<3 {
-                    let shift = index == 0 ? 0 : 1
-                    let fromStride = Int(planeStride(from, index))
-                    let toStride = Int(planeStride(to, index))
-                    guard let source = fromPlanes[index], let destination = toPlanes[index] else { continue }
-                    let columns = region.width >> shift
-                    let x = region.x >> shift
-                    let ox = origin.x >> shift
-                    let oy = origin.y >> shift
-                    for y in (region.y >> shift)..<((region.y + region.height) >> shift) {
-                        (destination + y * toStride + x).update(from: source + (y - oy) * fromStride + (x - ox), count: columns)
-                    }
-                }
+        for index in 0..<3 {
+            let shift = index == 0 ? 0 : 1
+            let fromStride = Int(Frame.bytesPerRow(index, of: from))
+            let toStride = Int(Frame.bytesPerRow(index, of: to))
+            guard let source = Frame.plane(index, of: from), let destination = Frame.plane(index, of: to) else { continue }
+            let columns = region.width >> shift
+            let x = region.x >> shift
+            let ox = origin.x >> shift
+            let oy = origin.y >> shift
+            for y in (region.y >> shift)..<((region.y + region.height) >> shift) {
+                (destination + y * toStride + x).update(from: source + (y - oy) * fromStride + (x - ox), count: columns)
             }
         }
     }
 
     static func fill(_ region: PixelRegion, in frame: UnsafeMutablePointer<AVFrame>, luma: UInt8, chroma: UInt8) {
-        withUnsafeBytes(of: frame.pointee.data) { data in
-            let planes = data.bindMemory(to: UnsafeMutablePointer<UInt8>?.self)
-            for index in 0..<3 {
-                let shift = index == 0 ? 0 : 1
-                let stride = Int(planeStride(frame, index))
-                guard let plane = planes[index] else { continue }
-                for y in (region.y >> shift)..<((region.y + region.height) >> shift) {
-                    (plane + y * stride + (region.x >> shift)).update(repeating: index == 0 ? luma : chroma, count: region.width >> shift)
-                }
+        for index in 0..<3 {
+            let shift = index == 0 ? 0 : 1
+            let stride = Int(Frame.bytesPerRow(index, of: frame))
+            guard let plane = Frame.plane(index, of: frame) else { continue }
+            for y in (region.y >> shift)..<((region.y + region.height) >> shift) {
+                (plane + y * stride + (region.x >> shift)).update(repeating: index == 0 ? luma : chroma, count: region.width >> shift)
             }
         }
     }
 
-    private static func planeStride(_ frame: UnsafeMutablePointer<AVFrame>, _ index: Int) -> Int32 {
-        withUnsafeBytes(of: frame.pointee.linesize) { $0.load(fromByteOffset: index * 4, as: Int32.self) }
-    }
-
     /// Copies the composite into a yuv420p picture laid out as `planes` (the output's frames).
     func copyComposite(into planes: [Plane]) {
-        withUnsafeBytes(of: canvas.pointer.pointee.data) { data in
-            let source = data.bindMemory(to: UnsafeMutablePointer<UInt8>?.self)
-            for index in 0..<3 {
-                let shift = index == 0 ? 0 : 1
-                let stride = Int(Self.planeStride(canvas.pointer, index))
-                guard let from = source[index], index < planes.count else { continue }
-                let to = UnsafeMutableRawPointer(mutating: planes[index].base).assumingMemoryBound(to: UInt8.self)
-                let columns = width >> shift
-                for y in 0..<(height >> shift) {
-                    (to + y * planes[index].bytesPerRow).update(from: from + y * stride, count: columns)
-                }
+        for index in 0..<3 {
+            let shift = index == 0 ? 0 : 1
+            let stride = Int(canvas.bytesPerRow(index))
+            guard let from = canvas.plane(index), index < planes.count else { continue }
+            let to = UnsafeMutableRawPointer(mutating: planes[index].base).assumingMemoryBound(to: UInt8.self)
+            let columns = width >> shift
+            for y in 0..<(height >> shift) {
+                (to + y * planes[index].bytesPerRow).update(from: from + y * stride, count: columns)
             }
         }
     }
