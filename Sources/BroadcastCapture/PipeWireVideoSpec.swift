@@ -110,7 +110,7 @@ public struct PortalTokenStore: Sendable {
         defer { fclose(file) }
         var buffer = [CChar](repeating: 0, count: 512)
         guard fgets(&buffer, Int32(buffer.count), file) != nil else { return nil }
-        let token = String(cString: buffer).trimmingWhitespace()
+        let token = String(cString: buffer).trimmed()
         return token.isEmpty ? nil : token
     }
 
@@ -136,14 +136,5 @@ public struct PortalTokenStore: Sendable {
             unlink(temporary)
             throw BroadcastError(.sourceFailed, "cannot write \(target): \(String(cString: strerror(errno)))")
         }
-    }
-}
-
-extension String {
-    fileprivate func trimmingWhitespace() -> String {
-        var s = Substring(self)
-        while let c = s.first, c.isWhitespace { s.removeFirst() }
-        while let c = s.last, c.isWhitespace { s.removeLast() }
-        return String(s)
     }
 }

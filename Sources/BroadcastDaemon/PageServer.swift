@@ -134,9 +134,10 @@ public final class PageServer: Sendable {
     /// (a decoded CR, LF or space would split the request line, a `?` start a query, a `%` be
     /// decoded twice).
     static func forward(_ request: ControlRequest, to client: ControlClient) -> ControlResponse {
-        var target = escaped(request.path, keeping: UInt8(ascii: "/"))
+        var target = request.path.percentEncoded(keeping: "-._/")
         if !request.query.isEmpty {
-            target += "?" + request.query.sorted { $0.key < $1.key }.map { "\(escaped($0.key))=\(escaped($0.value))" }.joined(separator: "&")
+            target += "?" + request.query.sorted { $0.key < $1.key }
+                .map { "\($0.key.percentEncoded(keeping: "-._"))=\($0.value.percentEncoded(keeping: "-._"))" }.joined(separator: "&")
         }
         do {
             let answer = try client.send(method: request.method, path: target, body: request.body)
@@ -147,21 +148,6 @@ public final class PageServer: Sendable {
         } catch {
             return .error(502, "the daemon at \(client.socketPath) did not answer: \(error.message)")
         }
-    }
-
-    /// `text` with every byte but letters, digits, `-`, `_`, `.` and `keeping` %-escaped.
-    static func escaped(_ text: String, keeping kept: UInt8? = nil) -> String {
-        var out = ""
-        for byte in text.utf8 {
-            if (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A) || byte == 0x2D || byte == 0x5F || byte == 0x2E
-                || byte == kept
-            {
-                out.unicodeScalars.append(UnicodeScalar(byte))
-            } else {
-                out += "%" + String(byte, radix: 16, uppercase: true).leftPadded(to: 2)
-            }
-        }
-        return out
     }
 
     /// 128 random bits as hex (the system generator: getrandom(2) on Linux).

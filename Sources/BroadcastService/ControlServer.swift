@@ -540,7 +540,7 @@ public final class ControlServer: Service, Sendable {
             if name == "content-length" {
                 // Two lengths that disagree would let a proxy and this server see different requests
                 // (RFC 9112 6.3); NIO's parser refuses them too.
-                let lengths = (headers[name].map { [$0] } ?? []) + field.value.split(separator: ",").map { String($0).trimmingSpaces() }
+                let lengths = (headers[name].map { [$0] } ?? []) + field.value.split(separator: ",").map { $0.trimmed { $0 == " " || $0 == "\t" } }
                 if Set(lengths).count > 1 { return .failure(.error(400, "conflicting Content-Length headers")) }
                 headers[name] = lengths.first ?? field.value
                 continue
@@ -650,12 +650,6 @@ public final class ControlServer: Service, Sendable {
             }
         }
         return String(validating: bytes, as: UTF8.self)
-    }
-}
-
-extension StringProtocol {
-    fileprivate func trimmingSpaces() -> String {
-        String(self.drop { $0 == " " || $0 == "\t" }.reversed().drop { $0 == " " || $0 == "\t" }.reversed())
     }
 }
 

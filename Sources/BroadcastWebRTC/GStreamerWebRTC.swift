@@ -56,7 +56,7 @@ final class GStreamerPeer: WebRTCPeer {
             } else if let colon = server.url.firstIndex(of: ":") {
                 // webrtcbin: turn(s)://user:password@host:port?transport=...
                 let scheme = server.url[..<colon]
-                let user = server.username.map { "\(Self.escape($0)):\(Self.escape(server.credential ?? ""))@" } ?? ""
+                let user = server.username.map { "\($0.percentEncoded()):\((server.credential ?? "").percentEncoded())@" } ?? ""
                 turns.append("\(scheme)://\(user)\(server.url[server.url.index(after: colon)...])")
             }
         }
@@ -136,18 +136,6 @@ final class GStreamerPeer: WebRTCPeer {
         return text.isEmpty ? "WebRTC failed" : text
     }
 
-    /// Percent-encodes what would end the user-info part of a TURN URL.
-    private static func escape(_ text: String) -> String {
-        var out = ""
-        for byte in text.utf8 {
-            let c = Character(Unicode.Scalar(byte))
-            if c.isLetter || c.isNumber || "-._~".contains(c), byte < 128 { out.append(c) } else {
-                out += "%" + String(byte, radix: 16, uppercase: true).leftPadded()
-            }
-        }
-        return out
-    }
-
     private static func withCStrings<R>(_ strings: [String], _ body: (UnsafePointer<UnsafePointer<CChar>?>?) -> R) -> R {
         if strings.isEmpty { return body(nil) }
         let pointers: [UnsafeMutablePointer<CChar>?] = strings.map { strdup($0) }
@@ -170,8 +158,4 @@ private final class AbandonCheck {
             }
         }
     }
-}
-
-extension String {
-    fileprivate func leftPadded() -> String { count < 2 ? "0" + self : self }
 }

@@ -189,7 +189,7 @@ struct Pause: ParsableCommand {
     @OptionGroup var control: ControlOptions
     @Option(help: ArgumentHelp("Pause only this output (a name from the config's [[output]]).", valueName: "name"))
     var output: String?
-    func run() throws { try control.call("POST", output.map { "/v1/outputs/\(pathSegment($0))/pause" } ?? "/v1/broadcast/pause") }
+    func run() throws { try control.call("POST", output.map { "/v1/outputs/\($0.percentEncoded())/pause" } ?? "/v1/broadcast/pause") }
 }
 
 struct Resume: ParsableCommand {
@@ -197,7 +197,7 @@ struct Resume: ParsableCommand {
     @OptionGroup var control: ControlOptions
     @Option(help: ArgumentHelp("Resume only this output.", valueName: "name"))
     var output: String?
-    func run() throws { try control.call("POST", output.map { "/v1/outputs/\(pathSegment($0))/resume" } ?? "/v1/broadcast/resume") }
+    func run() throws { try control.call("POST", output.map { "/v1/outputs/\($0.percentEncoded())/resume" } ?? "/v1/broadcast/resume") }
 }
 
 /// `mic` or `app`, the audio sources `mute`/`unmute` name; anything else is exit 2.
@@ -262,7 +262,7 @@ struct Offset: ParsableCommand {
 
     func run() throws {
         let path = source == "video" ? "/v1/video/offset" : "/v1/audio/\(source)/offset"
-        try control.call("POST", "\(path)?value=\(pathSegment(value[0]))")
+        try control.call("POST", "\(path)?value=\(value[0].percentEncoded())")
     }
 }
 
@@ -294,21 +294,4 @@ struct Start: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Start the broadcast of a running daemon again.")
     @OptionGroup var control: ControlOptions
     func run() throws { try control.call("POST", "/v1/broadcast/start") }
-}
-
-/// `text` as one URL path segment: everything but RFC 3986's unreserved characters %-escaped, so a
-/// name typed with a space or a '%' reaches the daemon as that name (and is answered as one).
-func pathSegment(_ text: String) -> String {
-    var segment = ""
-    for byte in text.utf8 {
-        switch byte {
-        case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
-            UInt8(ascii: "-"), UInt8(ascii: "_"), UInt8(ascii: "."), UInt8(ascii: "~"):
-            segment.unicodeScalars.append(Unicode.Scalar(byte))
-        default:
-            let hex = String(byte, radix: 16, uppercase: true)
-            segment += byte < 16 ? "%0\(hex)" : "%\(hex)"
-        }
-    }
-    return segment
 }

@@ -21,7 +21,7 @@ enum MarkerInput {
             var number = 0
             while let line = readLine(strippingNewline: true) {
                 let text = line.hasSuffix("\r") ? String(line.dropLast()) : line
-                let title = text.trimmingSpaces.isEmpty ? nil : text
+                let title = text.trimmed { $0 == " " || $0 == "\t" }.isEmpty ? nil : text
                 do throws(BroadcastError) {
                     let mark = try Output.mark(outputs, title: title, number: number + 1)
                     number += 1
@@ -31,13 +31,5 @@ enum MarkerInput {
                 }
             }
         }
-    }
-}
-
-extension String {
-    fileprivate var trimmingSpaces: Substring {
-        let scalars = unicodeScalars
-        guard let first = scalars.firstIndex(where: { $0 != " " && $0 != "\t" }) else { return "" }
-        return Substring(String(scalars[first...]))
     }
 }

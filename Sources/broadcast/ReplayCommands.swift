@@ -97,7 +97,7 @@ struct ReplaySaveCommand: ParsableCommand {
             let value = try Values.duration(seconds, option: "--seconds")
             query = "?seconds=\(Double(value.nanoseconds ?? 0) / 1e9)"
         }
-        let path = name.map { "/v1/outputs/\(pathSegment($0))/save" } ?? "/v1/replay/save"
+        let path = name.map { "/v1/outputs/\($0.percentEncoded())/save" } ?? "/v1/replay/save"
         let (status, body) = try ControlClient(socketPath: control.socket).send(method: "POST", path: path + query)
         let text = String(decoding: body, as: UTF8.self)
         guard status < 300 else {

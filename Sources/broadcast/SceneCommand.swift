@@ -1,4 +1,5 @@
 import ArgumentParser
+import BroadcastKit
 
 struct Scene: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -20,5 +21,5 @@ struct Scene: ParsableCommand {
     @OptionGroup var control: ControlOptions
     @Argument(help: ArgumentHelp("The scene's name, as [scenes] writes it.", valueName: "name"))
     var name: String
-    func run() throws { try control.call("POST", "/v1/scene/\(pathSegment(name))") }
+    func run() throws { try control.call("POST", "/v1/scene/\(name.percentEncoded())") }
 }

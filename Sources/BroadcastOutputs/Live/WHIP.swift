@@ -38,7 +38,7 @@ public struct ICEServer: Sendable, Hashable {
                 }
                 var parameters: [String: String] = [:]
                 for part in rest[rest.index(after: close)..<end].split(separator: ";") {
-                    let pair = part.split(separator: "=", maxSplits: 1).map { $0.trimmingCharacters(in: " \t\"") }
+                    let pair = part.split(separator: "=", maxSplits: 1).map { $0.trimmed { " \t\"".contains($0) } }
                     if pair.count == 2 { parameters[pair[0].lowercased()] = pair[1] }
                 }
                 if parameters["rel"]?.lowercased() == "ice-server",
@@ -50,15 +50,6 @@ public struct ICEServer: Sendable, Hashable {
             }
         }
         return servers
-    }
-}
-
-extension StringProtocol {
-    fileprivate func trimmingCharacters(in set: String) -> String {
-        var s = Substring(self)
-        while let first = s.first, set.contains(first) { s = s.dropFirst() }
-        while let last = s.last, set.contains(last) { s = s.dropLast() }
-        return String(s)
     }
 }
 
