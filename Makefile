@@ -23,19 +23,32 @@ DESKTOP_APT_PACKAGES := dbus pipewire pipewire-bin wireplumber pipewire-pulse pu
 APT_PACKAGES := pkg-config libsrt-gnutls-dev libgstreamer1.0-dev libgstreamer-plugins-bad1.0-dev gstreamer1.0-plugins-bad gstreamer1.0-nice gstreamer1.0-plugins-good libcurl4-gnutls-dev libavcodec-dev libavformat-dev libavutil-dev libswscale-dev \
                 libswresample-dev libv4l-dev libasound2-dev ffmpeg nginx libnginx-mod-rtmp libnginx-mod-stream openssl srt-tools janus janus-tools \
                 libxcb1-dev libxcb-shm0-dev libxcb-xfixes0-dev libxcb-damage0-dev xvfb x11-apps \
-                libpipewire-0.3-dev libsystemd-dev libwebrtc-audio-processing-dev strace chromium chromium-driver \
+                libpipewire-0.3-dev libsystemd-dev libwebrtc-audio-processing-dev strace chromium chromium-driver python3-venv python3-pip \
                 $(DESKTOP_APT_PACKAGES)
 
-.PHONY: deps build release demo test test-unit docs clean vm-deps vm-test vm-test-systemd unit-security install
+.PHONY: deps deps-apt deps-python build release demo test test-unit docs clean vm-deps vm-test vm-test-systemd unit-security install
 
-deps:
+deps: deps-apt deps-python
+	@command -v $(SWIFT) >/dev/null || { echo "swift not found: install a Swift 6 toolchain (swift.org) and put it on PATH"; exit 1; }
+
+deps-apt:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "installing: $$missing"; \
 		export DEBIAN_FRONTEND=noninteractive; \
 		apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
-	@command -v $(SWIFT) >/dev/null || { echo "swift not found: install a Swift 6 toolchain (swift.org) and put it on PATH"; exit 1; }
+
+# The WHIP tests' WebRTC peer (scripts/whip-endpoint.py): aiortc and aiohttp from PyPI, in a
+# virtualenv at $(WHIP_VENV) (the tests and benchmarks/glass.py look for it there and install
+# nothing themselves). Made once: skipped while its python imports both.
+WHIP_VENV := .build/whip-venv
+deps-python: deps-apt
+	@if ! $(WHIP_VENV)/bin/python -c 'import aiortc, aiohttp' 2>/dev/null; then \
+		echo "installing aiortc and aiohttp into $(WHIP_VENV)"; \
+		python3 -m venv $(WHIP_VENV) && $(WHIP_VENV)/bin/python -m pip install -q aiortc aiohttp \
+			&& $(WHIP_VENV)/bin/python -c 'import aiortc, aiohttp'; \
+	fi
 
 build: deps
 	$(SWIFT) build

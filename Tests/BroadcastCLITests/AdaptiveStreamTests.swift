@@ -2,6 +2,16 @@ import Foundation
 import ChildProcesses
 import Testing
 
+/// The daemon with a recording and an adaptive live output to `url` (`min_video_bitrate` set),
+/// the test pattern at 320x180 encoded at `videoBitrate` (ultrafast, 32k audio).
+private func launchAdaptiveDaemon(
+    _ dir: TemporaryDirectory, videoBitrate: String, url: String, minVideoBitrate: String
+) throws -> (daemon: Child, socket: String) {
+    try launchDaemon(
+        dir, sections: "[video]\nsize = \"320x180\"\n[encoder]\npreset = \"ultrafast\"\nvideo_bitrate = \"\(videoBitrate)\"\naudio_bitrate = \"32k\"",
+        outputs: recordingOutput(dir) + streamOutput(url: url, keys: "adaptive = true\nmin_video_bitrate = \"\(minVideoBitrate)\""))
+}
+
 /// Adaptive live outputs (issue 36 item 2): a stream to nginx-rtmp through a throttling proxy of
 /// our own whose rate the test lowers for a while, with a recording beside it. With `--adaptive`
 /// the stream's bitrate goes down and the server keeps getting the picture; without it the same
@@ -125,26 +135,8 @@ import Testing
         defer { proxy.stop() }
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
-        let socket = dir.path("c.sock")
-        let config = """
-            [video]
-            size = "320x180"
-            [encoder]
-            preset = "ultrafast"
-            video_bitrate = "1M"
-            audio_bitrate = "32k"
-            [control]
-            socket = "\(socket)"
-            [[output]]
-            name = "rec"
-            path = "\(dir.path("rec.mkv"))"
-            [[output]]
-            name = "live"
-            url = "rtmp://127.0.0.1:\(proxy.port)/live/adaptive"
-            adaptive = true
-            min_video_bitrate = "40k"
-            """
-        let daemon = try spawnDaemon(config: config, in: dir)
+        let (daemon, socket) = try launchAdaptiveDaemon(
+            dir, videoBitrate: "1M", url: "rtmp://127.0.0.1:\(proxy.port)/live/adaptive", minVideoBitrate: "40k")
         defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
         _ = try waitUntilRecording(socket)
         let watcher = try #require(SocketConnection(socket))
@@ -225,26 +217,7 @@ import Testing
         defer { endpoint.stop() }
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
-        let socket = dir.path("c.sock")
-        let config = """
-            [video]
-            size = "320x180"
-            [encoder]
-            preset = "ultrafast"
-            video_bitrate = "800k"
-            audio_bitrate = "32k"
-            [control]
-            socket = "\(socket)"
-            [[output]]
-            name = "rec"
-            path = "\(dir.path("rec.mkv"))"
-            [[output]]
-            name = "live"
-            url = "\(endpoint.url)"
-            adaptive = true
-            min_video_bitrate = "200k"
-            """
-        let daemon = try spawnDaemon(config: config, in: dir)
+        let (daemon, socket) = try launchAdaptiveDaemon(dir, videoBitrate: "800k", url: endpoint.url, minVideoBitrate: "200k")
         defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
         #expect(try endpoint.waitFor { ($0["video_frames"] as? NSNumber)?.intValue ?? 0 >= 30 }, "aiortc decoded nothing: \(daemon.stderrSoFar.suffix(2000))")
         let watcher = try #require(SocketConnection(socket))

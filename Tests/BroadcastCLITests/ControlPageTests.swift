@@ -9,32 +9,23 @@ import Testing
 
     /// The daemon: the test pattern and tone, a recording and a replay buffer, TCP control with a token.
     static func startDaemon(_ dir: TemporaryDirectory, port: Int) throws -> (Child, String) {
-        let socket = dir.path("c.sock")
-        let daemon = try spawnDaemon(config: config(dir, socket: socket, port: port), in: dir)
-        return (daemon, socket)
+        try launchDaemon(dir, sections: sections, tcpPort: port, token: token, outputs: outputs(dir))
     }
 
-    static func config(_ dir: TemporaryDirectory, socket: String, port: Int, extra: String = "") -> String {
-        """
+    /// The test pattern at 320x240, nothing else set.
+    static let picture = "[video]\nsize = \"320x240\""
+
+    static let sections = """
         [video]
         size = "320x240"
         fps = 30
         [audio]
         mic = "test"
-        [control]
-        socket = "\(socket)"
-        tcp = "127.0.0.1:\(port)"
-        token = "\(token)"
-        [[output]]
-        name = "rec"
-        path = "\(dir.path("rec.mkv"))"
-        overwrite = true
-        [[output]]
-        name = "replay"
-        replay = "10s"
-        path = "\(dir.path("saves"))/save-%H-%M-%S.mp4"
-        \(extra)
         """
+
+    static func outputs(_ dir: TemporaryDirectory) -> String {
+        recordingOutput(dir, keys: "overwrite = true")
+            + "[[output]]\nname = \"replay\"\nreplay = \"10s\"\npath = \"\(dir.path("saves"))/save-%H-%M-%S.mp4\"\n"
     }
 
     /// The daemon's status over its socket, parsed.
@@ -175,7 +166,8 @@ import Testing
         // Reload: the answer, then a config error's FILE:LINE: key:.
         try browser.click("#reload")
         #expect(try browser.waitFor("return document.getElementById('answer').textContent.startsWith('reload: applies')") != nil)
-        try (Self.config(dir, socket: socket, port: port) + "\n[encoder]\nvideo_bitrate = \"lots\"\n").write(
+        let config = daemonConfig(dir, sections: Self.sections, tcpPort: port, token: Self.token, outputs: Self.outputs(dir))
+        try (config + "\n[encoder]\nvideo_bitrate = \"lots\"\n").write(
             toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
         try browser.click("#reload")
         let refusedReload = try browser.waitFor("return /d\\.toml:\\d+: encoder\\.video_bitrate:/.test(document.getElementById('answer').textContent)")
@@ -402,8 +394,7 @@ final class PollState: Sendable {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
         let port = try freePort()
-        let socket = dir.path("c.sock")
-        let config = """
+        let (daemon, socket) = try launchDaemon(dir, sections: """
             [video]
             source = "test"
             size = "320x180"
@@ -412,18 +403,10 @@ final class PollState: Sendable {
             app = "test"
             [encoder]
             audio_tracks = "both"
-            [control]
-            socket = "\(socket)"
-            tcp = "127.0.0.1:\(port)"
-            token = "\(ControlPageTests.token)"
             [scenes]
             corner = ["test?x=160,y=90,width=160,height=90"]
             plain = []
-            [[output]]
-            name = "rec"
-            path = "\(dir.path("rec.mkv"))"
-            """
-        let daemon = try spawnDaemon(config: config, in: dir)
+            """, tcpPort: port, token: ControlPageTests.token)
         defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
         _ = try waitUntilRecording(socket)
         let browser = try WebDriver()
@@ -466,10 +449,7 @@ final class PollState: Sendable {
     }
 
     @Test func thePageListsTheEncodes() throws {
-        try withRecordingDaemon(sections: """
-            [video]
-            size = "320x240"
-            """, outputs: { dir in recordingOutput(dir) + recordingOutput(dir, name: "small", file: "small.mkv") + "size = \"160x120\"\n" }) {
+        try withRecordingDaemon(sections: ControlPageTests.picture, outputs: { dir in recordingOutput(dir) + recordingOutput(dir, name: "small", file: "small.mkv", keys: "size = \"160x120\"") }) {
             dir, socket, _, _ in
             let ui = try Child(broadcastBinary, ["ui", "--socket", socket])
             defer { ui.signal(SIGKILL); _ = ui.wait(timeout: 10) }
@@ -489,28 +469,33 @@ final class PollState: Sendable {
         }
     }
 
+    /// `broadcast ui --socket SOCKET --open` with a stand-in xdg-open on its PATH, whose shell
+    /// command `xdgOpenWrites` writes what it was given (to a file the test reads once whole);
+    /// returns the ui process and what xdg-open wrote (empty if it was not run within 60 s).
+    static func uiOpen(_ dir: TemporaryDirectory, _ socket: String, xdgOpenWrites: String) throws -> (Child, String) {
+        try FileManager.default.createDirectory(atPath: dir.path("bin"), withIntermediateDirectories: true)
+        try "#!/bin/sh\n\(xdgOpenWrites) > \(dir.path("opened.part"))\nmv \(dir.path("opened.part")) \(dir.path("opened"))\n"
+            .write(toFile: dir.path("bin/xdg-open"), atomically: true, encoding: .utf8)
+        chmod(dir.path("bin/xdg-open"), 0o755)
+        let ui = try Child(
+            broadcastBinary, ["ui", "--socket", socket, "--open"],
+            environment: ["PATH": dir.path("bin") + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")])
+        var opened = ""
+        for _ in 0..<600 where opened.isEmpty {
+            opened = (try? String(contentsOfFile: dir.path("opened"), encoding: .utf8)) ?? ""
+            usleep(100_000)
+        }
+        return (ui, opened)
+    }
+
     /// `ui --open`: xdg-open's arguments (which every local user reads in /proc/PID/cmdline) carry
     /// a one-time login code, never the token; the page exchanges it for the token once; a second
     /// use is refused; xdg-open is reaped. Issue 35 item 2.
     @Test func openGivesXdgOpenAOneTimeLoginCodeNotTheToken() throws {
-        try withRecordingDaemon(sections: """
-            [video]
-            size = "320x240"
-            """) { dir, socket, _, _ in
+        try withRecordingDaemon(sections: ControlPageTests.picture) { dir, socket, _, _ in
             // A stand-in xdg-open that notes its arguments, one a line, and ends at once.
-            try FileManager.default.createDirectory(atPath: dir.path("bin"), withIntermediateDirectories: true)
-            try "#!/bin/sh\nfor a in \"$@\"; do echo \"$a\"; done > \(dir.path("opened.part"))\nmv \(dir.path("opened.part")) \(dir.path("opened"))\n"
-                .write(toFile: dir.path("bin/xdg-open"), atomically: true, encoding: .utf8)
-            chmod(dir.path("bin/xdg-open"), 0o755)
-            let ui = try Child(
-                broadcastBinary, ["ui", "--socket", socket, "--open"],
-                environment: ["PATH": dir.path("bin") + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")])
+            let (ui, opened) = try Self.uiOpen(dir, socket, xdgOpenWrites: "for a in \"$@\"; do echo \"$a\"; done")
             defer { ui.signal(SIGKILL); _ = ui.wait(timeout: 10) }
-            var opened = ""
-            for _ in 0..<600 where opened.isEmpty {
-                opened = (try? String(contentsOfFile: dir.path("opened"), encoding: .utf8)) ?? ""
-                usleep(100_000)
-            }
             let printed = ui.stdoutSoFar.trimmingCharacters(in: .whitespacesAndNewlines)
             let parts = printed.split(separator: "#token=")
             try #require(parts.count == 2, "printed '\(printed)' \(ui.stderrSoFar)")
@@ -547,23 +532,9 @@ final class PollState: Sendable {
     /// `ui --open` in the browser: the page opened with xdg-open's URL logs in with the code and
     /// works (the outputs, an action); the code is used up afterwards.
     @Test func thePageLogsInWithTheOneTimeCodeInChromium() throws {
-        try withRecordingDaemon(sections: """
-            [video]
-            size = "320x240"
-            """) { dir, socket, _, _ in
-            try FileManager.default.createDirectory(atPath: dir.path("bin"), withIntermediateDirectories: true)
-            try "#!/bin/sh\necho \"$1\" > \(dir.path("opened.part"))\nmv \(dir.path("opened.part")) \(dir.path("opened"))\n"
-                .write(toFile: dir.path("bin/xdg-open"), atomically: true, encoding: .utf8)
-            chmod(dir.path("bin/xdg-open"), 0o755)
-            let ui = try Child(
-                broadcastBinary, ["ui", "--socket", socket, "--open"],
-                environment: ["PATH": dir.path("bin") + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")])
+        try withRecordingDaemon(sections: ControlPageTests.picture) { dir, socket, _, _ in
+            let (ui, opened) = try Self.uiOpen(dir, socket, xdgOpenWrites: "echo \"$1\"")
             defer { ui.signal(SIGKILL); _ = ui.wait(timeout: 10) }
-            var opened = ""
-            for _ in 0..<600 where opened.isEmpty {
-                opened = (try? String(contentsOfFile: dir.path("opened"), encoding: .utf8)) ?? ""
-                usleep(100_000)
-            }
             let url = opened.trimmingCharacters(in: .whitespacesAndNewlines)
             try #require(url.contains("/#login="), "xdg-open got '\(opened)' \(ui.stderrSoFar)")
             let browser = try WebDriver()
@@ -587,10 +558,7 @@ final class PollState: Sendable {
 /// recently a picture was made, and after a later start and stop too (issue 35 item 14).
 @Suite(.serialized) struct PreviewAfterStopTests {
     @Test func thePreviewIs503OnceTheBroadcastStopped() throws {
-        try withRecordingDaemon(sections: """
-            [video]
-            size = "320x240"
-            """) { _, socket, _, _ in
+        try withRecordingDaemon(sections: ControlPageTests.picture) { _, socket, _, _ in
             #expect(SocketConnection.request(socket, "GET", "/v1/preview.jpg?width=160") == 200)
             #expect(SocketConnection.request(socket, "POST", "/v1/broadcast/stop") == 200)
             #expect(SocketConnection.request(socket, "GET", "/v1/preview.jpg?width=160") == 503, "a picture of a stopped broadcast")
@@ -624,15 +592,7 @@ func childProcesses(of pid: Int32) -> [(Int32, String)] {
 /// source and one per track (the mix and each source's own), muted tracks at the floor.
 @Suite(.serialized) struct LevelEventsTests {
     @Test func oneMeterPerSourceAndPerTrack() throws {
-        try withRecordingDaemon(sections: """
-            [video]
-            size = "320x180"
-            [audio]
-            mic = "test"
-            app = "test"
-            [encoder]
-            audio_tracks = "both"
-            """) { dir, socket, _, daemon in
+        try withRecordingDaemon(sections: twoToneSources + "\n[encoder]\naudio_tracks = \"both\"") { dir, socket, _, daemon in
             #expect(SocketConnection.request(socket, "POST", "/v1/audio/app/mute") == 200)
             let plain = try #require(SocketConnection(socket))
             plain.send("GET /v1/events HTTP/1.1\r\n\r\n")

@@ -44,18 +44,7 @@ import Testing
         }
         #expect(held && listen(holder, 1) == 0)
         let port = UInt16(bigEndian: address.sin_port)
-        let config = """
-            [video]
-            size = "320x180"
-            [control]
-            socket = "\(dir.path("c.sock"))"
-            tcp = "127.0.0.1:\(port)"
-            token = "0123456789abcdef-token"
-            [[output]]
-            name = "rec"
-            path = "\(dir.path("rec.mkv"))"
-            """
-        let daemon = try spawnDaemon(config: config, in: dir)
+        let (daemon, _) = try launchDaemon(dir, sections: "[video]\nsize = \"320x180\"", tcpPort: Int(port), token: "0123456789abcdef-token")
         let r = daemon.wait(timeout: 60)
         #expect(r.reason == .exit && r.status == 1, "exit \(r.status) (\(r.reason == .exit ? "exit" : "killed: still running after 60 s")): \(r.stderr)")
         let errors = r.stderr.split(separator: "\n").filter { $0.hasPrefix("broadcast: error:") }
@@ -111,15 +100,7 @@ import Testing
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
         let socket = dir.path("c.sock")
-        let config = """
-            [video]
-            size = "320x180"
-            [control]
-            socket = "\(socket)"
-            [[output]]
-            name = "rec"
-            path = "\(dir.path("rec.mkv"))"
-            """
+        let config = daemonConfig(dir, sections: "[video]\nsize = \"320x180\"")
         try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
         let log = dir.path("stderr.txt")
         let pid = try Self.spawnBlocking(SIGHUP, broadcastBinary, ["daemon", "--config", dir.path("d.toml")], stderr: log)

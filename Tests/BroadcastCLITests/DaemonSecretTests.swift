@@ -5,17 +5,7 @@ import Testing
 /// reload; [control] changes a reload cannot apply are refused, saying "restart needed".
 @Suite(.serialized) struct DaemonSecretTests {
     static func config(_ dir: TemporaryDirectory, port: Int?, token: String, socket: String? = nil) -> String {
-        """
-        [video]
-        size = "320x180"
-        [control]
-        socket = "\(socket ?? dir.path("c.sock"))"
-        \(port.map { "tcp = \"127.0.0.1:\($0)\"" } ?? "")
-        token = "\(token)"
-        [[output]]
-        name = "rec"
-        path = "\(dir.path("rec.mkv"))"
-        """
+        daemonConfig(dir, sections: "[video]\nsize = \"320x180\"", socket: socket, tcpPort: port, token: token)
     }
 
     /// The descriptors above 2 of process `pid` without O_CLOEXEC in their fdinfo flags, with what they are.
@@ -96,24 +86,10 @@ import Testing
         let key = "sk-env-5d1e7a90c3"
         let port = try freePort()
         let socket = dir.path("c.sock")
-        let config = """
-            [video]
-            size = "320x180"
-            [encoder]
-            keyframe_interval = "1s"
-            [control]
-            socket = "\(socket)"
-            tcp = "127.0.0.1:\(port)"
-            token = "token-0123456789abcdef"
-            [[output]]
-            name = "live"
-            url = "rtmp://127.0.0.1:\(server.port)/live/${STREAM_KEY}"
-            [[output]]
-            name = "replay"
-            replay = "5s"
-            path = "\(dir.path("replay-%H%M%S.mp4"))"
-            on_file_finished = ["/bin/sleep", "40"]
-            """
+        let config = daemonConfig(
+            dir, tcpPort: port, token: "token-0123456789abcdef",
+            outputs: streamOutput(url: "rtmp://127.0.0.1:\(server.port)/live/${STREAM_KEY}")
+                + "[[output]]\nname = \"replay\"\nreplay = \"5s\"\npath = \"\(dir.path("replay-%H%M%S.mp4"))\"\non_file_finished = [\"/bin/sleep\", \"40\"]\n")
         try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
         let daemon = try Child(
             broadcastBinary, ["daemon", "--config", dir.path("d.toml"), "--log-level", "debug"], environment: ["STREAM_KEY": key])
@@ -177,14 +153,14 @@ import Testing
         defer { dir.cleanup() }
         let key = "sk-plain-81c4be20f7"
         let file = dir.path("bad.toml")
-        try "[control]\nsocket = \"\(dir.path("c.sock"))\"\n[[output]]\nname = \"live\"\nurl = \"example.com/live/\(key)\"\n"
+        try daemonConfig(dir, sections: "", outputs: streamOutput(url: "example.com/live/\(key)"))
             .write(toFile: file, atomically: true, encoding: .utf8)
         let daemon = try broadcast(["daemon", "--config", file], timeout: 30)
         #expect(daemon.status == 2, "exit \(daemon.status): \(daemon.stderr)")
         #expect(daemon.stderr.contains("\(file):5: output.url: not a stream URL"), "\(daemon.stderr)")
         #expect(!daemon.stderr.contains(key), "\(daemon.stderr)")
         // A broken ${ in a url or token is not echoed either.
-        try "[control]\nsocket = \"\(dir.path("c.sock"))\"\n[[output]]\nname = \"live\"\nurl = \"rtmp://h/live/\(key)${X\"\n"
+        try daemonConfig(dir, sections: "", outputs: streamOutput(url: "rtmp://h/live/\(key)${X"))
             .write(toFile: file, atomically: true, encoding: .utf8)
         let unterminated = try broadcast(["daemon", "--config", file], timeout: 30)
         #expect(unterminated.status == 2 && unterminated.stderr.contains("\(file):5: output.url: unterminated ${"), "\(unterminated.stderr)")

@@ -220,3 +220,31 @@ struct DesktopSessionTests {
         #expect(sinks.stdout.contains("test_sink"))
     }
 }
+
+/// A desktop session (`options`) with `broadcast record FILE --video portal --audio-mic none --fps 30
+/// -q` and `arguments` running in it, seen casting (the portal's stream has its consumer). `body`
+/// gets the session, the recording, the file's path (`file` in a temporary directory) and that
+/// directory; the session is stopped and the directory removed when it returns.
+func withPortalRecording<T>(
+    _ options: DesktopSession.Options, file: String, _ arguments: [String] = [],
+    _ body: (_ desktop: DesktopSession, _ recording: Child, _ file: String, _ dir: TemporaryDirectory) throws -> T
+) throws -> T {
+    let desktop = try DesktopSession(options)
+    defer { desktop.stop() }
+    let dir = try TemporaryDirectory()
+    defer { dir.cleanup() }
+    let path = dir.path(file)
+    let recording = try desktop.start(
+        broadcastBinary, ["record", path, "--video", "portal", "--audio-mic", "none", "--fps", "30", "-q"] + arguments)
+    try desktop.waitForCastConsumers()
+    return try body(desktop, recording, path, dir)
+}
+
+/// Stops `recording` as a person does (SIGINT) and expects it to exit 0; `timeout`: a hang guard.
+@discardableResult
+func stopRecording(_ recording: Child, timeout: Double = 60, sourceLocation: SourceLocation = #_sourceLocation) -> ProcessResult {
+    recording.signal(SIGINT)
+    let r = recording.wait(timeout: timeout)
+    #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))", sourceLocation: sourceLocation)
+    return r
+}

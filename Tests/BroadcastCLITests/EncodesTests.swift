@@ -89,29 +89,11 @@ import Testing
     @Test func daemonOutputsShareAnEncodePerQuality() throws {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
-        let config = """
-            [video]
-            size = "640x360"
-            [encoder]
-            video_bitrate = "1M"
-            preset = "ultrafast"
-            [control]
-            socket = "\(dir.path("c.sock"))"
-            [[output]]
-            name = "main"
-            path = "\(dir.path("main.mkv"))"
-            [[output]]
-            name = "small1"
-            path = "\(dir.path("small1.mkv"))"
-            size = "320x180"
-            video_bitrate = "300k"
-            [[output]]
-            name = "small2"
-            path = "\(dir.path("small2.mp4"))"
-            video_bitrate = "300k"
-            size = "320x180"
-            """
-        let daemon = try spawnDaemon(config: config, in: dir)
+        let (daemon, _) = try launchDaemon(
+            dir, sections: "[video]\nsize = \"640x360\"\n[encoder]\nvideo_bitrate = \"1M\"\npreset = \"ultrafast\"",
+            outputs: recordingOutput(dir, name: "main", file: "main.mkv")
+                + recordingOutput(dir, name: "small1", file: "small1.mkv", keys: "size = \"320x180\"\nvideo_bitrate = \"300k\"")
+                + recordingOutput(dir, name: "small2", file: "small2.mp4", keys: "video_bitrate = \"300k\"\nsize = \"320x180\""))
         defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
         let up = try waitUntilRecording(dir.path("c.sock"))
         let json = try JSONSerialization.jsonObject(with: Data(up.utf8)) as? [String: Any]
@@ -144,16 +126,7 @@ import Testing
     func daemonConfigErrorsNameTheOutputsKey(key: String, name: String, message: String) throws {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
-        let config = """
-            [video]
-            size = "640x360"
-            [control]
-            socket = "\(dir.path("c.sock"))"
-            [[output]]
-            name = "rec"
-            path = "\(dir.path("rec.mkv"))"
-            \(key)
-            """
+        let config = daemonConfig(dir, sections: "[video]\nsize = \"640x360\"", outputs: recordingOutput(dir, keys: key))
         try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
         let r = try broadcast(["daemon", "--config", dir.path("d.toml")], timeout: 60)
         #expect(r.status == 2, "exit \(r.status): \(r.stderr)")
@@ -168,21 +141,9 @@ import Testing
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
         func config(_ small: String) -> String {
-            """
-            [video]
-            size = "640x360"
-            [encoder]
-            preset = "ultrafast"
-            [control]
-            socket = "\(dir.path("c.sock"))"
-            [[output]]
-            name = "main"
-            path = "\(dir.path("main.mkv"))"
-            [[output]]
-            name = "small"
-            path = "\(dir.path("small.mkv"))"
-            \(small)
-            """
+            daemonConfig(
+                dir, sections: "[video]\nsize = \"640x360\"\n[encoder]\npreset = \"ultrafast\"",
+                outputs: recordingOutput(dir, name: "main", file: "main.mkv") + recordingOutput(dir, name: "small", file: "small.mkv", keys: small))
         }
         let daemon = try spawnDaemon(config: config("size = \"320x180\""), in: dir)
         defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
@@ -257,31 +218,11 @@ import Testing
     @Test func daemonOutputsShareAnAudioEncodePerBitrate() throws {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
-        let config = """
-            [video]
-            size = "320x180"
-            [audio]
-            mic = "test"
-            app = "test"
-            [encoder]
-            audio_bitrate = "64k"
-            audio_tracks = "separate"
-            preset = "ultrafast"
-            [control]
-            socket = "\(dir.path("c.sock"))"
-            [[output]]
-            name = "plain"
-            path = "\(dir.path("plain.mkv"))"
-            [[output]]
-            name = "hq1"
-            path = "\(dir.path("hq1.mkv"))"
-            audio_bitrate = "256k"
-            [[output]]
-            name = "hq2"
-            path = "\(dir.path("hq2.mkv"))"
-            audio_bitrate = "256k"
-            """
-        let daemon = try spawnDaemon(config: config, in: dir)
+        let (daemon, _) = try launchDaemon(
+            dir, sections: twoToneSources + "\n[encoder]\naudio_bitrate = \"64k\"\naudio_tracks = \"separate\"\npreset = \"ultrafast\"",
+            outputs: recordingOutput(dir, name: "plain", file: "plain.mkv")
+                + recordingOutput(dir, name: "hq1", file: "hq1.mkv", keys: "audio_bitrate = \"256k\"")
+                + recordingOutput(dir, name: "hq2", file: "hq2.mkv", keys: "audio_bitrate = \"256k\""))
         defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
         let up = try waitUntilRecording(dir.path("c.sock"))
         let json = try JSONSerialization.jsonObject(with: Data(up.utf8)) as? [String: Any]

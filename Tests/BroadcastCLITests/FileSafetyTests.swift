@@ -248,22 +248,11 @@ import Testing
             try "my wedding".write(toFile: dir.path(name), atomically: false, encoding: .utf8)
         }
         let before = ["replace.mp4", "keep.mp4"].map { FileSafetyTests().fingerprint(dir.path($0)) }
-        let config = """
-            [video]
-            source = "x11::\(FileSafetyTests.absentDisplay())"
-            size = "320x180"
-            [control]
-            socket = "\(dir.path("c.sock"))"
-            [[output]]
-            name = "replace"
-            path = "\(dir.path("replace.mp4"))"
-            overwrite = true
-            [[output]]
-            name = "beside"
-            path = "\(dir.path("keep.mp4"))"
-            """
+        let sections = "[video]\nsource = \"x11::\(FileSafetyTests.absentDisplay())\"\nsize = \"320x180\""
+        let outputs = recordingOutput(dir, name: "replace", file: "replace.mp4", keys: "overwrite = true")
+            + recordingOutput(dir, name: "beside", file: "keep.mp4")
         for attempt in 1...2 {
-            let r = try spawnDaemon(config: config, in: dir).wait(timeout: 60)
+            let r = try launchDaemon(dir, sections: sections, outputs: outputs).daemon.wait(timeout: 60)
             #expect(r.status == 1, "attempt \(attempt): exit \(r.status): \(r.stderr)")
             #expect(r.stderr.contains("could not start"), "attempt \(attempt): \(r.stderr)")
         }
@@ -279,15 +268,8 @@ import Testing
         defer { dir.cleanup() }
         try "old a".write(toFile: dir.path("a.mkv"), atomically: false, encoding: .utf8)
         try "old b".write(toFile: dir.path("b.mkv"), atomically: false, encoding: .utf8)
-        let (daemon, socket) = try launchDaemon(dir, outputs: """
-            [[output]]
-            name = "a"
-            path = "\(dir.path("a.mkv"))"
-            [[output]]
-            name = "b"
-            path = "\(dir.path("b.mkv"))"
-            overwrite = true
-            """)
+        let (daemon, socket) = try launchDaemon(
+            dir, outputs: recordingOutput(dir, name: "a", file: "a.mkv") + recordingOutput(dir, name: "b", file: "b.mkv", keys: "overwrite = true"))
         _ = try waitUntilRecording(socket)
         usleep(2_000_000)
         daemon.signal(SIGTERM)
@@ -305,19 +287,13 @@ import Testing
     @Test func outputsAddedBySighupStartAtZero() throws {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
-        let base = """
-            [[output]]
-            name = "rec"
-            path = "\(dir.path("rec.mkv"))"
-
-            """
-        let (daemon, socket) = try launchDaemon(dir, outputs: base)
+        let (daemon, socket) = try launchDaemon(dir)
         defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
         _ = try waitUntilRecording(socket)
         usleep(3_000_000)
         let exts = ["mkv", "ts", "flv", "mp4"]
         let config = try String(contentsOfFile: dir.path("d.toml"), encoding: .utf8)
-            + exts.map { "[[output]]\nname = \"added-\($0)\"\npath = \"\(dir.path("added.\($0)"))\"\n" }.joined()
+            + exts.map { recordingOutput(dir, name: "added-\($0)", file: "added.\($0)") }.joined()
         try config.write(toFile: dir.path("d.toml"), atomically: true, encoding: .utf8)
         daemon.signal(SIGHUP)
         usleep(3_000_000)

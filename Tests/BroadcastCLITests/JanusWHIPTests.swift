@@ -197,17 +197,6 @@ final class JanusGateway {
     }
 }
 
-/// "N video and M audio packets" from `broadcast stream`'s summary line for the output.
-private func packetsSent(_ stderr: String) -> (video: Int, audio: Int)? {
-    guard let line = stderr.split(separator: "\n").first(where: { $0.hasPrefix("broadcast: whip+http") }),
-        let range = line.firstRange(of: " video and ")
-    else { return nil }
-    let video = line[..<range.lowerBound].split(separator: " ").last.flatMap { Int($0) }
-    let audio = line[range.upperBound...].split(separator: " ").first.flatMap { Int($0) }
-    guard let video, let audio else { return nil }
-    return (video, audio)
-}
-
 /// The offer's media sections (from each "m=" line to the next).
 private func mediaSections(_ sdp: String) -> [String] {
     sdp.components(separatedBy: "m=").dropFirst().map { "m=" + $0 }

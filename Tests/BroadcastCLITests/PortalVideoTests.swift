@@ -44,80 +44,70 @@ struct PortalVideoTests {
     /// the last change, and each new frame in the recording within two frame intervals of the time
     /// the compositor gave it.
     @Test func recordsTheScreensColoursAtTheOutputRate() throws {
-        let desktop = try DesktopSession(.init(size: "640x360", background: "#000080"))
-        defer { desktop.stop() }
-        let dir = try TemporaryDirectory()
-        defer { dir.cleanup() }
-        let file = dir.path("desk.mp4")
-        let recording = try desktop.start(broadcastBinary, [
-            "record", file, "--video", "portal", "--audio-mic", "none", "--fps", "30", "-q",
-            "--log-level", "debug",
-        ])
-        try desktop.waitForCastConsumers()
-        Thread.sleep(forTimeInterval: 0.5)
-        try desktop.setBackground("#ff0000")
-        Thread.sleep(forTimeInterval: 1.0)
-        // Each change happens somewhere inside its swaymsg call, which can take seconds on a busy
-        // machine: the recording's gap must fall within what the calls allow.
-        let greenAsked = Date()
-        try desktop.setBackground("#00ff00")
-        let greenDone = Date()
-        Thread.sleep(forTimeInterval: 1.0)
-        let blueAsked = Date()
-        try desktop.setBackground("#0000ff")
-        let blueDone = Date()
-        let shortest = blueAsked.timeIntervalSince(greenDone), longest = blueDone.timeIntervalSince(greenAsked)
-        // Stopped, not timed: on a busy machine the three changes can take longer than any fixed duration.
-        Thread.sleep(forTimeInterval: 1.0)
-        recording.signal(SIGINT)
-        let r = recording.wait(timeout: 120)
-        #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
+        try withPortalRecording(.init(size: "640x360", background: "#000080"), file: "desk.mp4", ["--log-level", "debug"]) { desktop, recording, file, dir in
+            Thread.sleep(forTimeInterval: 0.5)
+            try desktop.setBackground("#ff0000")
+            Thread.sleep(forTimeInterval: 1.0)
+            // Each change happens somewhere inside its swaymsg call, which can take seconds on a busy
+            // machine: the recording's gap must fall within what the calls allow.
+            let greenAsked = Date()
+            try desktop.setBackground("#00ff00")
+            let greenDone = Date()
+            Thread.sleep(forTimeInterval: 1.0)
+            let blueAsked = Date()
+            try desktop.setBackground("#0000ff")
+            let blueDone = Date()
+            let shortest = blueAsked.timeIntervalSince(greenDone), longest = blueDone.timeIntervalSince(greenAsked)
+            // Stopped, not timed: on a busy machine the three changes can take longer than any fixed duration.
+            Thread.sleep(forTimeInterval: 1.0)
+            let r = stopRecording(recording, timeout: 120)
 
-        let p = try probe(file)
-        #expect(p.video?.width == 640 && p.video?.height == 360, "size: \(String(describing: p.video))")
-        let frames = p.video?.frames ?? 0
-        let seconds = p.video?.duration ?? 0
-        #expect(seconds > 2.5 && abs(Double(frames) - seconds * 30) <= 2, "\(seconds) s at 30 fps: \(frames) frames")
-        try expectDecodesCleanly(file)
+            let p = try probe(file)
+            #expect(p.video?.width == 640 && p.video?.height == 360, "size: \(String(describing: p.video))")
+            let frames = p.video?.frames ?? 0
+            let seconds = p.video?.duration ?? 0
+            #expect(seconds > 2.5 && abs(Double(frames) - seconds * 30) <= 2, "\(seconds) s at 30 fps: \(frames) frames")
+            try expectDecodesCleanly(file)
 
-        let colours = try Self.centreColours(file)
-        let red = colours.firstIndex { Self.near($0, 255, 0, 0) }
-        let green = colours.firstIndex { Self.near($0, 0, 255, 0) }
-        let blue = colours.firstIndex { Self.near($0, 0, 0, 255) }
-        #expect(red != nil && green != nil && blue != nil, "colours: \(colours.map { "\($0)" }.joined(separator: " "))")
-        if let red, let green, let blue {
-            #expect(red < green && green < blue, "order: red at \(red), green at \(green), blue at \(blue)")
-            // The change from green to blue shows within a couple of frames of the compositor's
-            // intermediate frames (swaybg restarting: sway's grey), and blue stays.
-            #expect(colours[blue...].allSatisfy { Self.near($0, 0, 0, 255) }, "after blue: \(colours[blue...].map { "\($0)" })")
-            // As far apart in the recording as on the screen: it keeps real time (the compositor's
-            // own delay for each change varies, hence the margin).
-            let gap = Double(blue - green) / 30
-            #expect(gap >= shortest - 0.3 && gap <= longest + 0.3, "green at \(green), blue at \(blue): \(gap) s apart, the changes \(shortest)–\(longest) s")
+            let colours = try Self.centreColours(file)
+            let red = colours.firstIndex { Self.near($0, 255, 0, 0) }
+            let green = colours.firstIndex { Self.near($0, 0, 255, 0) }
+            let blue = colours.firstIndex { Self.near($0, 0, 0, 255) }
+            #expect(red != nil && green != nil && blue != nil, "colours: \(colours.map { "\($0)" }.joined(separator: " "))")
+            if let red, let green, let blue {
+                #expect(red < green && green < blue, "order: red at \(red), green at \(green), blue at \(blue)")
+                // The change from green to blue shows within a couple of frames of the compositor's
+                // intermediate frames (swaybg restarting: sway's grey), and blue stays.
+                #expect(colours[blue...].allSatisfy { Self.near($0, 0, 0, 255) }, "after blue: \(colours[blue...].map { "\($0)" })")
+                // As far apart in the recording as on the screen: it keeps real time (the compositor's
+                // own delay for each change varies, hence the margin).
+                let gap = Double(blue - green) / 30
+                #expect(gap >= shortest - 0.3 && gap <= longest + 0.3, "green at \(green), blue at \(blue): \(gap) s apart, the changes \(shortest)–\(longest) s")
+            }
+
+            // Static between the changes: few new frames, the rest repeats.
+            let fresh = Self.count("new from PipeWire", in: r.stderr) ?? -1
+            let repeats = Self.count("repeated", in: r.stderr) ?? -1
+            #expect(fresh >= 3 && fresh <= 20, "new frames from PipeWire: \(fresh)")
+            #expect(repeats >= frames - 25, "repeats: \(repeats) of \(frames)")
+
+            // Each new frame reached the recording within two frame intervals of its producer time.
+            var lateness: [Int64] = []
+            for line in r.stderr.split(separator: "\n") where line.contains("new frame: producer time") {
+                let words = line.split(separator: " ")
+                guard let p = words.firstIndex(of: "time"), let t = words.firstIndex(of: "tick"),
+                    let produced = Int64(words[p + 1]), let tick = Int64(words[t + 1])
+                else { continue }
+                lateness.append(tick - produced)
+            }
+            #expect(lateness.count >= 3, "new-frame lines: \(lateness.count)")
+            let sorted = lateness.sorted()
+            let median = sorted.isEmpty ? Int64.max : sorted[sorted.count / 2]
+            #expect(median <= 66_666_667, "a new frame's delay to its tick (ns): \(sorted)")
+            // A tick handled late (a busy machine) can take a frame made after the tick's time: at most
+            // one interval before its producer time.
+            #expect(sorted.allSatisfy { $0 >= -33_333_334 }, "a frame more than a tick before its producer time: \(sorted)")
         }
-
-        // Static between the changes: few new frames, the rest repeats.
-        let fresh = Self.count("new from PipeWire", in: r.stderr) ?? -1
-        let repeats = Self.count("repeated", in: r.stderr) ?? -1
-        #expect(fresh >= 3 && fresh <= 20, "new frames from PipeWire: \(fresh)")
-        #expect(repeats >= frames - 25, "repeats: \(repeats) of \(frames)")
-
-        // Each new frame reached the recording within two frame intervals of its producer time.
-        var lateness: [Int64] = []
-        for line in r.stderr.split(separator: "\n") where line.contains("new frame: producer time") {
-            let words = line.split(separator: " ")
-            guard let p = words.firstIndex(of: "time"), let t = words.firstIndex(of: "tick"),
-                let produced = Int64(words[p + 1]), let tick = Int64(words[t + 1])
-            else { continue }
-            lateness.append(tick - produced)
-        }
-        #expect(lateness.count >= 3, "new-frame lines: \(lateness.count)")
-        let sorted = lateness.sorted()
-        let median = sorted.isEmpty ? Int64.max : sorted[sorted.count / 2]
-        #expect(median <= 66_666_667, "a new frame's delay to its tick (ns): \(sorted)")
-        // A tick handled late (a busy machine) can take a frame made after the tick's time: at most
-        // one interval before its producer time.
-        #expect(sorted.allSatisfy { $0 >= -33_333_334 }, "a frame more than a tick before its producer time: \(sorted)")
     }
 
     /// Issue 26: a portal screen as the base with the test pattern as a layer in its bottom-right
@@ -125,42 +115,32 @@ struct PortalVideoTests {
     /// white, yellow, cyan, green, magenta, red, blue, black). The screen (red) shows outside the
     /// box, the pattern inside it, its edges where placed, through the whole recording.
     @Test func aLayerOverThePortalScreen() throws {
-        let desktop = try DesktopSession(.init(size: "640x360", background: "#000080"))
-        defer { desktop.stop() }
-        let dir = try TemporaryDirectory()
-        defer { dir.cleanup() }
-        let file = dir.path("desk.mp4")
-        let recording = try desktop.start(broadcastBinary, [
-            "record", file, "--video", "portal", "--video", "test?x=75%,y=75%,width=25%,height=25%",
-            "--audio-mic", "none", "--fps", "30", "-q",
-        ])
-        try desktop.waitForCastConsumers()
-        // The compositor sends a frame when the screen changes (black until then): red from here.
-        Thread.sleep(forTimeInterval: 0.5)
-        try desktop.setBackground("#ff0000")
-        Thread.sleep(forTimeInterval: 2.5)
-        recording.signal(SIGINT)
-        let r = recording.wait(timeout: 120)
-        #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
-        let video = try #require(try probe(file).video)
-        #expect(video.width == 640 && video.height == 360, "the portal's screen sets the frame: \(video.width ?? 0)x\(video.height ?? 0)")
-        // (The pattern's top 20 rows are its clock: the bars are below.)
-        let points = [
-            (510, 320), (610, 320),  // yellow and blue bars, inside
-            (484, 320), (476, 320),  // the left edge: the white bar 4 px inside, the screen 4 px outside
-            (610, 294), (610, 266),  // the top: blue below the clock, the screen 4 px above the box
-            (100, 100), (400, 300), (600, 240),  // the screen elsewhere
-        ]
-        let duration = video.duration ?? 0
-        #expect(duration > 3, "\(duration) s recorded")
-        for time in [duration - 1.5, duration - 0.3] {
-            let p = try rgbPixels(file, at: time, width: 640, height: 360, points: points)
-            #expect(BroadcastCLITests.near(p[0], LayerTests.yellow) && BroadcastCLITests.near(p[1], LayerTests.blue), "inside the box at \(time) s: \(p)")
-            #expect(BroadcastCLITests.near(p[2], LayerTests.grey75) && BroadcastCLITests.near(p[3], LayerTests.red), "left edge at \(time) s: \(p)")
-            #expect(BroadcastCLITests.near(p[4], LayerTests.blue) && BroadcastCLITests.near(p[5], LayerTests.red), "top edge at \(time) s: \(p)")
-            #expect(BroadcastCLITests.near(p[6], LayerTests.red) && BroadcastCLITests.near(p[7], LayerTests.red) && BroadcastCLITests.near(p[8], LayerTests.red), "outside at \(time) s: \(p)")
+        try withPortalRecording(.init(size: "640x360", background: "#000080"), file: "desk.mp4", ["--video", "test?x=75%,y=75%,width=25%,height=25%"]) { desktop, recording, file, dir in
+            // The compositor sends a frame when the screen changes (black until then): red from here.
+            Thread.sleep(forTimeInterval: 0.5)
+            try desktop.setBackground("#ff0000")
+            Thread.sleep(forTimeInterval: 2.5)
+            stopRecording(recording, timeout: 120)
+            let video = try #require(try probe(file).video)
+            #expect(video.width == 640 && video.height == 360, "the portal's screen sets the frame: \(video.width ?? 0)x\(video.height ?? 0)")
+            // (The pattern's top 20 rows are its clock: the bars are below.)
+            let points = [
+                (510, 320), (610, 320),  // yellow and blue bars, inside
+                (484, 320), (476, 320),  // the left edge: the white bar 4 px inside, the screen 4 px outside
+                (610, 294), (610, 266),  // the top: blue below the clock, the screen 4 px above the box
+                (100, 100), (400, 300), (600, 240),  // the screen elsewhere
+            ]
+            let duration = video.duration ?? 0
+            #expect(duration > 3, "\(duration) s recorded")
+            for time in [duration - 1.5, duration - 0.3] {
+                let p = try rgbPixels(file, at: time, width: 640, height: 360, points: points)
+                #expect(BroadcastCLITests.near(p[0], LayerTests.yellow) && BroadcastCLITests.near(p[1], LayerTests.blue), "inside the box at \(time) s: \(p)")
+                #expect(BroadcastCLITests.near(p[2], LayerTests.grey75) && BroadcastCLITests.near(p[3], LayerTests.red), "left edge at \(time) s: \(p)")
+                #expect(BroadcastCLITests.near(p[4], LayerTests.blue) && BroadcastCLITests.near(p[5], LayerTests.red), "top edge at \(time) s: \(p)")
+                #expect(BroadcastCLITests.near(p[6], LayerTests.red) && BroadcastCLITests.near(p[7], LayerTests.red) && BroadcastCLITests.near(p[8], LayerTests.red), "outside at \(time) s: \(p)")
+            }
+            try expectDecodesCleanly(file)
         }
-        try expectDecodesCleanly(file)
     }
 
     /// A screen that changes all the time (a terminal redrawing 30 times a second): still exactly
@@ -189,44 +169,37 @@ struct PortalVideoTests {
     /// end (compared with a screenshot, outside the terminal's corner, in 10x10 px blocks), and the
     /// conversion really was partial (the source's log counts frames with known damage).
     @Test func damageDrivenConversionShowsTheWholeScreen() throws {
-        let desktop = try DesktopSession(.init(size: "640x360", background: "#ff0000", activity: true))
-        defer { desktop.stop() }
-        let dir = try TemporaryDirectory()
-        defer { dir.cleanup() }
-        let file = dir.path("damage.mkv")
-        let recording = try desktop.start(broadcastBinary, ["record", file, "--video", "portal", "--audio-mic", "none", "--fps", "30", "-q"])
-        try desktop.waitForCastConsumers()
-        Thread.sleep(forTimeInterval: 1.0)
-        try desktop.setBackground("#0060c0")
-        Thread.sleep(forTimeInterval: 2.0)
-        let shot = dir.path("shot.ppm")
-        let grab = try desktop.run("/bin/sh", ["-c", "grim -t ppm - > '\(shot)'"])
-        #expect(grab.status == 0, "grim: \(grab.stderr)")
-        recording.signal(SIGINT)
-        let r = recording.wait(timeout: 60)
-        #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
-        func blocks(_ input: [String]) throws -> [UInt8] {
-            let out = dir.path("blocks-\(UUID().uuidString).rgb")
-            let f = try run("/usr/bin/ffmpeg", ["-nostdin", "-v", "error", "-y"] + input + [
-                "-frames:v", "1", "-vf", "scale=64:36:flags=area", "-f", "rawvideo", "-pix_fmt", "rgb24", out,
-            ])
-            guard f.status == 0 else { throw ProbeError(message: "ffmpeg: \(f.stderr)") }
-            return Array(try Data(contentsOf: URL(fileURLWithPath: out)))
-        }
-        let screen = try blocks(["-i", shot])
-        let last = try blocks(["-sseof", "-0.3", "-i", file])
-        #expect(screen.count == 64 * 36 * 3 && last.count == screen.count, "sizes \(screen.count) \(last.count)")
-        var worst = 0
-        for y in 0..<36 {
-            for x in 0..<64 where x >= 18 || y >= 6 {  // outside the terminal (160x40 at 0,0) and its edge
-                for c in 0..<3 { worst = max(worst, abs(Int(screen[(y * 64 + x) * 3 + c]) - Int(last[(y * 64 + x) * 3 + c]))) }
+        try withPortalRecording(.init(size: "640x360", background: "#ff0000", activity: true), file: "damage.mkv") { desktop, recording, file, dir in
+            Thread.sleep(forTimeInterval: 1.0)
+            try desktop.setBackground("#0060c0")
+            Thread.sleep(forTimeInterval: 2.0)
+            let shot = dir.path("shot.ppm")
+            let grab = try desktop.run("/bin/sh", ["-c", "grim -t ppm - > '\(shot)'"])
+            #expect(grab.status == 0, "grim: \(grab.stderr)")
+            let r = stopRecording(recording)
+            func blocks(_ input: [String]) throws -> [UInt8] {
+                let out = dir.path("blocks-\(UUID().uuidString).rgb")
+                let f = try run("/usr/bin/ffmpeg", ["-nostdin", "-v", "error", "-y"] + input + [
+                    "-frames:v", "1", "-vf", "scale=64:36:flags=area", "-f", "rawvideo", "-pix_fmt", "rgb24", out,
+                ])
+                guard f.status == 0 else { throw ProbeError(message: "ffmpeg: \(f.stderr)") }
+                return Array(try Data(contentsOf: URL(fileURLWithPath: out)))
             }
+            let screen = try blocks(["-i", shot])
+            let last = try blocks(["-sseof", "-0.3", "-i", file])
+            #expect(screen.count == 64 * 36 * 3 && last.count == screen.count, "sizes \(screen.count) \(last.count)")
+            var worst = 0
+            for y in 0..<36 {
+                for x in 0..<64 where x >= 18 || y >= 6 {  // outside the terminal (160x40 at 0,0) and its edge
+                    for c in 0..<3 { worst = max(worst, abs(Int(screen[(y * 64 + x) * 3 + c]) - Int(last[(y * 64 + x) * 3 + c]))) }
+                }
+            }
+            #expect(worst <= 24, "the last frame differs from the screen by up to \(worst) levels in a block")
+            let colours = try Self.centreColours(file)
+            #expect(colours.suffix(30).allSatisfy { Self.near($0, 0, 0x60, 0xc0) }, "centre: \(colours.suffix(3).map { "\($0)" })")
+            let partial = Self.count("of them with the compositor's damage", in: r.stderr) ?? -1
+            #expect(partial > 10, "new frames with known damage: \(partial)")
         }
-        #expect(worst <= 24, "the last frame differs from the screen by up to \(worst) levels in a block")
-        let colours = try Self.centreColours(file)
-        #expect(colours.suffix(30).allSatisfy { Self.near($0, 0, 0x60, 0xc0) }, "centre: \(colours.suffix(3).map { "\($0)" })")
-        let partial = Self.count("of them with the compositor's damage", in: r.stderr) ?? -1
-        #expect(partial > 10, "new frames with known damage: \(partial)")
     }
 
     /// The restore token: the first run stores one; the second casts with it (the portal restores the
@@ -369,36 +342,29 @@ struct PortalVideoTests {
     /// loss, not the end of the broadcast: a "no signal" slate at the frame rate, retries, and the
     /// recording runs to its end with the full frame count.
     @Test func lostCastBecomesASlateAndTheRecordingGoesOn() throws {
-        let desktop = try DesktopSession(.init(size: "320x240", activity: true))
-        defer { desktop.stop() }
-        let dir = try TemporaryDirectory()
-        defer { dir.cleanup() }
-        let file = dir.path("lost.mkv")
-        let recording = try desktop.start(broadcastBinary, [
-            "record", file, "--video", "portal", "--audio-mic", "none", "--fps", "30", "--duration", "6s", "-q",
-        ])
-        try desktop.waitForCastConsumers()
-        Thread.sleep(forTimeInterval: 1.5)
-        let processes = try String(contentsOf: desktop.directory.appendingPathComponent("processes"), encoding: .utf8)
-        let backend = processes.split(separator: "\n").compactMap { line -> Int32? in
-            let fields = line.split(separator: " ")
-            return fields.count == 2 && fields[1] == "portal-wlr" ? Int32(fields[0]) : nil
-        }.first
-        #expect(backend != nil, "processes: \(processes)")
-        if let backend { kill(-backend, SIGKILL) }
-        let r = recording.wait(timeout: 120)
-        #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
-        #expect(r.stderr.contains("lost (") && r.stderr.contains("no-signal slate"), "\(r.stderr.suffix(2000))")
-        let slates = r.stderr.split(separator: "\n").last { $0.contains("slate frames") }.flatMap { line -> Int? in
-            guard let range = line.range(of: " slate frames") else { return nil }
-            return Int(line[..<range.lowerBound].split(separator: " ").last ?? "")
-        } ?? 0
-        #expect(slates >= 60, "slate frames: \(slates)")
-        let frames = try probe(file).video?.frames ?? 0
-        #expect(abs(frames - 180) <= 3, "6 s at 30 fps: \(frames) frames")
-        let colours = try Self.centreColours(file)
-        #expect(colours.prefix(30).contains { Self.near($0, 255, 0, 0) }, "red before the loss")
-        #expect(colours.suffix(30).allSatisfy { Self.near($0, 0, 0, 255) }, "the slate (blue) after it: \(colours.suffix(3).map { "\($0)" })")
+        try withPortalRecording(.init(size: "320x240", activity: true), file: "lost.mkv", ["--duration", "6s"]) { desktop, recording, file, dir in
+            Thread.sleep(forTimeInterval: 1.5)
+            let processes = try String(contentsOf: desktop.directory.appendingPathComponent("processes"), encoding: .utf8)
+            let backend = processes.split(separator: "\n").compactMap { line -> Int32? in
+                let fields = line.split(separator: " ")
+                return fields.count == 2 && fields[1] == "portal-wlr" ? Int32(fields[0]) : nil
+            }.first
+            #expect(backend != nil, "processes: \(processes)")
+            if let backend { kill(-backend, SIGKILL) }
+            let r = recording.wait(timeout: 120)
+            #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
+            #expect(r.stderr.contains("lost (") && r.stderr.contains("no-signal slate"), "\(r.stderr.suffix(2000))")
+            let slates = r.stderr.split(separator: "\n").last { $0.contains("slate frames") }.flatMap { line -> Int? in
+                guard let range = line.range(of: " slate frames") else { return nil }
+                return Int(line[..<range.lowerBound].split(separator: " ").last ?? "")
+            } ?? 0
+            #expect(slates >= 60, "slate frames: \(slates)")
+            let frames = try probe(file).video?.frames ?? 0
+            #expect(abs(frames - 180) <= 3, "6 s at 30 fps: \(frames) frames")
+            let colours = try Self.centreColours(file)
+            #expect(colours.prefix(30).contains { Self.near($0, 255, 0, 0) }, "red before the loss")
+            #expect(colours.suffix(30).allSatisfy { Self.near($0, 0, 0, 255) }, "the slate (blue) after it: \(colours.suffix(3).map { "\($0)" })")
+        }
     }
 
     /// The cast is lost mid-recording and comes back (the portal's backend dies with its node, then
@@ -406,75 +372,59 @@ struct PortalVideoTests {
     /// (a colour painted after the return), in one file at the full rate; the source's health changes
     /// are logged both ways. The source asks the portal again every two seconds, with the stored token.
     @Test func lostCastComesBackAndTheScreenFollowsTheSlate() throws {
-        let desktop = try DesktopSession(.init(size: "320x240", activity: true))
-        defer { desktop.stop() }
-        let dir = try TemporaryDirectory()
-        defer { dir.cleanup() }
-        let file = dir.path("back.mkv")
-        let recording = try desktop.start(broadcastBinary, [
-            "record", file, "--video", "portal", "--audio-mic", "none", "--fps", "30", "-q",
-        ])
-        try desktop.waitForCastConsumers()
-        Thread.sleep(forTimeInterval: 1)
-        try desktop.killPortalBackend()
-        let lost = recording.waitForStderr { $0.contains("lost (") }
-        #expect(lost, "no loss reported: \(recording.stderrSoFar.suffix(1500))")
-        try desktop.startPortalBackend()
-        let back = recording.waitForStderr { $0.contains(": back") }
-        #expect(back, "the cast did not come back: \(recording.stderrSoFar.suffix(1500))")
-        if back {
-            try desktop.waitForCastConsumers()
-            try desktop.setBackground("#00ff00")
-            Thread.sleep(forTimeInterval: 1.5)
-        }
-        recording.signal(SIGINT)
-        let r = recording.wait(timeout: 60)
-        #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
-        #expect(r.stderr.contains("video source health: device lost (1 so far)"), "\(r.stderr.suffix(2000))")
-        #expect(r.stderr.contains("video source health: capturing again"), "\(r.stderr.suffix(2000))")
-        let colours = try Self.centreColours(file)
-        let firstSlate = colours.firstIndex { Self.near($0, 0, 0, 255) }
-        let firstGreen = colours.firstIndex { Self.near($0, 0, 255, 0) }
-        #expect(colours.prefix(15).contains { Self.near($0, 255, 0, 0) }, "the screen (red) before the loss")
-        #expect(firstSlate != nil, "no slate (blue) in the recording")
-        #expect(firstGreen != nil && firstGreen! > (firstSlate ?? Int.max), "the screen (green) after the slate: slate at \(String(describing: firstSlate)), green at \(String(describing: firstGreen))")
-        #expect(colours.suffix(10).allSatisfy { Self.near($0, 0, 255, 0) }, "the screen at the end: \(colours.suffix(3).map { "\($0)" })")
-        // One file at the full rate across the loss: the frame count is the recording's length at 30 fps.
-        let p = try probe(file)
-        if let frames = p.video?.frames, let duration = p.video?.duration ?? p.formatDuration {
-            #expect(abs(Double(frames) - duration * 30) <= 3, "\(frames) frames in \(duration) s: \(r.stderr.suffix(1500))")
+        try withPortalRecording(.init(size: "320x240", activity: true), file: "back.mkv") { desktop, recording, file, dir in
+            Thread.sleep(forTimeInterval: 1)
+            try desktop.killPortalBackend()
+            let lost = recording.waitForStderr { $0.contains("lost (") }
+            #expect(lost, "no loss reported: \(recording.stderrSoFar.suffix(1500))")
+            try desktop.startPortalBackend()
+            let back = recording.waitForStderr { $0.contains(": back") }
+            #expect(back, "the cast did not come back: \(recording.stderrSoFar.suffix(1500))")
+            if back {
+                try desktop.waitForCastConsumers()
+                try desktop.setBackground("#00ff00")
+                Thread.sleep(forTimeInterval: 1.5)
+            }
+            let r = stopRecording(recording)
+            #expect(r.stderr.contains("video source health: device lost (1 so far)"), "\(r.stderr.suffix(2000))")
+            #expect(r.stderr.contains("video source health: capturing again"), "\(r.stderr.suffix(2000))")
+            let colours = try Self.centreColours(file)
+            let firstSlate = colours.firstIndex { Self.near($0, 0, 0, 255) }
+            let firstGreen = colours.firstIndex { Self.near($0, 0, 255, 0) }
+            #expect(colours.prefix(15).contains { Self.near($0, 255, 0, 0) }, "the screen (red) before the loss")
+            #expect(firstSlate != nil, "no slate (blue) in the recording")
+            #expect(firstGreen != nil && firstGreen! > (firstSlate ?? Int.max), "the screen (green) after the slate: slate at \(String(describing: firstSlate)), green at \(String(describing: firstGreen))")
+            #expect(colours.suffix(10).allSatisfy { Self.near($0, 0, 255, 0) }, "the screen at the end: \(colours.suffix(3).map { "\($0)" })")
+            // One file at the full rate across the loss: the frame count is the recording's length at 30 fps.
+            let p = try probe(file)
+            if let frames = p.video?.frames, let duration = p.video?.duration ?? p.formatDuration {
+                #expect(abs(Double(frames) - duration * 30) <= 3, "\(frames) frames in \(duration) s: \(r.stderr.suffix(1500))")
+            }
         }
     }
 
     /// The monitor's mode changes mid-recording: the stream renegotiates, the new frames come in the
     /// new size and are scaled to the recording's (unchanged) size, at the same rate.
     @Test func sizeChangeRenegotiatesAndIsScaled() throws {
-        let desktop = try DesktopSession(.init(size: "640x360", background: "#ff0000"))
-        defer { desktop.stop() }
-        let dir = try TemporaryDirectory()
-        defer { dir.cleanup() }
-        let file = dir.path("resized.mp4")
-        let recording = try desktop.start(broadcastBinary, [
-            "record", file, "--video", "portal", "--audio-mic", "none", "--fps", "30", "--duration", "4s", "-q",
-        ])
-        try desktop.waitForCastConsumers()
-        Thread.sleep(forTimeInterval: 0.5)
-        let mode = try desktop.run("/usr/bin/swaymsg", ["output", "HEADLESS-1", "resolution", "800x600"])
-        #expect(mode.status == 0, "swaymsg: \(mode.stderr)")
-        Thread.sleep(forTimeInterval: 0.3)
-        try desktop.setBackground("#00ff00")
-        let r = recording.wait(timeout: 120)
-        #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
-        let formats = r.stderr.split(separator: "\n").last { $0.contains("formats negotiated") }.flatMap { line -> Int? in
-            guard let range = line.range(of: " formats negotiated") else { return nil }
-            return Int(line[..<range.lowerBound].split(separator: " ").last ?? "")
-        } ?? 0
-        #expect(formats >= 2, "formats negotiated: \(formats)")
-        let p = try probe(file)
-        #expect(p.video?.width == 640 && p.video?.height == 360, "size: \(String(describing: p.video))")
-        #expect(abs((p.video?.frames ?? 0) - 120) <= 1, "4 s at 30 fps: \(p.video?.frames ?? 0)")
-        let colours = try Self.centreColours(file)
-        #expect(colours.suffix(10).allSatisfy { Self.near($0, 0, 255, 0) }, "green after the change: \(colours.suffix(3).map { "\($0)" })")
+        try withPortalRecording(.init(size: "640x360", background: "#ff0000"), file: "resized.mp4", ["--duration", "4s"]) { desktop, recording, file, dir in
+            Thread.sleep(forTimeInterval: 0.5)
+            let mode = try desktop.run("/usr/bin/swaymsg", ["output", "HEADLESS-1", "resolution", "800x600"])
+            #expect(mode.status == 0, "swaymsg: \(mode.stderr)")
+            Thread.sleep(forTimeInterval: 0.3)
+            try desktop.setBackground("#00ff00")
+            let r = recording.wait(timeout: 120)
+            #expect(r.status == 0, "exit \(r.status): \(r.stderr.suffix(2000))")
+            let formats = r.stderr.split(separator: "\n").last { $0.contains("formats negotiated") }.flatMap { line -> Int? in
+                guard let range = line.range(of: " formats negotiated") else { return nil }
+                return Int(line[..<range.lowerBound].split(separator: " ").last ?? "")
+            } ?? 0
+            #expect(formats >= 2, "formats negotiated: \(formats)")
+            let p = try probe(file)
+            #expect(p.video?.width == 640 && p.video?.height == 360, "size: \(String(describing: p.video))")
+            #expect(abs((p.video?.frames ?? 0) - 120) <= 1, "4 s at 30 fps: \(p.video?.frames ?? 0)")
+            let colours = try Self.centreColours(file)
+            #expect(colours.suffix(10).allSatisfy { Self.near($0, 0, 255, 0) }, "green after the change: \(colours.suffix(3).map { "\($0)" })")
+        }
     }
 }
 

@@ -88,9 +88,23 @@ let testSources = """
     keyframe_interval = "1s"
     """
 
-/// One recording output: `name` to `file` in `dir`.
-func recordingOutput(_ dir: TemporaryDirectory, name: String = "rec", file: String = "rec.mkv") -> String {
-    "[[output]]\nname = \"\(name)\"\npath = \"\(dir.path(file))\"\n"
+/// The test pattern at 320x180 with two test tones: the microphone's and the application's.
+let twoToneSources = """
+    [video]
+    size = "320x180"
+    [audio]
+    mic = "test"
+    app = "test"
+    """
+
+/// One recording output: `name` to `file` in `dir`, with `keys` (lines of its own) after its path.
+func recordingOutput(_ dir: TemporaryDirectory, name: String = "rec", file: String = "rec.mkv", keys: String = "") -> String {
+    "[[output]]\nname = \"\(name)\"\npath = \"\(dir.path(file))\"\n" + (keys.isEmpty ? "" : keys + "\n")
+}
+
+/// One live output: `name` streaming to `url`, with `keys` (lines of its own) after its url.
+func streamOutput(name: String = "live", url: String, keys: String = "") -> String {
+    "[[output]]\nname = \"\(name)\"\nurl = \"\(url)\"\n" + (keys.isEmpty ? "" : keys + "\n")
 }
 
 /// Recording outputs named `names`, each to `<name>.mkv` in the directory given.
@@ -98,28 +112,41 @@ func recordings(_ names: String...) -> (TemporaryDirectory) -> String {
     { dir in names.map { recordingOutput(dir, name: $0, file: "\($0).mkv") }.joined() }
 }
 
-/// Writes a daemon config to `dir/d.toml`: `sections`, then `[control]` with the socket in `dir`
-/// (and `control`'s further keys), then `outputs` (one recording to `rec.mkv` unless given); and
-/// starts the daemon on it.
+/// The daemon config the daemon tests write: `sections`, then `[control]` with `socket` (`c.sock`
+/// in `dir` unless given), a TCP listener on 127.0.0.1:`tcpPort` and a `token` when given, and
+/// `control`'s further keys; then `outputs` (one recording to `rec.mkv` unless given).
+func daemonConfig(
+    _ dir: TemporaryDirectory, sections: String = testSources, socket: String? = nil, tcpPort: Int? = nil, token: String? = nil,
+    control: String = "", outputs: String? = nil
+) -> String {
+    let parts = [
+        sections, "[control]", "socket = \"\(socket ?? dir.path("c.sock"))\"",
+        tcpPort.map { "tcp = \"127.0.0.1:\($0)\"" } ?? "", token.map { "token = \"\($0)\"" } ?? "",
+        control, outputs ?? recordingOutput(dir),
+    ]
+    return parts.filter { !$0.isEmpty }.joined(separator: "\n")
+}
+
+/// Writes `daemonConfig` to `dir/d.toml` and starts the daemon on it; its control socket is the
+/// second part of the answer.
 func launchDaemon(
-    _ dir: TemporaryDirectory, sections: String = testSources, control: String = "", outputs: String? = nil,
-    environment: [String: String] = [:]
+    _ dir: TemporaryDirectory, sections: String = testSources, tcpPort: Int? = nil, token: String? = nil, control: String = "",
+    outputs: String? = nil, environment: [String: String] = [:]
 ) throws -> (daemon: Child, socket: String) {
-    let socket = dir.path("c.sock")
-    let parts = [sections, "[control]", "socket = \"\(socket)\"", control, outputs ?? recordingOutput(dir)]
-    let config = parts.filter { !$0.isEmpty }.joined(separator: "\n")
-    return (try spawnDaemon(config: config, in: dir, environment: environment), socket)
+    let config = daemonConfig(dir, sections: sections, tcpPort: tcpPort, token: token, control: control, outputs: outputs)
+    return (try spawnDaemon(config: config, in: dir, environment: environment), dir.path("c.sock"))
 }
 
 /// `launchDaemon` in a fresh directory, seen recording (`waitUntilRecording`'s answer is the third
 /// argument), and killed when `body` returns.
 func withRecordingDaemon<T>(
-    sections: String = testSources, outputs: ((TemporaryDirectory) -> String)? = nil,
+    sections: String = testSources, tcpPort: Int? = nil, token: String? = nil, outputs: ((TemporaryDirectory) -> String)? = nil,
+    environment: [String: String] = [:],
     _ body: (_ dir: TemporaryDirectory, _ socket: String, _ status: String, _ daemon: Child) throws -> T
 ) throws -> T {
     let dir = try TemporaryDirectory()
     defer { dir.cleanup() }
-    let (daemon, socket) = try launchDaemon(dir, sections: sections, outputs: outputs?(dir))
+    let (daemon, socket) = try launchDaemon(dir, sections: sections, tcpPort: tcpPort, token: token, outputs: outputs?(dir), environment: environment)
     defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
     let status = try waitUntilRecording(socket)
     return try body(dir, socket, status, daemon)

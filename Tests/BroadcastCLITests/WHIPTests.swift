@@ -6,18 +6,25 @@ private let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathCompon
     .deletingLastPathComponent()
 
 /// A WHIP endpoint on aiortc (an independent WebRTC implementation, from PyPI) on 127.0.0.1:
-/// scripts/whip-endpoint.py in a virtualenv under .build/, made (pip install aiortc aiohttp) the
-/// first time a test needs it. It decodes what arrives and answers GET /state with what it saw.
+/// scripts/whip-endpoint.py in the virtualenv `make deps` makes (.build/whip-venv, with aiortc and
+/// aiohttp); a test installs nothing. It decodes what arrives and answers GET /state with what it saw.
 final class WHIPEndpoint {
-    static let python: String = {
-        let venv = packageRoot.appendingPathComponent(".build/whip-venv")
-        let python = venv.appendingPathComponent("bin/python").path
-        let ready = { (try? run(python, ["-c", "import aiortc, aiohttp"]))?.status == 0 }
-        if !ready() {
-            _ = try? run("/usr/bin/python3", ["-m", "venv", venv.path], timeout: 300)
-            _ = try? run(python, ["-m", "pip", "install", "-q", "aiortc", "aiohttp"], timeout: 900)
+    /// The virtualenv's python, once seen to import aiortc and aiohttp; otherwise why not.
+    static let python: Result<String, ProbeError> = {
+        let venv = packageRoot.appendingPathComponent(".build/whip-venv").path
+        let python = venv + "/bin/python"
+        guard FileManager.default.isExecutableFile(atPath: python) else {
+            return .failure(ProbeError(message: "no \(python): the WHIP tests' WebRTC peer is missing; run make deps"))
         }
-        return python
+        do {
+            let r = try run(python, ["-c", "import aiortc, aiohttp"])
+            guard r.status == 0 else {
+                return .failure(ProbeError(message: "\(python) cannot import aiortc and aiohttp (\(r.stderr)); run make deps"))
+            }
+        } catch {
+            return .failure(ProbeError(message: "\(python) did not run (\(error)); run make deps"))
+        }
+        return .success(python)
     }()
 
     let port: Int
@@ -37,7 +44,7 @@ final class WHIPEndpoint {
         let script = packageRoot.appendingPathComponent("scripts/whip-endpoint.py").path
         var arguments = [script, "--port", "\(port)", "--setup", setup]
         if let token { arguments += ["--token", token] }
-        let child = try Child(python, arguments)
+        let child = try Child(python.get(), arguments)
         let deadline = Date().addingTimeInterval(60)
         while !child.stdoutSoFar.contains("listening") {
             guard child.process.isRunning, Date() < deadline else {
@@ -96,8 +103,9 @@ final class WHIPEndpoint {
     }
 }
 
-/// "N video and M audio packets" from `broadcast stream`'s summary line for the output.
-private func packetsSent(_ stderr: String) -> (video: Int, audio: Int)? {
+/// "N video and M audio packets" from `broadcast stream`'s summary line for the output (the
+/// WHIP tests against aiortc and against Janus).
+func packetsSent(_ stderr: String) -> (video: Int, audio: Int)? {
     guard let line = stderr.split(separator: "\n").first(where: { $0.hasPrefix("broadcast: whip+http") }),
         let range = line.firstRange(of: " video and ")
     else { return nil }
@@ -224,7 +232,7 @@ private func number(_ state: [String: Any], _ key: String) -> Double { (state[ke
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
         let (daemon, socket) = try launchDaemon(
-            dir, sections: "[video]\nsize = \"320x240\"", outputs: "[[output]]\nname = \"webrtc\"\nurl = \"\(endpoint.url)\"\ntoken = \"${WHIP_TOKEN}\"",
+            dir, sections: "[video]\nsize = \"320x240\"", outputs: streamOutput(name: "webrtc", url: endpoint.url, keys: "token = \"${WHIP_TOKEN}\""),
             environment: ["WHIP_TOKEN": Self.token])
         defer { daemon.signal(SIGKILL); _ = daemon.wait(timeout: 10) }
         func get(_ path: String) -> String {
@@ -274,7 +282,7 @@ private func number(_ state: [String: Any], _ key: String) -> Double { (state[ke
     @Test func aTokenOnAnRTMPOutputIsAConfigError() throws {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
-        let (daemon, _) = try launchDaemon(dir, sections: "", outputs: "[[output]]\nname = \"live\"\nurl = \"rtmp://127.0.0.1:1/live/key\"\ntoken = \"t0ken-abc\"")
+        let (daemon, _) = try launchDaemon(dir, sections: "", outputs: streamOutput(url: "rtmp://127.0.0.1:1/live/key", keys: "token = \"t0ken-abc\""))
         let r = daemon.wait(timeout: 60)
         #expect(r.status == 2, "\(r.stderr)")
         #expect(r.stderr.contains("d.toml:6: output.token: token applies to whip+https://"), "\(r.stderr)")
