@@ -122,7 +122,13 @@ private func launchAdaptiveDaemon(
             #expect(targets.last.map { $0 > targets.min()! } == true, "the target did not come back after the dip: \(targets)")
             #expect(delivered >= sent * 9 / 10, "the listener got \(delivered) of \(sent) frames: \(summary)")
         } else {
-            #expect(delivered < sent * 85 / 100, "a fixed bitrate through the dip delivered \(delivered) of \(sent) frames: is the dip real?")
+            // The control: what the path could not take is lost, as whole frames or as torn ones
+            // (a loaded run got 768 of 900 frames through, with decoding errors in many of them;
+            // 679 and 118 error lines in a quiet one; with --adaptive about 10 lines).
+            let decoding = try run("/usr/bin/ffmpeg", ["-nostdin", "-v", "error", "-i", received, "-f", "null", "-"])
+            let errors = decoding.stderr.split(separator: "\n").count
+            #expect(delivered < sent * 85 / 100 || errors >= 40,
+                    "a fixed bitrate through the dip delivered \(delivered) of \(sent) frames with \(errors) decoding error lines: is the dip real?")
         }
     }
 
