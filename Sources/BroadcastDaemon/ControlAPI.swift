@@ -90,9 +90,9 @@ enum ControlAPI {
             guard parts.count == 2, ["mute", "unmute", "volume"].contains(parts[1]) else {
                 return .error(400, "unknown audio action '\(path)': use /v1/audio/{mic|app}/{mute|unmute|volume|offset}")
             }
-            do {
+            return Self.applying(controller) {
                 if parts[1] == "volume" {
-                    guard let text = request.query["db"] ?? Self.jsonNumberText(request.body, key: "volume_db") else {
+                    guard let text = Self.signedQueryValue(request, "db") ?? Self.jsonNumberText(request.body, key: "volume_db") else {
                         return .error(400, "POST /v1/audio/\(parts[0])/volume needs the volume: ?db=-6 or {\"volume_db\": -6} (-60 to +20 dB)")
                     }
                     let decibels: Double
@@ -105,12 +105,8 @@ enum ControlAPI {
                 } else {
                     try controller.setAudio(String(parts[0]), muted: parts[1] == "mute")
                 }
-            } catch let error as BroadcastError {
-                return .error(error.code == .illegalTransition ? 409 : 400, error.message)
-            } catch {
-                return .error(400, "\(error)")
+                return nil
             }
-            return .json(200, controller.status())
         case (_, "/v1/status"), (_, "/metrics"):
             return .error(405, "\(request.method) is not allowed on \(request.path): use GET")
         case (_, let path) where path.hasPrefix("/v1/broadcast/") || path.hasPrefix("/v1/outputs/") || path.hasPrefix("/v1/audio/") || path.hasPrefix("/v1/scene/") || path == "/v1/replay/save" || path == "/v1/reload" || path == "/v1/marker" || path == "/v1/video/offset":
@@ -127,11 +123,25 @@ enum ControlAPI {
         // An unescaped '+' in a query is a space: "?value=+200ms" means +200ms. Without a query,
         // the body (plain text: "200ms") is the value.
         let body = String(decoding: request.body, as: UTF8.self).filter { !$0.isWhitespace }
-        guard let value = request.query["value"].map({ $0.hasPrefix(" ") ? "+" + $0.dropFirst() : $0 }) ?? (body.isEmpty ? nil : body) else {
+        guard let value = signedQueryValue(request, "value") ?? (body.isEmpty ? nil : body) else {
             return .error(400, "missing ?value=: the \(source) offset from -2s to +2s, such as ?value=200ms, ?value=-0.15s or ?value=0")
         }
-        do {
+        return applying(controller) {
             try controller.setOffset(source, value)
+            return nil
+        }
+    }
+
+    /// A query value that may be signed: an unescaped '+' arrives as a space ("?db=+6" is +6).
+    static func signedQueryValue(_ request: ControlRequest, _ key: String) -> String? {
+        request.query[key].map { $0.hasPrefix(" ") ? "+" + $0.dropFirst() : $0 }
+    }
+
+    /// Runs a change of the running broadcast's sources: its own answer when it gives one, else the
+    /// status; a refusal is 409 when no broadcast runs, 400 otherwise.
+    static func applying(_ controller: BroadcastController, _ change: () throws -> ControlResponse?) -> ControlResponse {
+        do {
+            if let answer = try change() { return answer }
         } catch let error as BroadcastError {
             return .error(error.code == .illegalTransition ? 409 : 400, error.message)
         } catch {

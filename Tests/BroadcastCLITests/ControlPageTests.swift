@@ -432,6 +432,9 @@ final class PollState: Sendable {
         #expect(try ControlPageTests.waitForStatus(socket) { (($0["audio"] as? [String: Any])?["app"] as? [String: Any])?["volume_db"] as? Double == -12 },
                 "the page's volume did not reach the desktop audio")
         #expect(ControlPageTests.post(socket, "/v1/audio/app/volume?db=30") == 400, "a volume out of range")
+        // A '+' unescaped in the query is a space: read as the sign it was, as an offset's is.
+        #expect(ControlPageTests.post(socket, "/v1/audio/app/volume?db=+6") == 200, "+6 dB")
+        #expect(try ControlPageTests.waitForStatus(socket) { (($0["audio"] as? [String: Any])?["app"] as? [String: Any])?["volume_db"] as? Double == 6 })
 
         // The meters by title: the sources, and the tracks of the file (the mix, then each source).
         let titles = try browser.waitFor(

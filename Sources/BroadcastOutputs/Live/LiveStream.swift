@@ -164,16 +164,15 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
         if after >= transportReadDue {
             // What the transport says of its path, ten times a second (libsrt takes its own lock).
             transportReadDue = after.advanced(by: .milliseconds(100))
-            if let figures = muxer!.transportFigures() { noteTransport(figures) }
+            if let figures = muxer!.transportFigures() { noteTransport(figures, at: after) }
         }
     }
 
     /// An SRT sender's figures: its unacknowledged timespan is the path's backlog (the queue stays
     /// empty: libsrt takes everything and sends at its own pace), and packets it dropped as too
     /// late are counted and said once a second at most.
-    private func noteTransport(_ figures: TransportFigures) {
+    private func noteTransport(_ figures: TransportFigures, at now: MonotonicInstant) {
         status.transportBacklog.store(figures.unacknowledgedNanoseconds, ordering: .relaxed)
-        let now = MonotonicInstant.now()
         if let last = transportFigures, figures.packetsDropped > last.packetsDropped {
             transportDropsUnsaid += figures.packetsDropped - last.packetsDropped
         }
