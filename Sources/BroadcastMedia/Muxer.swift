@@ -347,10 +347,20 @@ public final class Muxer {
         return max(0, avio_tell(pb))
     }
 
-    /// What the transport knows of its path, where it tells (an srt:// output: libsrt's sender
-    /// figures); nil for any other output, or before the connection is open.
+    /// What the transport knows of its path, where it tells: an srt:// output's sender figures
+    /// (libsrt), an rtmp:// output's bytes its TCP socket still holds (the kernel); nil for any
+    /// other output (rtmps: TLS between the two), or before the connection is open.
     public func transportFigures() -> TransportFigures? {
-        guard formatName == "mpegts", url.hasPrefix("srt://"), let pb = context.pointee.pb else { return nil }
+        guard let pb = context.pointee.pb else { return nil }
+        if formatName == "flv", url.hasPrefix("rtmp://") {
+            if tcpSocket == nil { tcpSocket = CBroadcast_avio_tcp_socket(pb) }
+            guard let socket = tcpSocket, socket >= 0 else { return nil }
+            let queued = CBroadcast_socket_queued_bytes(socket)
+            guard queued >= 0 else { return nil }
+            return TransportFigures(
+                unacknowledgedNanoseconds: 0, roundTripMilliseconds: 0, packetsSent: 0, packetsLost: 0, packetsDropped: 0, queuedBytes: queued)
+        }
+        guard formatName == "mpegts", url.hasPrefix("srt://") else { return nil }
         if srtSocket == nil { srtSocket = CBroadcast_avio_srt_socket(pb) }
         guard let socket = srtSocket, socket >= 0 else { return nil }
         var figures = CBroadcast_SRTFigures()
@@ -360,6 +370,8 @@ public final class Muxer {
             packetsSent: figures.packets_sent, packetsLost: figures.packets_lost, packetsDropped: figures.packets_dropped)
     }
 
+    /// The TCP socket behind an rtmp:// output, once looked up (-1: none).
+    private var tcpSocket: Int32?
     /// The SRT socket behind the output, once looked up (-1: none).
     private var srtSocket: Int32?
 
@@ -473,8 +485,15 @@ public struct TransportFigures: Sendable, Equatable {
     public var packetsSent: Int64
     public var packetsLost: Int64
     public var packetsDropped: Int64
+    /// Bytes written that the transport still holds (a TCP socket's send queue: not yet sent or
+    /// not yet acknowledged); nil where it says its backlog in time instead (SRT).
+    public var queuedBytes: Int64?
 
-    public init(unacknowledgedNanoseconds: Int64, roundTripMilliseconds: Double, packetsSent: Int64, packetsLost: Int64, packetsDropped: Int64) {
+    public init(
+        unacknowledgedNanoseconds: Int64, roundTripMilliseconds: Double, packetsSent: Int64, packetsLost: Int64, packetsDropped: Int64,
+        queuedBytes: Int64? = nil
+    ) {
+        self.queuedBytes = queuedBytes
         self.unacknowledgedNanoseconds = unacknowledgedNanoseconds
         self.roundTripMilliseconds = roundTripMilliseconds
         self.packetsSent = packetsSent

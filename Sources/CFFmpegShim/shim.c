@@ -4,6 +4,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <linux/sockios.h>
 
 #include <libavutil/error.h>
 #include <libavutil/log.h>
@@ -73,20 +75,47 @@ struct CBroadcastURLContextPrefix {
     void *priv_data;
 };
 
-struct CBroadcastSRTContextPrefix {
+/// The private data of libavformat's libsrt and tcp protocols begins with its class and the socket.
+struct CBroadcastSocketContextPrefix {
     const AVClass *class;
     int fd;
 };
 
+/// The private data of libavformat's rtmp protocol begins with its class and the URLContext of its
+/// transport (FFmpeg 4 to 7: rtmpproto.c's RTMPContext).
+struct CBroadcastRTMPContextPrefix {
+    const AVClass *class;
+    struct CBroadcastURLContextPrefix *stream;
+};
+
+/// `url`'s private data when it is a URLContext whose protocol's class is `name`, NULL otherwise.
+static void *url_private(struct CBroadcastURLContextPrefix *url, const char *name) {
+    if (!url || !url->av_class || !url->av_class->class_name || strcmp(url->av_class->class_name, "URLContext") != 0) return NULL;
+    if (!url->priv_data) return NULL;
+    const AVClass *protocol = *(const AVClass *const *)url->priv_data;
+    if (!protocol || !protocol->class_name || strcmp(protocol->class_name, name) != 0) return NULL;
+    return url->priv_data;
+}
+
 int CBroadcast_avio_srt_socket(void *avio_context) {
     AVIOContext *pb = avio_context;
-    if (!pb || !pb->opaque) return -1;
-    struct CBroadcastURLContextPrefix *url = pb->opaque;
-    if (!url->av_class || !url->av_class->class_name || strcmp(url->av_class->class_name, "URLContext") != 0) return -1;
-    if (!url->priv_data) return -1;
-    const AVClass *protocol = *(const AVClass *const *)url->priv_data;
-    if (!protocol || !protocol->class_name || strcmp(protocol->class_name, "libsrt") != 0) return -1;
-    return ((struct CBroadcastSRTContextPrefix *)url->priv_data)->fd;
+    struct CBroadcastSocketContextPrefix *srt = pb ? url_private(pb->opaque, "libsrt") : NULL;
+    return srt ? srt->fd : -1;
+}
+
+int CBroadcast_avio_tcp_socket(void *avio_context) {
+    AVIOContext *pb = avio_context;
+    if (!pb) return -1;
+    struct CBroadcastRTMPContextPrefix *rtmp = url_private(pb->opaque, "rtmp");
+    if (!rtmp) return -1;
+    struct CBroadcastSocketContextPrefix *tcp = url_private(rtmp->stream, "tcp");
+    return tcp ? tcp->fd : -1;
+}
+
+int64_t CBroadcast_socket_queued_bytes(int socket) {
+    int queued = 0;
+    if (socket < 0 || ioctl(socket, SIOCOUTQ, &queued) != 0) return -1;
+    return queued;
 }
 
 typedef int (*CBroadcastSRTStats)(SRTSOCKET, SRT_TRACEBSTATS *, int);

@@ -63,6 +63,14 @@ private func launchAdaptiveDaemon(
             }
             #expect(lowered.contains { $0 < 128 }, "the target never went under the path's 128 kbit/s: \(lowered)")
             #expect(lowered.last.map { $0 > 128 } == true, "the target did not come back after the dip: \(lowered)")
+            // The path's rate came from the socket (written less what it still held), near the
+            // proxy's 128 kbit/s, not from what the socket accepted (its buffer first fills at the
+            // stream's rate).
+            let measured = r.stderr.split(separator: "\n").compactMap { line -> Int? in
+                guard let range = line.range(of: "the path took ") else { return nil }
+                return Int(line[range.upperBound...].prefix { $0.isNumber })
+            }
+            #expect(measured.contains { $0 < 300 }, "no decrease measured the path through the socket: \(measured) \(r.stderr.suffix(3000))")
             // The picture kept moving: few frames lost, the server got the rest.
             #expect(lost <= encoded / 10, "\(lost) of \(encoded) frames never reached the server: \(summary)")
         } else {

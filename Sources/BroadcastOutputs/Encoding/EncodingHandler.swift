@@ -534,12 +534,13 @@ public final class EncodingHandler: BroadcastSampleHandler {
         guard let owner = encode.asked.adaptiveFor, var controller = encode.controller,
             let output = outputs.first(where: { $0.name == owner })
         else { return }
-        let (backlog, sent) = output.congestion
+        let (backlog, sent, path) = output.congestion
         let audio = configuration.audio?.bitrate ?? 0
         let now = MonotonicClock().now()
-        if let target = controller.observe(now: now, backlog: backlog, sentBitsPerSecond: sent, audioBitsPerSecond: audio) {
+        if let target = controller.observe(now: now, backlog: backlog, sentBitsPerSecond: sent, pathBitsPerSecond: path, audioBitsPerSecond: audio) {
             encode.encoder.setBitrate(target)
-            logger.notice("stream \(output.target): adapting: video at \(target / 1000) of \(controller.maximum / 1000) kb/s (backlog \(backlog / 1_000_000) ms)")
+            let took = path.map { ", the path took \($0 / 1000) kb/s" } ?? ""
+            logger.notice("stream \(output.target): adapting: video at \(target / 1000) of \(controller.maximum / 1000) kb/s (backlog \(backlog / 1_000_000) ms\(took))")
         }
         // A WebRTC output: each new receiver report, once.
         let report = output.receiverReport

@@ -94,8 +94,12 @@ final class OutputStatus: Sendable {
     let backlog = ManagedAtomic<Int64>(0)
     let maxBacklog = ManagedAtomic<Int64>(0)
     /// The path's backlog beyond the queue, where the transport tells (SRT: its unacknowledged
-    /// timespan), ns; what an adaptive output's controller adds to the queue's.
+    /// timespan; RTMP: the bytes its TCP socket holds, as media time), ns; what an adaptive
+    /// output's controller adds to the queue's.
     let transportBacklog = ManagedAtomic<Int64>(0)
+    /// What the path took over the last ~0.3 s, bits per second, where the transport tells (RTMP:
+    /// bytes written less those its socket still holds); -1 unknown.
+    let pathBitrate = ManagedAtomic<Int>(-1)
     let drops: [ManagedAtomic<Int>] = DropReason.allCases.map { _ in ManagedAtomic<Int>(0) }
     let lastError = ManagedAtomic<Text?>(nil)
     /// A recording's file being written (a new one after each segment, or after a full disk).
@@ -305,10 +309,15 @@ public final class Output: @unchecked Sendable {
     }
 
     /// What an adaptive output's controller reads at each frame (session thread; atomics only):
-    /// the backlog (ns: the queue's and, where the transport tells, the path's) and the bits per
-    /// second the socket took over the last second.
-    var congestion: (backlog: Int64, sentBitsPerSecond: Int) {
-        (status.backlog.load(ordering: .relaxed) + status.transportBacklog.load(ordering: .relaxed), status.bitrate.load(ordering: .relaxed))
+    /// the backlog (ns: the queue's and, where the transport tells, the path's), the bits per
+    /// second the socket took over the last second, and what the path itself took lately (nil
+    /// where the transport does not say).
+    var congestion: (backlog: Int64, sentBitsPerSecond: Int, pathBitsPerSecond: Int?) {
+        let path = status.pathBitrate.load(ordering: .relaxed)
+        return (
+            status.backlog.load(ordering: .relaxed) + status.transportBacklog.load(ordering: .relaxed), status.bitrate.load(ordering: .relaxed),
+            path >= 0 ? path : nil
+        )
     }
 
     /// A WebRTC output's receiver reports (session thread; atomics only): how many came, and the

@@ -1,14 +1,22 @@
 /// A live output's video bitrate that follows its network (`adaptive`): lowered within about a
-/// second of the send backlog growing, raised in steps while it stays empty, never below `minimum`
-/// nor above `maximum`. A pure state machine: the encoding handler feeds it the output's backlog and
-/// measured send rate at every video frame and gives the encoder each new target (libx264 takes a
-/// new bitrate between two frames, without a keyframe). The drop policy stays the last resort.
+/// second of the backlog growing, raised in growing steps while it stays calm, never below
+/// `minimum` nor above `maximum`. A pure state machine: the encoding handler feeds it the output's
+/// backlog and the path's rate at every video frame and gives the encoder each new target (libx264
+/// takes a new bitrate between two frames, without a keyframe). The drop policy stays the last
+/// resort.
 ///
-/// Why these rules (OBS's dynamic bitrate works the same way, on its own figures): a backlog that
-/// grows means the path takes less than the encoder makes; the rate it does take (what the socket
-/// accepted over the last second) is the best estimate of the path, so the target goes a little
-/// below it at once. Raising is a probe: a step of a tenth of the range after a calm stretch, so a
-/// path that is still narrow costs a short backlog, not a frozen picture.
+/// Why these rules (OBS's dynamic bitrate and TCP's congestion control work the same way, on
+/// their own figures): a backlog that grows means the path takes less than the encoder makes. The
+/// backlog counts what the output's queue holds and, where the transport tells, what it holds
+/// beyond (an RTMP output's socket: how long ago the oldest byte it holds was written; SRT: its
+/// unacknowledged timespan): a socket's buffer holds half a second of media the queue never sees.
+/// The rate the path took while it was the limit (RTMP: written less held) is the best estimate
+/// of it, so the target goes under it at once, by enough that the backlog drains in about two
+/// seconds: a picture late by a second is frozen for the viewer until it catches up. Raising is a
+/// probe: 3 % after a second of calm, each next step 3 % larger (to 15 %), held while the
+/// backlog's floor rises (a path a few per cent narrower than the stream shows there seconds
+/// before the backlog leaves calm). Near the width that congested last the steps are small; a path
+/// that widened is back to 80 % in about 10 s.
 ///
 /// A WebRTC (WHIP) output has a second input: what the receiver reports over RTCP (its receiver
 /// reports: the fraction of packets lost since its last report, and the round-trip time). Its
@@ -28,12 +36,24 @@ public struct AdaptiveBitrateController: Sendable {
     public static let congestedBacklog: Int64 = 250_000_000
     /// Backlog under which the path counts as calm.
     public static let calmBacklog: Int64 = 100_000_000
+    /// A window of the backlog's floor, and the rise of the floor from one to the next that holds
+    /// the target (the backlog growing by 3 % of the time: a path about 3 % narrower than the
+    /// stream).
+    static let floorWindowLength: Int64 = 500_000_000
+    public static let risingFloor: Int64 = 15_000_000
+    /// How long the backlog may stay above calm and the calm still count (a keyframe's passing).
+    public static let keyframeSpike: Int64 = 400_000_000
     /// Time between two decreases (the last one must show in the backlog first).
     public static let decreaseInterval: Int64 = 1_000_000_000
     /// Calm time before a step up, after a change.
-    public static let calmBeforeIncrease: Int64 = 2_000_000_000
-    /// Calm time before a step up after a decrease (the path was narrow a moment ago).
-    public static let calmAfterDecrease: Int64 = 4_000_000_000
+    public static let calmBeforeIncrease: Int64 = 1_000_000_000
+    /// The first step up (a fraction of the target), and the most a step grows to.
+    public static let firstStep = 0.03
+    public static let largestStep = 0.15
+    /// The share of a measured path rate a decrease aims under, and the time it gives the backlog
+    /// to drain.
+    public static let measuredShare = 0.9
+    public static let drainTime: Int64 = 2_000_000_000
 
     /// Receiver reports: loss past which the target goes down, and under which it may go up.
     public static let lossyFraction = 0.10
@@ -46,6 +66,12 @@ public struct AdaptiveBitrateController: Sendable {
     static let roundTripWindowLength: Int64 = 10_000_000_000
 
     private var lastChange: Int64?
+    /// Steps up since the last decrease (each one larger).
+    private var probes = 0
+    /// The backlog's lowest in the current half-second window, and in the last two whole ones.
+    private var floors: (window: (start: Int64, lowest: Int64)?, previous: (before: Int64, last: Int64)?) = (nil, nil)
+    /// Since when the backlog has been above calm (nil: calm, or congested).
+    private var aboveCalmSince: Int64?
     private var lastDecrease: Int64?
     private var calmSince: Int64?
     private var previousBacklog: Int64 = 0
@@ -67,9 +93,14 @@ public struct AdaptiveBitrateController: Sendable {
     }
 
     /// One observation at `now` (ns, monotonic): the output's `backlog` (ns of media waiting to be
-    /// sent) and what it sent over the last second (`sentBitsPerSecond`, all streams; 0 unknown).
-    /// Returns the new target when it changed.
-    public mutating func observe(now: Int64, backlog: Int64, sentBitsPerSecond: Int, audioBitsPerSecond: Int = 0) -> Int? {
+    /// sent, or written and not yet taken by the path), what its socket accepted over the last
+    /// second (`sentBitsPerSecond`, all streams; 0 unknown) and, where the transport tells, what
+    /// the path itself took lately (`pathBitsPerSecond`: the better measure; the socket's rate
+    /// still holds the time before a dip while its buffer fills). Returns the new target when it
+    /// changed.
+    public mutating func observe(
+        now: Int64, backlog: Int64, sentBitsPerSecond: Int, pathBitsPerSecond: Int? = nil, audioBitsPerSecond: Int = 0
+    ) -> Int? {
         defer { previousBacklog = backlog }
         if let window = growthWindow {
             if now - window.time >= Self.growthWindowLength {
@@ -79,41 +110,83 @@ public struct AdaptiveBitrateController: Sendable {
         } else {
             growthWindow = (now, backlog)
         }
+        noteFloor(backlog, at: now)
         if backlog >= Self.congestedBacklog {
             calmSince = nil
+            aboveCalmSince = nil
             let growing = backlog >= previousBacklog
             guard growing || backlog >= 2 * Self.congestedBacklog else { return nil }
             // Past twice the threshold and still growing, the last decrease was not enough: the
             // next may come after half the interval (a loaded run's first estimate of the path
             // still held the fast path's last second, and its backlog reached 1.3 s).
+            // The path taking more than the encode makes is a burst passing (a keyframe), not a
+            // narrow path.
+            if let pathBitsPerSecond, pathBitsPerSecond > (target + audioBitsPerSecond) * 11 / 10 { return nil }
             let severe = backlog >= 2 * Self.congestedBacklog && growing
             let interval = severe ? Self.decreaseInterval / 2 : Self.decreaseInterval
             if let lastDecrease, now - lastDecrease < interval { return nil }
-            // Below what the path took (its video part), and at least a quarter down; further
-            // below when the backlog is long, so it drains.
-            let share = severe ? 0.7 : 0.85
-            // What the path takes: the socket's rate over the last second, less the part of it
-            // that is only the backlog growing (the rate still holds the time before the dip:
-            // growing by half a second a second, the path takes half of it).
-            let taken = Double(sentBitsPerSecond) * max(0.2, min(1, 1 - growth)) - Double(audioBitsPerSecond)
-            let path = sentBitsPerSecond > audioBitsPerSecond && taken > 0 ? taken * share : Double(minimum)
-            let next = max(minimum, Int(min(Double(target) * 0.75, path)))
+            // What the path takes: measured where the transport tells; else the socket's rate
+            // over the last second, less the part of it that is only the backlog growing (the
+            // rate still holds the time before the dip: growing by half a second a second, the
+            // path takes half of it).
+            let path: Double
+            if let pathBitsPerSecond, pathBitsPerSecond > 0 {
+                path = Double(pathBitsPerSecond) * Self.measuredShare
+            } else {
+                path = Double(sentBitsPerSecond) * max(0.2, min(1, 1 - growth)) * (severe ? 0.7 : 0.85)
+            }
+            // Below what the path takes (its video part), by enough that the backlog drains in
+            // about `drainTime`, and at least a quarter down.
+            let backlogBits = Double(backlog) / 1e9 * Double(target + audioBitsPerSecond)
+            let video = path - Double(audioBitsPerSecond)
+            let draining = video - backlogBits * 1e9 / Double(Self.drainTime)
+            let next = max(minimum, Int(min(Double(target) * 0.75, video > 0 ? draining : 0)))
+            probes = 0
             lastDecrease = now
             return change(to: next, at: now)
         }
         if backlog < Self.calmBacklog {
+            aboveCalmSince = nil
+            // The backlog's floor rising: the path takes a little less than is sent (a probe went
+            // past it), long before the backlog leaves calm.
+            if let floors = floors.previous, floors.last - floors.before > Self.risingFloor {
+                calmSince = nil
+                return nil
+            }
             let since = calmSince ?? now
             calmSince = since
             guard target < maximum else { return nil }
-            let needed = lastDecrease.map { now - $0 < Self.calmAfterDecrease + Self.decreaseInterval } == true
-                ? Self.calmAfterDecrease : Self.calmBeforeIncrease
+            // Raising is a probe: a step of 3 % of the target after a second of calm, each
+            // next one 3 % larger up to 15 %. Near the width the path had when it last congested
+            // the steps are small, so a path still that narrow shows as a rising backlog (which
+            // holds the target) long before a frozen picture; a path that widened gets the larger
+            // steps a few seconds on (from a quarter to 80 % of the range in about 10 s).
             let reference = max(since, lastChange ?? since)
-            guard now - reference >= needed else { return nil }
-            let step = max(1, (maximum - minimum) / 10)
-            return change(to: min(maximum, target + step), at: now)
+            guard now - reference >= Self.calmBeforeIncrease else { return nil }
+            probes += 1
+            let step = min(Self.largestStep, Self.firstStep * Double(probes))
+            let next = max(target + max(1, (maximum - minimum) / 100), Int(Double(target) * (1 + step)))
+            return change(to: min(maximum, next), at: now)
         }
-        calmSince = nil
+        // Between calm and congested: a keyframe passing (it takes a moment longer than the frames
+        // around it) leaves the calm as it was; longer, the path is no longer calm.
+        let since = aboveCalmSince ?? now
+        aboveCalmSince = since
+        if now - since >= Self.keyframeSpike { calmSince = nil }
         return nil
+    }
+
+    /// Notes the backlog in the floor's windows (the lowest backlog of each half second).
+    private mutating func noteFloor(_ backlog: Int64, at now: Int64) {
+        guard var window = floors.window, now - window.start < Self.floorWindowLength else {
+            if let window = floors.window {
+                floors.previous = (before: floors.previous?.last ?? window.lowest, last: window.lowest)
+            }
+            floors.window = (now, backlog)
+            return
+        }
+        window.lowest = min(window.lowest, backlog)
+        floors.window = window
     }
 
     private mutating func change(to next: Int, at now: Int64) -> Int? {
@@ -148,6 +221,7 @@ public struct AdaptiveBitrateController: Sendable {
         guard let lowered else { return nil }
         if let lastDecrease, now - lastDecrease < Self.decreaseInterval { return nil }
         lastDecrease = now
+        probes = 0
         return change(to: max(minimum, Int(lowered)), at: now)
     }
 

@@ -39,12 +39,16 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
     /// The bitrate's one-second window.
     private var windowStart = MonotonicInstant.now()
     private var windowBytes: Int64 = 0
-    /// The transport's figures when last read (SRT), when they are next read, and the packets it
+    /// The transport's figures when last read (SRT, RTMP), when they are next read, and the packets it
     /// dropped since they were last said.
     private var transportFigures: TransportFigures?
     private var transportReadDue = MonotonicInstant.now()
     private var transportDropsUnsaid: Int64 = 0
     private var lastTransportWarning: MonotonicInstant?
+    /// An RTMP output's writes and reads of its socket (what it holds, told in time), and when
+    /// the write going on began (ns; nil between writes).
+    private var ledger = SocketLedger()
+    private var writingSince: Int64?
 
     init(output: Output, url: StreamURL, streams: [StreamDescription], totalBitrate: Int, logger: Logger) {
         self.output = output
@@ -135,6 +139,9 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
     }
 
     private func send(_ packet: EncodedPacket) {
+        let started = MonotonicClock().now()
+        writingSince = started
+        defer { writingSince = nil }
         do {
             try muxer!.write(packet)
         } catch {
@@ -153,6 +160,7 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
         windowBytes += bytes - lastBytes
         lastBytes = bytes
         status.bytes.store(sentBefore + bytes, ordering: .relaxed)
+        ledger.wrote(upTo: sentBefore + bytes, startedAt: started)
         let after = MonotonicInstant.now()
         let window = windowStart.duration(to: after)
         if window >= .seconds(1) {
@@ -161,18 +169,33 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
             windowBytes = 0
         }
         status.setBacklog(max(0, feed.newestDTS.load(ordering: .relaxed) - packet.dtsNanoseconds))
-        if after >= transportReadDue {
-            // What the transport says of its path, ten times a second (libsrt takes its own lock).
-            transportReadDue = after.advanced(by: .milliseconds(100))
-            if let figures = muxer!.transportFigures() { noteTransport(figures, at: after) }
-        }
+        readTransport(at: after)
+    }
+
+    /// What the transport says of its path, ten times a second (libsrt takes its own lock): after
+    /// a write, and while one blocks (FFmpeg's interrupt callback).
+    private func readTransport(at now: MonotonicInstant) {
+        guard now >= transportReadDue, let muxer else { return }
+        transportReadDue = now.advanced(by: .milliseconds(100))
+        if let figures = muxer.transportFigures() { noteTransport(figures, at: now) }
     }
 
     /// An SRT sender's figures: its unacknowledged timespan is the path's backlog (the queue stays
     /// empty: libsrt takes everything and sends at its own pace), and packets it dropped as too
     /// late are counted and said once a second at most.
+    ///
+    /// An RTMP output's socket holds bytes the queue no longer sees (up to half a second of media
+    /// with the send buffer it asks): how long ago its oldest byte was written counts in the
+    /// backlog, and what the path took lately (written less held) is the path's rate.
     private func noteTransport(_ figures: TransportFigures, at now: MonotonicInstant) {
-        status.transportBacklog.store(figures.unacknowledgedNanoseconds, ordering: .relaxed)
+        var backlog = figures.unacknowledgedNanoseconds
+        if let held = figures.queuedBytes {
+            let written = sentBefore + (muxer?.bytesWritten ?? lastBytes)
+            let read = ledger.read(now: MonotonicClock().now(), written: written, held: held, writingSince: writingSince)
+            backlog += read.age
+            status.pathBitrate.store(read.pathBitsPerSecond ?? -1, ordering: .relaxed)
+        }
+        status.transportBacklog.store(backlog, ordering: .relaxed)
         if let last = transportFigures, figures.packetsDropped > last.packetsDropped {
             transportDropsUnsaid += figures.packetsDropped - last.packetsDropped
         }
@@ -187,7 +210,9 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
     /// Forgets the transport's figures: the connection they were of is closed.
     private func forgetTransport() {
         transportFigures = nil
+        ledger.reset()
         status.transportBacklog.store(0, ordering: .relaxed)
+        status.pathBitrate.store(-1, ordering: .relaxed)
     }
 
     /// Performs what the state machine decided after a connect or a write failed.
@@ -264,6 +289,7 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
         if let dts = machine.writingDTS {
             status.setBacklog(max(0, feed.newestDTS.load(ordering: .relaxed) - dts))
         }
+        readTransport(at: .now())
     }
 
     /// Opens the connection and writes the header (blocking, at most `settings.timeout`).
@@ -365,3 +391,4 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
         return "cannot resolve host '\(host)': \(String(cString: gai_strerror(rc)))"
     }
 }
+

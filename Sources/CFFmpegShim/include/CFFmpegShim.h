@@ -53,3 +53,13 @@ int CBroadcast_avio_srt_socket(void *avio_context);
 /// The figures of `socket` (from CBroadcast_avio_srt_socket); 0 when read, -1 otherwise (no libsrt
 /// in the process, a closed socket).
 int CBroadcast_srt_figures(int socket, CBroadcast_SRTFigures *figures);
+
+/// The TCP socket behind an output's AVIOContext opened on rtmp:// (RTMP over plain TCP) by
+/// libavformat, or -1 when it is not one (checked by the AVClass names: the URLContext, the
+/// "rtmp" protocol's private data, its stream's URLContext and the "tcp" protocol's). rtmps (TLS
+/// between the two) gives -1.
+int CBroadcast_avio_tcp_socket(void *avio_context);
+
+/// The bytes `socket`'s send queue holds (written, not yet acknowledged by the peer: SIOCOUTQ), or
+/// -1 when the kernel does not say.
+int64_t CBroadcast_socket_queued_bytes(int socket);
