@@ -359,9 +359,11 @@ struct EventWatcher: Service {
     }
 }
 
-/// Owns the running broadcast for the control API: start, pause, resume, stop, status. Control
-/// calls come from the control server's thread and signal threads; the broadcast itself runs on
-/// a thread of its own. (The control plane may lock; the data path never does.)
+/// Owns the running broadcast for the control API. Its command side: start, pause, resume, stop,
+/// an output's pause, reload, audio levels, sync offsets, markers. Its one read: `snapshot()`, which
+/// `DaemonReadModel` turns into the status, /metrics, the events and STATUS=. Control calls come
+/// from the control server's thread and signal threads; the broadcast itself runs on a thread of
+/// its own. (The control plane may lock; the data path never does.)
 final class BroadcastController: Sendable {
     private struct Running: @unchecked Sendable {
         let session: BroadcastSession
