@@ -266,6 +266,8 @@ let package = Package(
             name: "BroadcastDaemonTests",
             dependencies: [
                 "BroadcastDaemon", "BroadcastService", "BroadcastKit", "ChildProcesses",
+                // The read model's tests build snapshots of these modules' figures by hand.
+                "BroadcastOutputs", "BroadcastComposition", "BroadcastMedia",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "PropertyBased", package: "swift-property-based"),
             ],

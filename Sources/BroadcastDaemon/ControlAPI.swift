@@ -218,6 +218,9 @@ struct MetricsFigures {
     var eventClients = 0
     /// The memory budget (`--memory-budget`, `[limits] memory`) the footprint is held to.
     var memoryBudgetBytes: Int64 = 0
+    /// The process's resident memory and its footprint (private dirty bytes) when the snapshot was taken.
+    var residentBytes: Int64 = 0
+    var privateDirtyBytes: Int64 = 0
     /// The composite's scenes and which is shown (empty: no scenes).
     var scenes: [(name: String, current: Bool)] = []
     /// The layers of the scene shown.
@@ -360,10 +363,10 @@ public final class DaemonMetrics: Sendable {
                 gauge("broadcast_encode_frames", Double(e.frames), encode, into: &now)
             }
             // Memory: the process's footprint, and of it the replay buffers (room for more figures).
-            let memory = BroadcastController.memoryFigures(figures.outputs.compactMap(\.replay))
-            gauge("broadcast_resident_bytes", Double(memory.residentBytes), into: &now)
-            gauge("broadcast_replay_buffers_bytes", Double(memory.replayBuffersBytes), into: &now)
-            gauge("broadcast_private_dirty_bytes", Double(memory.privateDirtyBytes), into: &now)
+            let replayBuffers = figures.outputs.compactMap(\.replay).map(\.bufferedBytes).reduce(0, +)
+            gauge("broadcast_resident_bytes", Double(figures.residentBytes), into: &now)
+            gauge("broadcast_replay_buffers_bytes", Double(replayBuffers), into: &now)
+            gauge("broadcast_private_dirty_bytes", Double(figures.privateDirtyBytes), into: &now)
             gauge("broadcast_memory_budget_bytes", Double(figures.memoryBudgetBytes), into: &now)
             // The series of outputs and types that are gone (a reload removed them, a new broadcast
             // has other sources) go with them.

@@ -359,9 +359,11 @@ struct EventWatcher: Service {
     }
 }
 
-/// Owns the running broadcast for the control API: start, pause, resume, stop, status. Control
-/// calls come from the control server's thread and signal threads; the broadcast itself runs on
-/// a thread of its own. (The control plane may lock; the data path never does.)
+/// Owns the running broadcast for the control API. Its command side: start, pause, resume, stop,
+/// an output's pause, reload, audio levels, sync offsets, markers. Its one read: `snapshot()`, which
+/// `DaemonReadModel` turns into the status, /metrics, the events and STATUS=. Control calls come
+/// from the control server's thread and signal threads; the broadcast itself runs on a thread of
+/// its own. (The control plane may lock; the data path never does.)
 final class BroadcastController: Sendable {
     private struct Running: @unchecked Sendable {
         let session: BroadcastSession
@@ -865,102 +867,61 @@ final class BroadcastController: Sendable {
         state.withLock { $0.running?.session.state == .started }
     }
 
-    /// The figures /metrics exports, typed, read from the same atomics as the status.
-    func metricsFigures() -> MetricsFigures {
-        let running = state.withLock { $0.running }
-        var figures = MetricsFigures(uptimeSeconds: Double(MonotonicClock().now() - startedAt) / 1e9)
-        figures.eventClients = events.clientCount
-        figures.memoryBudgetBytes = state.withLock { $0.config.memoryBudgetBytes }
-        guard let running else { return figures }
-        let stats = running.session.statistics()
-        let encoding = running.counters.snapshot()
-        figures.broadcast = running.startedAt
-        figures.state = running.session.state.description
-        figures.mediaSeconds = Double(stats.values.map(\.mediaTimeNanoseconds).max() ?? 0) / 1e9
-        figures.videoFramesEncoded = encoding.videoFramesEncoded
-        figures.audioFramesEncoded = encoding.audioFramesEncoded
-        figures.bytesWritten = Int(encoding.bytesWritten)
-        figures.bitrate = encoding.bitrate
-        figures.failedOutputs = encoding.failedOutputs
-        figures.types = stats.sorted { $0.key.rawValue < $1.key.rawValue }.map { type, s in
-            .init(
-                type: type.rawValue, delivered: s.delivered, deviceLost: s.sourceHealth.state == .deviceLost,
-                deviceLosses: s.sourceHealth.deviceLosses,
-                dropped: [("queue_full", s.droppedQueueFull), ("source", s.droppedBySource), ("paused", s.droppedPaused), ("out_of_order", s.droppedOutOfOrder)])
-        }
-        if let composite = runningComposite() {
-            figures.scenes = composite.scenes.map { ($0.name, $0.name == composite.scene) }
-            figures.layers = composite.layerStatuses
-        }
-        figures.audioDrift = running.audioDevices.compactMap { device in device.statistics.driftPPM.map { (device.name, $0) } }
-        figures.outputs = running.outputs.map { output in
-            let o = output.statistics()
-            return .init(
-                serial: output.serial, name: o.name, kind: o.isLive ? "live" : output.isReplay ? "replay" : "recording", state: "\(o.state)",
-                paused: output.isPaused, bytes: Int(o.bytesSent), bitrate: o.bitrate, backlogMilliseconds: o.backlogMilliseconds,
-                reconnects: o.reconnects, drops: o.drops.sorted { $0.key.rawValue < $1.key.rawValue }.map { ("\($0.key)", $0.value) },
-                replay: output.replayStatistics(),
-                webRTC: o.keyframeRequests.map {
-                    .init(roundTripSeconds: o.roundTripMilliseconds.map { $0 / 1000 }, packetsLost: o.packetsLost, fractionLost: o.fractionLost, keyframeRequests: $0)
-                },
-                targetBitrate: o.targetBitrate)
-        }
-        figures.encodes = (running.encodes?.all ?? []).map { encode in
-            .init(
-                size: "\(encode.settings.width)x\(encode.settings.height)", outputs: encode.outputs.joined(separator: ","),
-                bitrate: encode.bitrate, frames: encode.frames)
-        }
-        return figures
-    }
-
-    /// A WHIP output's RTCP figures for the status: round-trip time, packets lost (cumulative) and
-    /// the fraction lost in the viewer's last report, its keyframe requests. None for other outputs.
-    static func webRTCFields(_ o: OutputStatistics) -> [(String, JSONValue)] {
-        guard let requests = o.keyframeRequests else { return [] }
-        return [
-            (
-                "webrtc",
-                .object([
-                    ("round_trip_ms", o.roundTripMilliseconds.map(JSONValue.number) ?? .null),
-                    ("packets_lost", o.packetsLost.map { .number(Double($0)) } ?? .null),
-                    ("fraction_lost", o.fractionLost.map(JSONValue.number) ?? .null),
-                    ("keyframe_requests", .number(Double(requests))),
-                ])
-            )
-        ]
-    }
-
-    /// The state events are made of, read from the session's and outputs' atomics.
-    func eventSnapshot() -> EventSnapshot {
-        guard let running = state.withLock({ $0.running }) else { return EventSnapshot(session: nil) }
-        let stats = running.session.statistics()
-        return EventSnapshot(
+    /// One look at the daemon's state for the read side (`DaemonReadModel`): the controller's lock
+    /// for a moment (the running broadcast and the config), then the session's, outputs' and
+    /// sources' atomics, each read once. `readingMemory`: the process's footprint from /proc too
+    /// (the status and /metrics show it; the events, looked at 20 times a second, do not).
+    func snapshot(readingMemory: Bool = true) -> DaemonSnapshot {
+        let (running, budget) = state.withLock { ($0.running, $0.config.memoryBudgetBytes) }
+        let failure = lastFailure
+        let now = MonotonicClock().now()
+        var snapshot = DaemonSnapshot(
+            uptimeSeconds: Double(now - startedAt) / 1e9, failure: failure, memoryBudgetBytes: budget,
+            memory: readingMemory ? Self.processFootprint() : nil, eventClients: events.clientCount)
+        guard let running else { return snapshot }
+        let session = running.session.state
+        // Scenes and layers only while the broadcast runs (see `runningComposite`).
+        let composite = session == .finished ? nil : running.composite
+        snapshot.broadcast = DaemonSnapshot.Broadcast(
             session: ObjectIdentifier(running.session),
-            broadcast: running.session.state.description,
+            startedAt: running.startedAt,
+            state: session,
+            elapsedSeconds: Double(now - running.startedAt) / 1e9,
+            types: running.session.statistics().sorted { $0.key.rawValue < $1.key.rawValue }.map { ($0.key.rawValue, $0.value) },
+            encoding: running.counters.snapshot(),
+            audioDrift: running.audioDevices.compactMap { device in device.statistics.driftPPM.map { (device.name, $0) } },
+            composite: composite.map {
+                .init(scene: $0.scene, shownScene: $0.shownSceneName, scenes: $0.scenes.map(\.name), layers: $0.layerStatuses)
+            },
             outputs: running.outputs.map { output in
                 let files = output.finishedFiles
-                // Paused as soon as asked; once resumed, "resuming" until its worker takes packets again.
-                let state = output.isPaused ? "paused" : output.state == .paused ? "resuming" : "\(output.state)"
-                let o = output.statistics()
                 return .init(
-                    name: output.name, state: state, files: files.count, lastFile: files.last, targetBitrate: o.targetBitrate,
-                    maximumBitrate: o.maximumBitrate)
+                    serial: output.serial, statistics: output.statistics(), state: output.state, paused: output.isPaused,
+                    isReplay: output.isReplay, replay: output.replayStatistics(), files: files.count, lastFile: files.last,
+                    fileMarks: output.takesMarks && !output.isReplay ? output.marks : nil)
             },
-            devices: stats.sorted { $0.key.rawValue < $1.key.rawValue }.map { ($0.key.rawValue, $0.value.sourceHealth.state == .deviceLost) },
-            scene: runningComposite()?.shownSceneName,
-            layers: (runningComposite()?.layerStatuses ?? []).map { .init(index: $0.index, name: $0.name, state: $0.sourceState, shown: $0.shown) },
-            audio: Self.audioSourceNames(running.audioSources).map { ($0.name, running.audioControl?.level(of: $0.type).muted ?? false) },
-            offsets: Self.offsetSources(running).map { ($0.name, running.offsetControl?.offset(of: $0.type) ?? 0) },
-            // What a pause leaves out is asked for, not lost: no drops event for it.
-            drops: running.outputs.map { output in
-                .init(scope: "output", name: output.name, count: output.statistics().drops.filter { $0.key != .paused }.values.reduce(0, +))
-            }
-                + stats.sorted { $0.key.rawValue < $1.key.rawValue }.map {
-                    .init(scope: "type", name: $0.key.rawValue, count: $0.value.droppedQueueFull + $0.value.droppedBySource + $0.value.droppedOutOfOrder)
-                },
-            marks: running.markers.all
-        )
+            encodes: (running.encodes?.all ?? []).map {
+                .init(settings: $0.settings, outputs: $0.outputs, bitrate: $0.bitrate, frames: $0.frames)
+            },
+            marks: running.markers.all,
+            audio: Self.audioSourceNames(running.audioSources).map {
+                ($0.name, running.audioControl?.level(of: $0.type) ?? AudioLevel())
+            },
+            offsets: Self.offsetSources(running).map { ($0.name, running.offsetControl?.offset(of: $0.type) ?? 0) })
+        return snapshot
     }
+
+    /// The status document (`GET /v1/status`, the POST routes' answers, the page's ticks).
+    func status() -> JSONValue { DaemonReadModel.status(snapshot()) }
+
+    /// The figures /metrics exports, from the same kind of snapshot as the status.
+    func metricsFigures() -> MetricsFigures { DaemonReadModel.metricsFigures(snapshot()) }
+
+    /// The state events are made of.
+    func eventSnapshot() -> EventSnapshot { DaemonReadModel.events(snapshot(readingMemory: false)) }
+
+    /// systemd's STATUS= line.
+    func statusLine() -> String { DaemonReadModel.statusLine(snapshot(readingMemory: false)) }
 
     /// Publishes what changed since the last look (one event per change, in a fixed order:
     /// broadcast, outputs, devices, files). Serialized: the watcher and control actions call it.
@@ -972,152 +933,14 @@ final class BroadcastController: Sendable {
         }
     }
 
-    /// What a source is doing, as the status says it: only a running (or paused) broadcast's
-    /// sources capture; once it has finished they are stopped, or failed when it ended with an
-    /// error (a source that could not start, a capture that broke).
-    static func sourceState(_ health: CaptureHealth.State, session: SessionLifecycle.State, failed: Bool) -> String {
-        switch session {
-        case .finished: failed ? "failed" : "stopped"
-        case .idle: "starting"
-        default: health == .deviceLost ? "device-lost" : "capturing"
-        }
-    }
-
-    /// The audio sources as the control API names them.
     /// The sources a sync offset can be set for: the video (when the broadcast has video), then the audio.
     private static func offsetSources(_ running: Running) -> [(name: String, type: SampleBufferType)] {
         (running.primaryType == .video ? [("video", SampleBufferType.video)] : []) + audioSourceNames(running.audioSources)
     }
 
+    /// The audio sources as the control API names them.
     static func audioSourceNames(_ types: [SampleBufferType]) -> [(name: String, type: SampleBufferType)] {
         [("mic", SampleBufferType.audioMic), ("app", .audioApp)].filter { types.contains($0.1) }
-    }
-
-    func statusLine() -> String {
-        guard let running = state.withLock({ $0.running }) else { return "idle" }
-        let media = running.session.statistics().values.map(\.mediaTimeNanoseconds).max() ?? 0
-        let outputs = running.outputs.map { "\($0.name) \($0.state)" }.joined(separator: ", ")
-        return "\(running.session.state): \(MediaClockText.format(media)) of media; \(outputs)"
-    }
-
-    func status() -> JSONValue {
-        let running = state.withLock { $0.running }
-        let failure = lastFailure
-        let uptime = Double(MonotonicClock().now() - startedAt) / 1e9
-        guard let running else {
-            let fields: [(String, JSONValue)] = [
-                ("state", .string("idle")),
-                ("uptime_seconds", .number(uptime)),
-                ("outputs", .array([])),
-                ("memory", Self.memoryFields([], budget: state.withLock { $0.config.memoryBudgetBytes })),
-                ("error", failure.map(JSONValue.string) ?? .null),
-            ]
-            return .object(fields)
-        }
-        let stats = running.session.statistics()
-        let encoding = running.counters.snapshot()
-        let media = stats.values.map(\.mediaTimeNanoseconds).max() ?? 0
-        let elapsed = Double(MonotonicClock().now() - running.startedAt) / 1e9
-        var types: [(String, JSONValue)] = []
-        for (type, s) in stats.sorted(by: { $0.key.rawValue < $1.key.rawValue }) {
-            let dropped: [(String, JSONValue)] = [
-                ("queue_full", .number(Double(s.droppedQueueFull))),
-                ("source", .number(Double(s.droppedBySource))),
-                ("paused", .number(Double(s.droppedPaused))),
-                ("out_of_order", .number(Double(s.droppedOutOfOrder))),
-            ]
-            let fields: [(String, JSONValue)] = [
-                ("source_state", .string(Self.sourceState(s.sourceHealth.state, session: running.session.state, failed: failure != nil))),
-                ("device_losses", .number(Double(s.sourceHealth.deviceLosses))),
-                ("delivered", .number(Double(s.delivered))),
-                ("dropped", .object(dropped)),
-                ("media_seconds", .number(Double(s.mediaTimeNanoseconds) / 1e9)),
-            ]
-            types.append((type.rawValue, .object(fields)))
-        }
-        let outputs: [JSONValue] = running.outputs.map { output -> JSONValue in
-            let o = output.statistics()
-            let drops: [(String, JSONValue)] = o.drops.sorted { $0.key.rawValue < $1.key.rawValue }.map {
-                ("\($0.key)", .number(Double($0.value)))
-            }
-            let fields: [(String, JSONValue)] = [
-                ("name", .string(o.name)),
-                ("kind", .string(o.isLive ? "live" : output.isReplay ? "replay" : "recording")),
-                ("target", .string(o.target)),
-                ("state", .string("\(o.state)")),
-                ("paused", .bool(output.isPaused)),
-                ("bitrate", .number(Double(o.bitrate))),
-                ("bytes", .number(Double(o.bytesSent))),
-                ("backlog_ms", .number(Double(o.backlogMilliseconds))),
-                ("target_bitrate", o.targetBitrate.map { .number(Double($0)) } ?? .null),
-                ("max_bitrate", o.maximumBitrate.map { .number(Double($0)) } ?? .null),
-                ("reconnects", .number(Double(o.reconnects))),
-                ("drops", .object(drops)),
-                ("error", o.lastError.map(JSONValue.string) ?? .null),
-            ] + Self.replayFields(output) + Self.webRTCFields(o) + Self.fileMarkerFields(output)
-            return .object(fields)
-        }
-        let fps = elapsed > 0 ? (Double(encoding.videoFramesEncoded) / elapsed * 10).rounded() / 10 : 0
-        let fields: [(String, JSONValue)] = [
-            ("state", .string(running.session.state.description)),
-            ("uptime_seconds", .number(uptime)),
-            ("media_seconds", .number(Double(media) / 1e9)),
-            ("fps", .number(fps)),
-            ("bitrate", .number(Double(encoding.bitrate))),
-            ("video_frames_encoded", .number(Double(encoding.videoFramesEncoded))),
-            ("bytes_written", .number(Double(encoding.bytesWritten))),
-            ("failed_outputs", .number(Double(encoding.failedOutputs))),
-            ("undecodable_frames", .number(Double(encoding.undecodableFrames))),
-            ("audio_drift_ppm", running.audioDevices.lazy.compactMap { $0.statistics.driftPPM }.first.map(JSONValue.number) ?? .null),
-            ("types", .object(types)),
-            ("scene", runningComposite().map { .string($0.scene) } ?? .null),
-            ("scenes", .array((runningComposite()?.scenes ?? []).map { .string($0.name) })),
-            ("layers", .array((runningComposite()?.layerStatuses ?? []).map { layer in
-                .object([
-                    ("index", .number(Double(layer.index))), ("name", .string(layer.name)),
-                    ("source_state", .string(layer.sourceState)), ("shown", .string(layer.shown)),
-                    ("device_losses", .number(Double(layer.deviceLosses))), ("dropped", .number(Double(layer.dropped))),
-                ])
-            })),
-            ("outputs", .array(outputs)),
-            ("marks", .array(running.markers.all.map { .object(Self.markerFields($0)) })),
-            ("encodes", .array((running.encodes?.all ?? []).map(Self.encodeFields))),
-            ("audio", .object(Self.audioSourceNames(running.audioSources).map { source in
-                let level = running.audioControl?.level(of: source.type) ?? AudioLevel()
-                return (source.name, .object([("muted", .bool(level.muted)), ("volume_db", .number(level.volumeDecibels))]))
-            })),
-            // Each source's sync offset in milliseconds (positive: delayed).
-            ("offsets_ms", .object(Self.offsetSources(running).map { name, type in
-                (name, JSONValue.number(Double(running.offsetControl?.offset(of: type) ?? 0) / 1e6))
-            })),
-            ("memory", Self.memoryFields(running.outputs, budget: state.withLock { $0.config.memoryBudgetBytes })),
-            ("error", failure.map(JSONValue.string) ?? .null),
-        ]
-        return .object(fields)
-    }
-}
-
-extension BroadcastController {
-    /// One video encode in the status: its size, rate control, target and measured bitrate, frame
-    /// rate, frames and the outputs it feeds.
-    static func encodeFields(_ encode: VideoEncodeStatus) -> JSONValue {
-        let settings = encode.settings
-        let control: String
-        switch settings.rateControl {
-        case .cbr: control = "cbr"
-        case .vbr: control = "vbr"
-        case .crf(let quality): control = "crf \(quality)"
-        }
-        return .object([
-            ("size", .string("\(settings.width)x\(settings.height)")),
-            ("fps", .number(settings.frameRate.framesPerSecond)),
-            ("rate_control", .string(control)),
-            ("video_bitrate", .number(Double(settings.bitrate))),
-            ("bitrate", .number(Double(encode.bitrate))),
-            ("preset", .string(settings.preset)),
-            ("frames", .number(Double(encode.frames))),
-            ("outputs", .array(encode.outputs.map { .string($0) })),
-        ])
     }
 }
 

@@ -42,12 +42,6 @@ extension BroadcastController {
             ("media_seconds", .number(Double(mark.media) / 1e9)), ("outputs", .array(mark.outputs.map(JSONValue.string))),
         ]
     }
-
-    /// A recording's markers in the file it writes now, in the file's time.
-    static func fileMarkerFields(_ output: Output) -> [(String, JSONValue)] {
-        guard output.takesMarks, !output.isReplay else { return [] }
-        return [("marks", .array(output.marks.map { .object([("title", .string($0.title)), ("seconds", .number(Double($0.nanoseconds) / 1e9))]) }))]
-    }
 }
 
 enum MarkerAPI {

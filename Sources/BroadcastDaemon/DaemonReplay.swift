@@ -48,42 +48,16 @@ extension BroadcastController {
         return outcome
     }
 
-    /// A replay output's fields in the status.
-    static func replayFields(_ output: Output) -> [(String, JSONValue)] {
-        guard let r = output.replayStatistics() else { return [] }
-        return [
-            ("buffered_seconds", .number((r.bufferedSeconds * 1000).rounded() / 1000)),
-            ("buffered_bytes", .number(Double(r.bufferedBytes))),
-            ("replay_seconds", .number(r.limitSeconds)),
-            ("max_memory", .number(Double(r.maxBytes))),
-            ("saves_done", .number(Double(r.savesDone))),
-            ("saves_failed", .number(Double(r.savesFailed))),
-            ("saves_pending", .number(Double(r.savesPending))),
-            ("last_saved_path", r.lastPath.map(JSONValue.string) ?? .null),
-            ("gops_dropped_for_memory", .number(Double(r.droppedForMemory))),
-        ]
-    }
-
-    /// What the process holds: its resident memory and, of it, the replay buffers.
-    static func memoryFields(_ outputs: [Output], budget: Int64) -> JSONValue {
-        let memory = memoryFigures(outputs.compactMap { $0.replayStatistics() })
-        return .object([
-            ("resident_bytes", .number(Double(memory.residentBytes))), ("replay_buffers_bytes", .number(Double(memory.replayBuffersBytes))),
-            ("private_dirty_bytes", .number(Double(memory.privateDirtyBytes))), ("budget_bytes", .number(Double(budget))),
-        ])
-    }
-
-    /// The figures behind `memoryFields` and the memory metrics.
-    static func memoryFigures(_ replays: [ReplayStatistics]) -> (residentBytes: Int64, replayBuffersBytes: Int64, privateDirtyBytes: Int64) {
-        let replay = replays.map(\.bufferedBytes).reduce(0, +)
+    /// What the process holds now: its resident memory and its footprint (private dirty bytes,
+    /// see `ProcessMemory`, what the budget holds; not library pages).
+    static func processFootprint() -> DaemonSnapshot.ProcessFootprint {
         var resident: Int64 = 0
         if let text = DaemonConfiguration.readText("/proc/self/statm") {
             let pages = text.split(separator: " ").dropFirst().first.flatMap { Int64($0) } ?? 0
             resident = pages * Int64(sysconf(Int32(_SC_PAGESIZE)))
         }
-        // The footprint the budget holds (see `ProcessMemory`): private dirty, not library pages.
         let footprint = ProcessMemory.current()?.privateDirtyBytes ?? 0
-        return (resident, replay, footprint)
+        return .init(residentBytes: resident, privateDirtyBytes: footprint)
     }
 
     static func sameReplayKeys(_ a: DaemonConfiguration.Output, _ b: DaemonConfiguration.Output) -> Bool {
