@@ -303,7 +303,8 @@ def run_one(args, mode, work, nginx, display, index):
         wall[k] = wall.get(k, 0) + 1
     result = {
         "mode": mode, "run": index, "exit": rc, "dip_start": dip_start, "dip_end": dip_end, "frames": frames,
-        "video_kbit": [b // 1000 for b in bits], "targets": targets, "backlog": backlog, "publishes": len(flvs),
+        "video_kbit": [b // 1000 for b in bits], "targets": targets,
+        "adapting": [f"{media_at(t):.2f} {line[line.index('adapting:'):]}" for t, line in lines if "adapting:" in line and "kb/s (" in line], "backlog": backlog, "publishes": len(flvs),
         "summary": summary, "rec_summary": rec_summary, "wall_past_media": end_wall - child.start - total,
         "proxy_connections": proxy.connections,
         "arrived_per_s": {k: wall.get(k, 0) for k in range(-args.before + 1, args.dip + args.after)},

@@ -50,6 +50,13 @@ public struct AdaptiveBitrateController: Sendable {
     /// The first step up (a fraction of the target), and the most a step grows to.
     public static let firstStep = 0.03
     public static let largestStep = 0.15
+    /// Near the path's measured width (from this share of it): a careful step every
+    /// `calmNearWidth`; forgotten after this many steps past it.
+    public static let nearWidth = 0.95
+    public static let calmNearWidth: Int64 = 1_500_000_000
+    public static let stepsBeforeForgettingWidth = 2
+    /// Decreases closer than this belong to one congestion (the path's width is their highest).
+    static let congestionEpisode: Int64 = 3_000_000_000
     /// The share of a measured path rate a decrease aims under, and the time it gives the backlog
     /// to drain.
     public static let measuredShare = 0.9
@@ -68,6 +75,10 @@ public struct AdaptiveBitrateController: Sendable {
     private var lastChange: Int64?
     /// Steps up since the last decrease (each one larger).
     private var probes = 0
+    /// The path's rate (all streams) measured when it last congested, and the careful steps taken
+    /// past it since (nil: never measured, or forgotten).
+    private var width: Int?
+    private var stepsPastWidth = 0
     /// The backlog's lowest in the current half-second window, and in the last two whole ones.
     private var floors: (window: (start: Int64, lowest: Int64)?, previous: (before: Int64, last: Int64)?) = (nil, nil)
     /// Since when the backlog has been above calm (nil: calm, or congested).
@@ -142,6 +153,14 @@ public struct AdaptiveBitrateController: Sendable {
             let draining = video - backlogBits * 1e9 / Double(Self.drainTime)
             let next = max(minimum, Int(min(Double(target) * 0.75, video > 0 ? draining : 0)))
             probes = 0
+            if let pathBitsPerSecond, pathBitsPerSecond > 0 {
+                // Within one congestion (decreases seconds apart) the highest measure: a path
+                // whose backlog drains is read a little under its width (the test proxy's pace,
+                // a reader starved by a loaded machine), never over it.
+                let sameCongestion = lastDecrease.map { now - $0 < Self.congestionEpisode } ?? false
+                width = sameCongestion ? max(width ?? 0, pathBitsPerSecond) : pathBitsPerSecond
+                stepsPastWidth = 0
+            }
             lastDecrease = now
             return change(to: next, at: now)
         }
@@ -161,10 +180,29 @@ public struct AdaptiveBitrateController: Sendable {
             // the steps are small, so a path still that narrow shows as a rising backlog (which
             // holds the target) long before a frozen picture; a path that widened gets the larger
             // steps a few seconds on (from a quarter to 80 % of the range in about 10 s).
+            //
+            // Near the width the path was measured at when it last congested (its rate while the
+            // socket held bytes), the steps stay at 3 % and come every 1.5 s: a path's own buffers
+            // (a router's queue; the test proxy's receive buffer) hide a small excess for seconds.
+            // Two such steps past it without congestion: the path widened, it is forgotten.
             let reference = max(since, lastChange ?? since)
-            guard now - reference >= Self.calmBeforeIncrease else { return nil }
-            probes += 1
-            let step = min(Self.largestStep, Self.firstStep * Double(probes))
+            let total = target + audioBitsPerSecond
+            let growing = min(Self.largestStep, Self.firstStep * Double(probes + 1))
+            var step = growing
+            if let width, Double(total) * (1 + growing) > Double(width) * Self.nearWidth {
+                guard now - reference >= Self.calmNearWidth else { return nil }
+                step = Self.firstStep
+                if total > width {
+                    stepsPastWidth += 1
+                    if stepsPastWidth >= Self.stepsBeforeForgettingWidth {
+                        self.width = nil
+                        probes = 0
+                    }
+                }
+            } else {
+                guard now - reference >= Self.calmBeforeIncrease else { return nil }
+                probes += 1
+            }
             let next = max(target + max(1, (maximum - minimum) / 100), Int(Double(target) * (1 + step)))
             return change(to: min(maximum, next), at: now)
         }
