@@ -126,6 +126,9 @@ import Testing
         ("test?fit=stretch", "fit=stretch: expected fill"),
         ("test?crop=big", "crop=big: expected WIDTHxHEIGHT+X+Y"),
         ("test?on_loss=maybe", "on_loss=maybe: expected hide or slate"),
+        ("test?opacity=0", "opacity=0: expected a percentage (more than 0% to 100%)"),
+        ("test?opacity=150%", "opacity=150%: expected a percentage"),
+        ("test?opacity=half", "opacity=half: expected"),
         ("none?x=0", "a layer needs a source"),
         ("x11::0?cursor=sideways,x=0", "cursor"),
         // issue 35 item 22: a key given twice, a key of neither the layer nor its source.
