@@ -307,7 +307,8 @@ struct CompositorTests {
     }
 
     /// issue 37 item 9: a layer at `opacity` is blended over what is under it as ffmpeg's overlay
-    /// blends a picture whose alpha is that constant (yuva420p, `lut=a=ALPHA`): byte for byte, on
+    /// blends a picture whose alpha is that constant (yuva420p, `lut=...:a=ALPHA`; `val` for the
+    /// others, whose default clips them to the video range): byte for byte, on
     /// every plane; and redrawing its box again (the base repeats, the layer has a new picture)
     /// blends over the base again, not over the last blend.
     @Test(arguments: [0.25, 0.5, 0.9])
@@ -323,7 +324,7 @@ struct CompositorTests {
             "ffmpeg", "-nostdin", "-v", "error", "-y",
             "-f", "rawvideo", "-pix_fmt", "yuv420p", "-s", "\(Self.width)x\(Self.height)", "-i", directory.file("base.raw"),
             "-f", "rawvideo", "-pix_fmt", "yuv420p", "-s", "64x48", "-i", directory.file("layer.raw"),
-            "-filter_complex", "[1]format=yuva420p,lut=a=\(placement.alpha)[l];[0][l]overlay=100:60:format=yuv420",
+            "-filter_complex", "[1]format=yuva420p,lut=y=val:u=val:v=val:a=\(placement.alpha)[l];[0][l]overlay=100:60:format=yuv420",
             "-frames:v", "1", "-pix_fmt", "yuv420p", "-f", "rawvideo", directory.file("overlay.raw"),
         ])
         #expect(result.status == 0, "ffmpeg overlay: \(result.standardError)")
