@@ -268,6 +268,51 @@ def layer_cases(args, work, layer_pattern):
     return cases
 
 
+# Composition on another workload (issue 37 item 9): the same 1080p30 X11 screens with a 480x270
+# layer of the test pattern at 25 % opacity in the bottom-right corner, x264 veryfast/zerolatency CRF 23
+# capped at 3 Mb/s (broadcast's `--rate-control crf --video-bitrate 3M`: maxrate 3M, a two-second
+# VBV buffer, 6M; ffmpeg is given the same), against ffmpeg's x11grab + lavfi `testsrc` at 480x270
+# with a constant alpha of 64 (25 % of 255, rounded as broadcast rounds it: `lut=...:a=64` on yuva420p,
+# the other planes as they are (`val`; lut's default clips them), no RGB round trip) + `overlay` in yuv420 (the screen converted to yuv420p and the layer blended
+# there, as broadcast does). Both sides paint a test pattern at 480x270 each frame and convert it.
+LAYER25_SIZE = (480, 270)
+LAYER25_ALPHA = 64
+
+
+def layer25_cases(args, work):
+    cases = []
+    w, h = SCREEN_SIZE
+    lw, lh = LAYER25_SIZE
+    x, y = w - lw, h - lh
+    s = args.seconds
+    cap = "3M"
+    for kind in ("full", "static"):
+        name = f"layer25-{'moving' if kind == 'full' else 'static'}"
+        if not wanted(args, name):
+            continue
+        screen = XScreen(kind)
+        a_out, b_out = os.path.join(work, f"{name}-a.mp4"), os.path.join(work, f"{name}-b.mp4")
+        cases.append(Case(
+            name, f"x11 {kind} screen 1080p30 + a {lw}x{lh} test layer at 25 % → mp4, CRF 23 capped at {cap}",
+            lambda sc=screen, o=a_out: [args.broadcast, "record", o, "--video", f"x11:{sc.display}?cursor=off",
+                                        "--video", f"test?x={x},y={y},width={lw},height={lh},opacity=25%",
+                                        "--audio-mic", "none", "--fps", str(FPS), "--duration", f"{s}s",
+                                        "--preset", "veryfast", "--tune", "zerolatency", "--video-bitrate", cap,
+                                        "--rate-control", "crf", "--crf", "23", "--keyframe-interval", "2s",
+                                        "--quiet", "--log-level", "error", "-y"],
+            lambda sc=screen, o=b_out: FF + ["-f", "x11grab", "-draw_mouse", "0", "-framerate", str(FPS),
+                                             "-video_size", f"{w}x{h}", "-i", sc.display,
+                                             "-re", "-f", "lavfi", "-i", f"testsrc=size={lw}x{lh}:rate={FPS}",
+                                             "-filter_complex",
+                                             f"[1:v]format=yuva420p,lut=y=val:u=val:v=val:a={LAYER25_ALPHA}[l];"
+                                             f"[0:v][l]overlay={x}:{y}:format=yuv420,format=yuv420p[v]",
+                                             "-map", "[v]", "-t", str(s), "-an", "-c:v", "libx264"] + X264
+            + ["-crf", "23", "-maxrate", cap, "-bufsize", "6M", "-g", str(2 * FPS), "-pix_fmt", "yuv420p",
+               "-movflags", "+faststart", o],
+            s, s * FPS, True, latency=True, screen=screen, outputs=(a_out, b_out)))
+    return cases
+
+
 def make_cases(args, work, rtmp, patterns):
     cases = []
     for key, (w, h, rate) in SIZES.items():
@@ -383,6 +428,16 @@ def run_case(case, pairs, work):
     return run_pairs(case, pairs, work)
 
 
+def video_frames(path):
+    """The video packets in a file (ffprobe), or None when it cannot be read."""
+    r = subprocess.run(["ffprobe", "-v", "error", "-select_streams", "v:0", "-count_packets", "-show_entries",
+                        "stream=nb_read_packets", "-of", "csv=p=0", path], capture_output=True, text=True)
+    try:
+        return int(r.stdout.strip())
+    except ValueError:
+        return None
+
+
 def run_pairs(case, pairs, work):
     rows = {"a": [], "b": [], "latency": []}
     for i in range(pairs):
@@ -397,9 +452,15 @@ def run_pairs(case, pairs, work):
             os.unlink(latency_file)
         rows["b"].append(run_measured(case.b()))
         a, b = rows["a"][-1], rows["b"][-1]
+        if case.outputs:
+            # Frames in each file: on a loaded machine broadcast drops frames it cannot encode in
+            # time (its queues are bounded) while ffmpeg's x11grab falls behind and runs late, so
+            # CPU per media second alone would flatter the one that did less work.
+            a["frames"], b["frames"] = (video_frames(path) for path in case.outputs)
+        frames = f" frames {a['frames']}/{b['frames']}" if "frames" in a else ""
         print(f"  {case.name} pair {i + 1}/{pairs}: broadcast cpu {a['cpu']:.2f}s rss {a['rss_mb']:.0f}MB "
               f"dirty {a['dirty_mb']:.0f}MB wall {a['wall']:.1f}s | ffmpeg cpu {b['cpu']:.2f}s rss {b['rss_mb']:.0f}MB "
-              f"dirty {b['dirty_mb']:.0f}MB wall {b['wall']:.1f}s",
+              f"dirty {b['dirty_mb']:.0f}MB wall {b['wall']:.1f}s |{frames}",
               flush=True)
     return summarize(case, rows)
 
@@ -421,6 +482,11 @@ def summarize(case, rows):
         "fps_ratio": median([fps(x) / fps(y) for x, y in zip(a, b)]),
         "a_raw": a, "b_raw": b,
     }
+    if all(r.get("frames") for r in a + b):
+        # CPU per frame encoded, the same ratio without the frames one side dropped.
+        out["a_frames"] = median([r["frames"] for r in a])
+        out["b_frames"] = median([r["frames"] for r in b])
+        out["cpu_per_frame_ratio"] = median([(x["cpu"] / x["frames"]) / (y["cpu"] / y["frames"]) for x, y in zip(a, b)])
     if rows["latency"]:
         out["latency_p50_ms"] = median([r["p50_ms"] for r in rows["latency"]])
         out["latency_p99_ms"] = median([r["p99_ms"] for r in rows["latency"]])
@@ -617,8 +683,9 @@ def markdown(info, results, overhead, args):
              "| case | CPU-s per media-s: broadcast / ffmpeg | ratio (median of pairs) | peak RSS MB: broadcast / ffmpeg "
              "| RSS ratio | peak private dirty MB: broadcast / ffmpeg | private dirty ratio "
              "| media fps: broadcast / ffmpeg | fps ratio | latency p50 / p99 ms "
-             "| of which before the encoder p50 / p99 ms | x264 options (screen cases) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| of which before the encoder p50 / p99 ms | x264 options (screen cases) "
+             "| frames in the files: broadcast / ffmpeg (CPU per frame ratio) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lat = (f"{fmt(r.get('latency_p50_ms'), '.1f')} / {fmt(r.get('latency_p99_ms'), '.1f')}"
                if "latency_p50_ms" in r else "—")
@@ -631,6 +698,8 @@ def markdown(info, results, overhead, args):
             lat += " | " + ("equal" if r["x264_equal"] else f"DIFFER: {r.get('x264_differences')}")
         else:
             lat += " | —"
+        lat += (f" | {fmt(r['a_frames'], '.0f')} / {fmt(r['b_frames'], '.0f')} ({fmt(r['cpu_per_frame_ratio'])})"
+                if "cpu_per_frame_ratio" in r else " | —")
         lines.append(f"| {r['title']} | {fmt(r['a_cpu_per_media_s'], '.3f')} / {fmt(r['b_cpu_per_media_s'], '.3f')} "
                      f"| **{fmt(r['cpu_ratio'])}** | {fmt(r['a_rss_mb'], '.0f')} / {fmt(r['b_rss_mb'], '.0f')} "
                      f"| {fmt(r['rss_ratio'])} | {fmt(r.get('a_dirty_mb'), '.0f')} / {fmt(r.get('b_dirty_mb'), '.0f')} "
@@ -683,7 +752,8 @@ def main():
             results = []
             layers = (layer_cases(args, work, make_pattern(args.broadcast, work, "layer", *LAYER_SIZE))
                       if wanted(args, "layer-moving") or wanted(args, "layer-static") else [])
-            for case in make_cases(args, work, nginx.url if nginx else None, patterns) + screen_cases(args, work) + layers:
+            for case in (make_cases(args, work, nginx.url if nginx else None, patterns) + screen_cases(args, work) + layers
+                         + layer25_cases(args, work)):
                 print(f"{case.name}: {case.title}", flush=True)
                 results.append(run_case(case, args.pairs, work))
             overhead = {}

@@ -43,6 +43,13 @@ public struct LayerPlacement: Sendable, Hashable {
     /// The part of the source's picture to take, in its pixels; nil: all of it.
     public var crop: PixelRegion?
     public var onLoss: OnLoss = .hide
+    /// How much of the layer's picture shows over what is under it, from more than 0 to 1 (opaque,
+    /// the default): `opacity=25%`. Blended in the output's YUV as ffmpeg's `overlay` blends a
+    /// picture with a constant alpha (`alpha`, 0-255, with its rounding), so the two agree byte for byte.
+    public var opacity: Double = 1
+
+    /// `opacity` as an 8-bit alpha (255: opaque), as ffmpeg's overlay takes it from a yuva picture.
+    public var alpha: Int { Int((min(1, max(0, opacity)) * 255).rounded()) }
 
     public init() {}
 
@@ -90,6 +97,10 @@ public struct LayerPlacement: Sendable, Hashable {
         if fill { keys.append("fit=fill") }
         if let crop { keys.append("crop=\(crop.width)x\(crop.height)+\(crop.x)+\(crop.y)") }
         if onLoss != .hide { keys.append("on_loss=\(onLoss.rawValue)") }
+        if opacity < 1 {
+            let percent = opacity * 100
+            keys.append(percent == percent.rounded() ? "opacity=\(Int(percent))%" : "opacity=\(percent)%")
+        }
         return keys.joined(separator: ",")
     }
 }

@@ -33,7 +33,7 @@ extension Options {
     }
 
     /// The keys a layer's query takes beside its source's own.
-    static let placementKeys = ["x", "y", "width", "height", "fit", "crop", "on_loss"]
+    static let placementKeys = ["x", "y", "width", "height", "fit", "crop", "on_loss", "opacity"]
 
     static func videoLayer(_ text: String) throws -> VideoLayerSpec {
         var sourceText = text
@@ -80,6 +80,11 @@ extension Options {
                 case "crop":
                     guard let crop = cropRegion(value) else { throw invalid("WIDTHxHEIGHT+X+Y in the source's pixels, e.g. 640x360+0+0") }
                     placement.crop = crop
+                case "opacity":
+                    guard let opacity = opacity(value) else {
+                        throw invalid("a percentage (more than 0% to 100%) or a fraction (more than 0 to 1), e.g. 25% or 0.25")
+                    }
+                    placement.opacity = opacity
                 default:
                     guard let onLoss = LayerPlacement.OnLoss(rawValue: value) else { throw invalid("hide or slate") }
                     placement.onLoss = onLoss
@@ -108,6 +113,14 @@ extension Options {
         }
         guard text.allSatisfy(\.isASCII), let pixels = Int(text), pixels <= 16384, pixels >= (allowsZero ? 0 : 2) else { return nil }
         return .pixels(pixels)
+    }
+
+    /// `25%` or `0.25`: more than 0, at most 1 (opaque).
+    static func opacity(_ text: String) -> Double? {
+        let percent = text.hasSuffix("%")
+        guard let number = Double(percent ? String(text.dropLast()) : text), number.isFinite else { return nil }
+        let opacity = percent ? number / 100 : number
+        return opacity > 0 && opacity <= 1 ? opacity : nil
     }
 
     /// `WxH+X+Y`.

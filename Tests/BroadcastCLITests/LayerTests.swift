@@ -53,6 +53,29 @@ import Testing
         try expectDecodesCleanly(file)
     }
 
+    /// issue 37 item 9: `opacity=50%`: inside the box the pattern and the red screen under it, half
+    /// each (yellow over red: (223, 96, 0); blue over red: (128, 0, 96)); outside it the screen.
+    @Test func aLayerAtHalfOpacityShowsTheScreenThroughIt() throws {
+        let screen = try redScreen()
+        defer { screen.stop() }
+        let dir = try TemporaryDirectory()
+        defer { dir.cleanup() }
+        let file = dir.path("half.mp4")
+        let r = try broadcast([
+            "record", file, "--video", "x11:\(screen.name)?cursor=off",
+            "--video", "test?x=75%,y=75%,width=25%,height=25%,opacity=50%",
+            "--audio-mic", "none", "--fps", "30", "--duration", "2s", "--quiet",
+        ])
+        #expect(r.status == 0, "record failed: \(r.stderr)")
+        let points = [(1020, 630), (1220, 630), (100, 100), (900, 600)]
+        for time in [0.5, 1.5] {
+            let p = try rgbPixels(file, at: time, width: 1280, height: 720, points: points)
+            #expect(near(p[0], [223, 96, 0]) && near(p[1], [128, 0, 96]), "inside the box at \(time) s: \(p)")
+            #expect(near(p[2], Self.red) && near(p[3], Self.red), "outside at \(time) s: \(p)")
+        }
+        try expectDecodesCleanly(file)
+    }
+
     /// `fit` and `crop`: the pattern's yellow bar alone (crop), stretched over a wide box (fill),
     /// next to the same crop kept at its aspect ratio (a tall box: the picture is centred, the
     /// screen shows above and below it).
@@ -126,6 +149,9 @@ import Testing
         ("test?fit=stretch", "fit=stretch: expected fill"),
         ("test?crop=big", "crop=big: expected WIDTHxHEIGHT+X+Y"),
         ("test?on_loss=maybe", "on_loss=maybe: expected hide or slate"),
+        ("test?opacity=0", "opacity=0: expected a percentage (more than 0% to 100%)"),
+        ("test?opacity=150%", "opacity=150%: expected a percentage"),
+        ("test?opacity=half", "opacity=half: expected"),
         ("none?x=0", "a layer needs a source"),
         ("x11::0?cursor=sideways,x=0", "cursor"),
         // issue 35 item 22: a key given twice, a key of neither the layer nor its source.

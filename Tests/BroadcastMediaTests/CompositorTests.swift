@@ -306,6 +306,51 @@ struct CompositorTests {
         #expect(Self.planes(compositor) == composite)
     }
 
+    /// issue 37 item 9: a layer at `opacity` is blended over what is under it as ffmpeg's overlay
+    /// blends a picture whose alpha is that constant (yuva420p, `lut=...:a=ALPHA`; `val` for the
+    /// others, whose default clips them to the video range): byte for byte, on
+    /// every plane; and redrawing its box again (the base repeats, the layer has a new picture)
+    /// blends over the base again, not over the last blend.
+    @Test(arguments: [0.25, 0.5, 0.9])
+    func aLayerAtAnOpacityIsBlendedAsFfmpegsOverlayBlendsItsAlpha(opacity: Double) throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        var placement = Self.placement(x: 100, y: 60, width: 64, height: 48)
+        placement.fill = true
+        placement.opacity = opacity
+        let base = try Self.rawFrame("testsrc2=size=\(Self.width)x\(Self.height):rate=1", in: directory, "base.raw")
+        let layer = try Self.rawFrame("testsrc=size=64x48:rate=1", in: directory, "layer.raw")
+        let result = try run([
+            "ffmpeg", "-nostdin", "-v", "error", "-y",
+            "-f", "rawvideo", "-pix_fmt", "yuv420p", "-s", "\(Self.width)x\(Self.height)", "-i", directory.file("base.raw"),
+            "-f", "rawvideo", "-pix_fmt", "yuv420p", "-s", "64x48", "-i", directory.file("layer.raw"),
+            "-filter_complex", "[1]format=yuva420p,lut=y=val:u=val:v=val:a=\(placement.alpha)[l];[0][l]overlay=100:60:format=yuv420",
+            "-frames:v", "1", "-pix_fmt", "yuv420p", "-f", "rawvideo", directory.file("overlay.raw"),
+        ])
+        #expect(result.status == 0, "ffmpeg overlay: \(result.standardError)")
+        let overlay = [UInt8](try Data(contentsOf: URL(fileURLWithPath: directory.file("overlay.raw"))))
+
+        let compositor = try Compositor(width: Self.width, height: Self.height, colour: .bt601, placements: [placement])
+        try base.withUnsafeBytes { try compositor.updateBase(Self.yuv420p($0, width: Self.width, height: Self.height)) }
+        try layer.withUnsafeBytes { try compositor.updateLayer(0, with: Self.yuv420p($0, width: 64, height: 48), show: .picture) }
+        _ = try compositor.compose()
+        let composite = Self.planes(compositor)
+        #expect(composite.count == overlay.count)
+        let differing = zip(composite, overlay).filter { $0 != $1 }.count
+        #expect(differing == 0, "opacity \(opacity): \(differing) of \(overlay.count) bytes differ from ffmpeg's overlay")
+        // Neither the base nor the layer alone: the box holds a blend of the two.
+        let inBox = 80 * Self.width + 120
+        #expect(composite[inBox] != base[inBox] && composite[inBox] != layer[20 * 64 + 20])
+
+        // The same layer picture again, over a repeated base: the box is redrawn, and is the same.
+        for _ in 0..<3 {
+            try base.withUnsafeBytes { try compositor.updateBase(Self.yuv420p($0, width: Self.width, height: Self.height, changed: [])) }
+            try layer.withUnsafeBytes { try compositor.updateLayer(0, with: Self.yuv420p($0, width: 64, height: 48), show: .picture) }
+            #expect(try compositor.compose() == [PixelRegion(x: 100, y: 60, width: 64, height: 48)])
+            #expect(Self.planes(compositor) == composite, "a redraw blends over the base, not over the last blend")
+        }
+    }
+
     /// The composite's three planes, rows without padding.
     static func planes(_ compositor: Compositor) -> [UInt8] {
         let bytes = UnsafeMutableRawPointer.allocate(byteCount: width * height * 3 / 2, alignment: 64)
