@@ -347,6 +347,13 @@ public final class Muxer {
         return max(0, avio_tell(pb))
     }
 
+    /// Bytes handed to the protocol so far: `bytesWritten` less what the I/O context still holds
+    /// in its buffer (a write context's `pos` moves at each flush).
+    public var bytesFlushed: Int64 {
+        guard let pb = context.pointee.pb else { return 0 }
+        return max(0, pb.pointee.pos)
+    }
+
     /// What the transport knows of its path, where it tells: an srt:// output's sender figures
     /// (libsrt), an rtmp:// output's bytes its TCP socket still holds (the kernel); nil for any
     /// other output (rtmps: TLS between the two), or before the connection is open.

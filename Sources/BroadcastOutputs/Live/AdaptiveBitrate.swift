@@ -168,7 +168,7 @@ public struct AdaptiveBitrateController: Sendable {
             aboveCalmSince = nil
             // The backlog's floor rising: the path takes a little less than is sent (a probe went
             // past it), long before the backlog leaves calm.
-            if let floors = floors.previous, floors.last - floors.before > Self.risingFloor {
+            if floorRising {
                 calmSince = nil
                 return nil
             }
@@ -212,6 +212,14 @@ public struct AdaptiveBitrateController: Sendable {
         aboveCalmSince = since
         if now - since >= Self.keyframeSpike { calmSince = nil }
         return nil
+    }
+
+    /// Whether the backlog's floor rose from the window before the last to the last. (Judging the
+    /// current window's lowest so far as well answers half a second sooner, but jitter then
+    /// holds the way back up too often: measured, 13.9 and 22.4 s back to 80 % after the dip.)
+    private var floorRising: Bool {
+        guard let previous = floors.previous else { return false }
+        return previous.last - previous.before > Self.risingFloor
     }
 
     /// Notes the backlog in the floor's windows (the lowest backlog of each half second).

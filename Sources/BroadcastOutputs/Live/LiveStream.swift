@@ -160,7 +160,7 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
         windowBytes += bytes - lastBytes
         lastBytes = bytes
         status.bytes.store(sentBefore + bytes, ordering: .relaxed)
-        ledger.wrote(upTo: sentBefore + bytes, startedAt: started)
+        ledger.wrote(upTo: sentBefore + muxer!.bytesFlushed, startedAt: started)
         let after = MonotonicInstant.now()
         let window = windowStart.duration(to: after)
         if window >= .seconds(1) {
@@ -190,7 +190,8 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
     private func noteTransport(_ figures: TransportFigures, at now: MonotonicInstant) {
         var backlog = figures.unacknowledgedNanoseconds
         if let held = figures.queuedBytes {
-            let written = sentBefore + (muxer?.bytesWritten ?? lastBytes)
+            // What reached the socket (the I/O context's buffer may hold the rest of a packet).
+            let written = sentBefore + (muxer?.bytesFlushed ?? lastBytes)
             let read = ledger.read(now: MonotonicClock().now(), written: written, held: held, writingSince: writingSince)
             backlog += read.age
             status.pathBitrate.store(read.pathBitsPerSecond ?? -1, ordering: .relaxed)
