@@ -19,6 +19,20 @@ FRAMES=$((8 * FPS))
 STARVED=25
 passed=0
 failed=0
+# SECTIONS (from GUEST_ENV, e.g. SECTIONS=2,7,8): run only these sections, for a focused run (vm/README.md,
+# "Slow hosts"); unset or empty = all. Section 3 compares with section 2's recording and section 9 uses
+# section 8's daemon config, so each brings the one it needs.
+SECTIONS=${SECTIONS:-}
+want() {
+    [ -z "$SECTIONS" ] && return 0
+    for s in $(echo "$SECTIONS" | tr ',' ' '); do
+        [ "$s" = "$1" ] && return 0
+        { [ "$1" = 2 ] && [ "$s" = 3 ]; } && return 0
+        { [ "$1" = 8 ] && [ "$s" = 9 ]; } && return 0
+    done
+    return 1
+}
+[ -n "$SECTIONS" ] && echo "only sections $SECTIONS (and what they need)"
 ts() { echo "=== [$(cut -d' ' -f1 /proc/uptime)s] $*"; }
 ok() { passed=$((passed + 1)); echo "PASS: $*"; }
 ko() { failed=$((failed + 1)); echo "FAIL: $*"; }
@@ -72,6 +86,7 @@ ls /dev/video* /dev/snd/ 2>&1 | tr '\n' ' '; echo
 echo "binary: $B"
 
 # ---------------------------------------------------------------------------------------------
+if want 0; then
 ts "0. baseline: what this (emulated) machine can encode, no devices involved"
 t0=$(cut -d' ' -f1 /proc/uptime)
 record base-offline.mp4 --video test --audio-mic none --no-realtime --size 320x180 --fps 25 --duration 8s --quiet > base-offline.log 2>&1
@@ -82,7 +97,10 @@ record base-live.mp4 --video test --audio-mic test --size 320x180 --fps 25 --dur
 n=$(frames base-live.mp4)
 echo "INFO: realtime test pattern + tone 320x180 @ 25, 8 s: $n of 200 frames; $(intervals base-live.mp4)"
 
+fi # section 0
+
 # ---------------------------------------------------------------------------------------------
+if want 1; then
 ts "1. broadcast devices --json lists /dev/video0 with its formats and the Loopback card"
 # udev would make a /dev/v4l/by-id link for a USB camera (vivid is a platform device and the guest
 # runs no udev): make one the same way, so naming a device by its stable link is tested too.
@@ -99,7 +117,10 @@ check "devices --json gives /dev/video0's by-id link" contains devices.json "\"p
 "$B" devices > devices.txt 2>&1
 sed -n '1,6p' devices.txt
 
+fi # section 1
+
 # ---------------------------------------------------------------------------------------------
+if want 2; then
 ts "2. 8 s from vivid's webcam (320x180 @ $FPS) with a 1 kHz tone through snd-aloop as --audio-mic"
 # aplay, not ffmpeg -re, plays it: the emulated CPU is scarce, and the loopback then runs on its own clock.
 ffmpeg -hide_banner -nostdin -loglevel error -f lavfi -i "sine=frequency=1000:sample_rate=48000:duration=60" -ac 2 -c:a pcm_s16le tone.wav
@@ -140,7 +161,10 @@ tags=$(ffprobe -v error -select_streams v:0 -show_entries stream=color_space,col
 echo "webcam colour tags (space, range, transfer, primaries as ffprobe orders them): $tags"
 check "webcam: tagged with the device's BT.601 matrix at video range ($tags)" sh -c "echo '$tags' | grep -q 'smpte170m' && echo '$tags' | grep -q 'tv'"
 
+fi # section 2
+
 # ---------------------------------------------------------------------------------------------
+if want 3; then
 ts "3. pixel formats: each gives a recording that looks like the YUYV one"
 ref=$(yuv_at webcam.mp4 1)
 echo "YUYV reference Y U V at 1 s: $ref"
@@ -170,7 +194,10 @@ echo "by-id: rc=$rc frames=$n of $produced produced; $(figures byid.log)"
 check "named by its /dev/v4l/by-id link: record exits 0 with >= 90% of the $produced frames the driver produced ($n)" \
     sh -c "[ $rc = 0 ] && [ ${n:-0} -ge $((produced * 90 / 100)) ] && [ $produced -ge $((2 * FPS * STARVED / 100)) ]"
 
+fi # section 3
+
 # ---------------------------------------------------------------------------------------------
+if want 4; then
 ts "4. clear errors (exit 2, one line naming the device and what it supports)"
 record err.mp4 --video /dev/video1 --audio-mic none --duration 1s > err-output.txt 2>&1; rc=$?
 cat err-output.txt
@@ -193,7 +220,10 @@ kill $streamer 2>/dev/null; wait $streamer 2>/dev/null
 cat err-busy.txt
 check "busy device: exit 2, says busy" sh -c "[ $rc = 2 ] && grep -q '/dev/video0.*busy' err-busy.txt"
 
+fi # section 4
+
 # ---------------------------------------------------------------------------------------------
+if want 5; then
 ts "5. HDMI input: DV timings change mid-recording (source-change event, renegotiation)"
 v4l2-ctl -d /dev/video0 -i 3 > /dev/null
 v4l2-ctl -d /dev/video0 -L > controls.txt 2>&1
@@ -221,7 +251,10 @@ check "HDMI: frames before and after the change (>= 60 of 8 s)" ge "$n" 60
 echo "HDMI colour tags: $(ffprobe -v error -select_streams v:0 -show_entries stream=color_space,color_primaries,color_transfer,color_range -of csv=p=0 hdmi.mp4)"
 v4l2-ctl -d /dev/video0 -i 0 > /dev/null
 
+fi # section 5
+
 # ---------------------------------------------------------------------------------------------
+if want 6; then
 ts "6. vivid unloaded and loaded again mid-recording"
 # No --duration: the recording runs until the device is back and has given 3 s of camera again,
 # then SIGTERM finishes it (module loading takes many seconds under emulation).
@@ -264,7 +297,10 @@ check "reload: frames throughout, slate while gone ($n + ${drops:-0} counted dro
     sh -c "[ $((${n:-0} + ${drops:-0})) -ge $(echo "$expected * 95 / 100" | bc) ] && [ ${n:-0} -ge $(echo "$expected * $STARVED / 100" | bc) ]"
 check "reload: camera picture again at the end, not the slate" awk -v a="$late" 'BEGIN { split(a, x, " "); exit !(length(x) == 3 && x[2] < 200) }'
 
+fi # section 6
+
 # ---------------------------------------------------------------------------------------------
+if want 7; then
 ts "7. audio clock drift: a loopback capture clock 0.5% slow is measured and resampled away"
 # snd-aloop's "PCM Rate Shift 100000" control runs one side of a cable off the system clock, as a
 # real device's crystal is off it (by far less: tens to hundreds of ppm; 0.5% makes 14 s enough).
@@ -299,7 +335,10 @@ check "drift: audio and video end together (${ad:-?} s, ${vd:-?} s)" awk -v a="$
 check "drift: ffprobe-clean" clean drift.mp4
 check "drift: audio is not silent ($v dB)" sh -c "[ -n '$v' ] && echo '$v > -30' | bc | grep -q 1"
 
+fi # section 7
+
 # ---------------------------------------------------------------------------------------------
+if want 8; then
 ts "8. daemon reload while capturing vivid + snd-aloop: an output added and removed, the microphone swapped"
 # Issue 14: a reload used to open every source again to validate the config, and a device the running
 # broadcast holds refuses (vivid: EBUSY; an ALSA hw: PCM: exclusive): "config not reloaded".
@@ -431,7 +470,10 @@ check "daemon: the added output's file is ffprobe-clean" clean daemon-extra.mp4
 v=$(loudness daemon-rec.mp4)
 check "daemon: audio is not silent ($v dB)" sh -c "[ -n '$v' ] && echo '$v > -30' | bc | grep -q 1"
 
+fi # section 8
+
 # ---------------------------------------------------------------------------------------------
+if want 9; then
 ts "9. daemon events: vivid unbound and bound again while the daemon captures: device lost, then back"
 sed -i 's/^mic = .*/mic = "none"/' daemon.toml
 sed -i 's|daemon-rec.mp4|daemon-events.mp4|' daemon.toml
@@ -455,7 +497,10 @@ order=$(grep -A1 '^event: device' events.txt | sed -n 's/^data: .*"state":"\([a-
 check "events: daemon exits 0" [ "$rc" = 0 ]
 check "events: /v1/events shows the video device lost, then back ($order)" sh -c "echo '$order' | grep -q '^lost back'"
 
+fi # section 9
+
 # ---------------------------------------------------------------------------------------------
+if want 10; then
 ts "10. vivid (YUYV) as a camera layer over the test pattern, unbound and bound again mid-recording"
 # The layer's box is the bottom-right quarter of a 640x360 frame; on_loss=slate paints it Y 40,
 # U V 128 while the device is gone. The base (the test pattern) goes on throughout.
@@ -493,6 +538,8 @@ check "layer: the camera came back" contains layer.log 'back, capturing'
 check "layer: the box shows the camera, then the slate, then the camera again ($seq_labels)" sh -c "echo '$seq_labels' | grep -qE '^C+S+C+$'"
 check "layer: the base went on: every frame there or counted dropped ($n + ${counted:-0} of $expected)" sh -c "[ \$(( ${n:-0} + ${counted:-0} )) -ge \$(( $expected - 2 )) ]"
 check "layer: ffprobe-clean" clean layer.mp4
+
+fi # section 10
 
 echo
 ts "done"
