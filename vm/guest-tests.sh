@@ -60,6 +60,23 @@ intervals() { ffprobe -v error -select_streams v:0 -show_entries frame=pts_time 
 # losses, counted, as opposed to frames that went missing unaccounted.
 counted_drops() { sed -n 's/.*video: .*dropped: \([0-9]*\) queue full, \([0-9]*\) by the source.*/\1 \2/p' "$1" | tail -1 | awk '{ print $1 + $2 }'; }
 late_frames() { l=$(sed -n 's/.* \([0-9]*\) skipped by the driver running late.*/\1/p' "$1" | tail -1); echo "${l:-0}"; }
+# The session's figures for one type ($2: video, audioMic, audioApp) from a log's summary:
+# "delivered media-seconds queue-full by-the-source" ("0 0 0 0" when there is none).
+session_figures() {
+    f=$(sed -n "s/.* $2: \([0-9]*\) delivered, \([0-9.]*\) s of media; dropped: \([0-9]*\) queue full, \([0-9]*\) by the source.*/\1 \2 \3 \4/p" "$1" | tail -1)
+    echo "${f:-0 0 0 0}"
+}
+# Frames the handler left out, each counted by its reason (two buffers within 1 ms of each other from
+# a starved device, a frame that does not decode, ...): the sum from its last "frames encoded; left out" line.
+left_out() {
+    l=$(sed -n 's/.*frames encoded; left out: \([0-9]*\) less than 1 ms after the previous, \([0-9]*\) undecodable, \([0-9]*\) too close after a resume.*/\1 + \2 + \3/p' "$1" | tail -1)
+    echo "${l:-0}" | bc
+}
+# V4L2 figures from a log: "frames-handed-over given-back-for-want-of-a-buffer".
+v4l2_figures() {
+    f=$(sed -n 's/.*\/dev\/video0: \([0-9]*\) frames delivered .*, \([0-9]*\) dropped for want of a buffer.*/\1 \2/p' "$1" | tail -1)
+    echo "${f:-0 0}"
+}
 # The capture summary lines a recording's log ends with (V4L2 and ALSA figures).
 figures() { grep -hE 'frames delivered|periods,|s of media; dropped' "$@" | sed 's/.*\] //'; }
 # The loudest sample in dB (e.g. -6.0), "-inf" for silence / no audio.
@@ -151,7 +168,25 @@ late=$(late_frames webcam.log)
 produced=$((FRAMES - late))
 echo "driver produced $produced of $FRAMES frames (${late:-0} skipped running late); recorded $n"
 check "webcam: the driver produced >= $STARVED% of $FRAMES frames ($produced; else the VM was too starved to judge)" ge "$produced" "$((FRAMES * STARVED / 100))"
-check "webcam: >= 95% of the $produced frames the driver produced ($n)" ge "${n:-0}" "$((produced * 95 / 100))"
+# A guest whose CPU cannot encode in real time (TCG on a slow or busy host: its software floating
+# point makes the AAC encoder alone slower than real time there, vm/README.md "Slow hosts") leaves the
+# session behind: it drops audio periods with its queue full, and the source gives frames back for want
+# of a buffer (the session holds a second of them). broadcast then drops, counts and goes on: the
+# check judges what it did with what it got. Every frame the session delivered is in the file (less
+# what the handler counted left out), and every frame captured was delivered or counted dropped but
+# what was still queued at the stop (at most its 64). A quiet guest must record >= 95 %.
+set -- $(session_figures webcam.log video); vdelivered=$1; vqueue=$3
+set -- $(session_figures webcam.log audioMic); aqueue=$3
+set -- $(v4l2_figures webcam.log); captured=$1; wanting=$2
+left=$(left_out webcam.log)
+residue=$((captured - vdelivered - vqueue))
+if [ $((aqueue + wanting)) -gt 0 ] && [ "${n:-0}" -lt $((produced * 95 / 100)) ]; then
+    echo "webcam: the guest could not encode in real time (the session dropped $aqueue audio periods with its queue full; the source gave $wanting frames back for want of a buffer): judged against what the session delivered"
+    check "webcam: the starved session's $vdelivered frames are all in the file ($n, $left left out; >= $STARVED% of $produced), and of the $captured captured it delivered or counted all but the queue at the stop ($residue <= 64)" \
+        sh -c "[ ${n:-0} = $((vdelivered - left)) ] && [ ${n:-0} -ge $((produced * STARVED / 100)) ] && [ $residue -ge 0 ] && [ $residue -le 64 ]"
+else
+    check "webcam: >= 95% of the $produced frames the driver produced ($n)" ge "${n:-0}" "$((produced * 95 / 100))"
+fi
 check "webcam: ffprobe-clean" clean webcam.mp4
 check "webcam: audio is not silent ($v dB)" sh -c "[ -n '$v' ] && echo '$v > -30' | bc | grep -q 1"
 check "webcam: negotiated YUYV 320x180 at $FPS fps" contains webcam.log "YUYV 320x180 @ $FPS fps"
@@ -319,19 +354,54 @@ amixer -q -c Loopback cset numid="$shift" 100000
 grep -E 'periods,|kept on|re-anchored by|s of media; dropped' drift.log | sed 's/.*\] //'
 drift=$(sed -n 's/.*drift \(-*[0-9.]*\) ppm.*/\1/p' drift.log | tail -1)
 correction=$(sed -n 's/.*audioApp audio kept on its timestamps: resampled \(-*[0-9]*\) ppm.*, \([0-9]*\) jumps.*/\1 \2/p' drift.log | tail -1)
+# Of the jumps, those over periods lost just before (the session's queue full): "(N over buffers lost before them)".
+holes=$(sed -n 's/.*audioApp audio kept on its timestamps: .* jumps (\([0-9]*\) over buffers lost before them).*/\1/p' drift.log | tail -1)
 ad=$(ffprobe -v error -select_streams a:0 -show_entries stream=duration -of csv=p=0 drift.mp4 2>/dev/null)
 vd=$(ffprobe -v error -select_streams v:0 -show_entries stream=duration -of csv=p=0 drift.mp4 2>/dev/null)
 v=$(loudness drift.mp4)
 echo "drift ${drift:-?} ppm; correction and jumps: ${correction:-?}; audio ${ad:-?} s, video ${vd:-?} s; loudest $v dB"
 check "drift: record exits 0" [ "$rc" = 0 ]
 check "drift: measured about -5000 ppm (${drift:-none})" awk -v d="${drift:-x}" 'BEGIN { exit !(d != "x" && d < -4000 && d > -6000) }'
+# What the device gave and what reached the handler: a guest that cannot encode in real time (vm/README.md,
+# "Slow hosts") drops periods with the session's queue full, and the video source gives frames back.
+set -- $(session_figures drift.log audioApp); adelivered=$1; amedia=$2; aqueue=$3
+set -- $(session_figures drift.log video); vmedia=$2; vqueue=$3; vsource=$4
+periods=$(sed -n 's/.*hw:Loopback,1,1: \([0-9]*\) periods, .*/\1/p' drift.log | tail -1)
+echo "drift: the device gave ${periods:-?} periods; the session delivered $adelivered (dropped $aqueue with its queue full), audio to $amedia s of media, video to $vmedia s ($vqueue + $vsource frames dropped)"
 # Periods that never reached the encoder (the session's queue full, or dropped by the source for want
 # of a buffer: a starved guest) leave holes that are jumped, one jump each at most; any other jump is a
 # timestamp fault.
 lost=$(sed -n 's/.*audioApp: [0-9]* delivered.*dropped: \([0-9]*\) queue full, \([0-9]*\) by the source.*/\1 \2/p' drift.log | tail -1 | awk '{print $1 + $2}')
-check "drift: resampled about +5000 ppm to keep the timestamps, jumps only over lost periods (${correction:-none}; ${lost:-?} lost)" awk -v c="${correction:-x}" -v l="${lost:-0}" 'BEGIN {
-    split(c, x, " "); exit !(length(x) == 2 && x[1] > 4000 && x[1] < 6000 && x[2] <= l) }'
-check "drift: audio and video end together (${ad:-?} s, ${vd:-?} s)" awk -v a="${ad:-0}" -v v="${vd:-0}" 'BEGIN { d = a - v; if (d < 0) d = -d; exit !(a > 13 && d < 0.05) }'
+# The resampler steers on contiguous audio: a hole the session left (a period lost before it) is
+# jumped, the drift accrued over it with it. A guest too slow to encode in real time (vm/README.md,
+# "Slow hosts") hands it runs between holes shorter than its half-second controller (24 periods) needs
+# to build the drift's correction: then (and only then, printed) the figure at the end is not judged
+# as +5000, but it must still be a correction toward the drift (0 to +6000 ppm: a stretched hole pins
+# it at +10 000, a squeeze goes negative), every jump one over a hole, and the audio on its
+# timestamps (the next check).
+if [ "${lost:-0}" -gt 0 ] && [ $(( ${holes:-0} * 24 )) -ge "${adelivered:-0}" ]; then
+    echo "drift: the session delivered ${adelivered:-?} periods with ${holes:-?} holes in them (${lost:-?} lost, its queue full): runs of $(echo "scale=1; ${adelivered:-0} / (${holes:-0} + 1)" | bc) periods on average, too short for the controller to build the drift's correction; the resampled figure is judged as 0 to +6000 ppm, not about +5000"
+    check "drift: resampled toward the drift, jumps only over the holes the starved session left (${correction:-none}; ${holes:-?} over holes; ${lost:-?} lost)" \
+        awk -v c="${correction:-x}" -v h="${holes:-x}" -v l="${lost:-0}" 'BEGIN {
+            split(c, x, " "); exit !(length(x) == 2 && h != "x" && x[1] >= 0 && x[1] < 6000 && x[2] == h && x[2] <= l) }'
+else
+    check "drift: resampled about +5000 ppm to keep the timestamps, jumps only over lost periods (${correction:-none}; ${lost:-?} lost)" awk -v c="${correction:-x}" -v l="${lost:-0}" 'BEGIN {
+        split(c, x, " "); exit !(length(x) == 2 && x[1] > 4000 && x[1] < 6000 && x[2] <= l) }'
+fi
+# Each stream ends where the session's last buffer of it did: the audio on its timestamps to the end
+# (uncorrected, 14 s of a capture clock 0.5 % slow would end 70 ms early), the video too. Both reach
+# 14 s, so they end together, unless the session dropped the last buffers of one (a starved guest,
+# counted: then the ends are as far apart as what it delivered, and that is printed as the reason).
+starved=$((aqueue + vqueue + vsource))
+if [ "$starved" -gt 0 ] && awk -v a="$amedia" -v v="$vmedia" 'BEGIN { d = a - v; if (d < 0) d = -d; exit !(d >= 0.05) }'; then
+    echo "drift: the starved session's last audio and video ended $amedia s and $vmedia s into the recording (it dropped $aqueue periods and $((vqueue + vsource)) frames): each stream is judged against its own end"
+fi
+check "drift: audio and video end together, each where the session's last buffer of it did (${ad:-?} s, ${vd:-?} s; delivered to $amedia s, $vmedia s)" \
+    awk -v a="${ad:-0}" -v v="${vd:-0}" -v am="$amedia" -v vm="$vmedia" -v starved="$starved" 'BEGIN {
+        da = a - am; dv = v - vm; d = a - v; if (da < 0) da = -da; if (dv < 0) dv = -dv; if (d < 0) d = -d
+        if (da >= 0.05 || dv >= 0.05) exit 1
+        if (a > 13 && d < 0.05) exit 0
+        exit !(starved > 0) }'
 check "drift: ffprobe-clean" clean drift.mp4
 check "drift: audio is not silent ($v dB)" sh -c "[ -n '$v' ] && echo '$v > -30' | bc | grep -q 1"
 
@@ -379,6 +449,18 @@ CONF
 }
 # The session's video figures now: "delivered".
 video_delivered() { curl -s --unix-socket $S http://localhost/v1/status | jq -r '.types.video.delivered // 0'; }
+# The session's video count once it is past $1 (polled; gives up after 90 s, a hang guard, and prints
+# the count then). A starved guest's session runs seconds behind real time and delivers in capture
+# order, so its video count can stand still for seconds while the audio before those frames goes out
+# (a loaded run: 206 -> 206 over 3 s): how long it takes is the emulator's, that it goes on is ours.
+video_past() {
+    for _ in $(seq 180); do
+        now=$(video_delivered)
+        [ "${now:-0}" -gt "$1" ] && break
+        sleep 0.5
+    done
+    echo "${now:-0}"
+}
 daemon_config hw:Loopback,1,0
 "$B" daemon --config daemon.toml --log-level info > daemon.log 2>&1 &
 daemon=$!
@@ -405,13 +487,14 @@ check "daemon: broadcast reload answers the swap applied (exit $reload_rc: $(cat
 check "daemon: reload swaps the microphone to hw:Loopback,1,1 alone" wait_log daemon.log 'audioMic source now hw:Loopback,1,1'
 t0=$(cut -d' ' -f1 /proc/uptime)
 sleep 4
-after=$(video_delivered)
+after=$(video_past "${before:-0}")
 t1=$(cut -d' ' -f1 /proc/uptime)
 late_now=$(curl -s --unix-socket $S http://localhost/v1/status | jq -c '.types')
 echo "video delivered: $before before the swap, $after $(echo "$t1 - $t0" | bc) s after it; $late_now"
 # Video keeps running across the swap: frames keep coming, from the same capture. (How many a
 # starved guest delivers is the emulator's: a loaded run delivered 9 in those seconds, 2.5 a second
-# of media against 7.6 before the first reload; a quiet one 57, as before it. Not judged here.)
+# of media against 7.6 before the first reload; a quiet one 57, as before it. Not judged here, nor
+# how long the first takes: see video_past.)
 check "daemon: video goes on across the microphone swap ($before -> $after delivered)" \
     sh -c "[ ${after:-0} -gt ${before:-0} ] && curl -s --unix-socket $S http://localhost/v1/status | jq -e '.types.video.source_state == \"capturing\"' > /dev/null"
 # The same device with another pixel format: not reopened while it captures (a loaded run showed
@@ -421,8 +504,11 @@ daemon_config hw:Loopback,1,1 "" YU12
 before=$(video_delivered)
 kill -HUP $daemon
 check "daemon: a format change of the capturing vivid waits for the next start" wait_log daemon.log 'format YU12: the same V4L2 device with other settings is not reopened'
+t0=$(cut -d' ' -f1 /proc/uptime)
 sleep 3
-after=$(video_delivered)
+after=$(video_past "${before:-0}")
+t1=$(cut -d' ' -f1 /proc/uptime)
+echo "video delivered: $before before the format change, $after $(echo "$t1 - $t0" | bc) s after it; $(curl -s --unix-socket $S http://localhost/v1/status | jq -c '.types')"
 check "daemon: video goes on after it ($before -> $after delivered)" \
     sh -c "[ ${after:-0} -gt ${before:-0} ] && ! grep -q 'capturing YU12' daemon.log"
 kill -TERM $daemon; wait $daemon; rc=$?
