@@ -112,7 +112,8 @@ n=$(frames base-offline.mp4)
 echo "INFO: --no-realtime 320x180: $n frames in $(echo "$t1 - $t0" | bc) s (process start included) = $(echo "scale=1; ${n:-0} / ($t1 - $t0)" | bc) fps"
 record base-live.mp4 --video test --audio-mic test --size 320x180 --fps 25 --duration 8s --quiet > base-live.log 2>&1
 n=$(frames base-live.mp4)
-echo "INFO: realtime test pattern + tone 320x180 @ 25, 8 s: $n of 200 frames; $(intervals base-live.mp4)"
+set -- $(session_figures base-live.log audioMic)
+echo "INFO: realtime test pattern + tone 320x180 @ 25, 8 s: $n of 200 frames; $(intervals base-live.mp4); tone periods $1 delivered, $(($3 + $4)) dropped (the session behind: its queue full or the tone's 16 buffers all with it)"
 
 fi # section 0
 
