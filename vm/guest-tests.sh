@@ -19,6 +19,20 @@ FRAMES=$((8 * FPS))
 STARVED=25
 passed=0
 failed=0
+# SECTIONS (from GUEST_ENV, e.g. SECTIONS=2,7,8): run only these sections, for a focused run (vm/README.md,
+# "Slow hosts"); unset or empty = all. Section 3 compares with section 2's recording and section 9 uses
+# section 8's daemon config, so each brings the one it needs.
+SECTIONS=${SECTIONS:-}
+want() {
+    [ -z "$SECTIONS" ] && return 0
+    for s in $(echo "$SECTIONS" | tr ',' ' '); do
+        [ "$s" = "$1" ] && return 0
+        { [ "$1" = 2 ] && [ "$s" = 3 ]; } && return 0
+        { [ "$1" = 8 ] && [ "$s" = 9 ]; } && return 0
+    done
+    return 1
+}
+[ -n "$SECTIONS" ] && echo "only sections $SECTIONS (and what they need)"
 ts() { echo "=== [$(cut -d' ' -f1 /proc/uptime)s] $*"; }
 ok() { passed=$((passed + 1)); echo "PASS: $*"; }
 ko() { failed=$((failed + 1)); echo "FAIL: $*"; }
@@ -46,6 +60,23 @@ intervals() { ffprobe -v error -select_streams v:0 -show_entries frame=pts_time 
 # losses, counted, as opposed to frames that went missing unaccounted.
 counted_drops() { sed -n 's/.*video: .*dropped: \([0-9]*\) queue full, \([0-9]*\) by the source.*/\1 \2/p' "$1" | tail -1 | awk '{ print $1 + $2 }'; }
 late_frames() { l=$(sed -n 's/.* \([0-9]*\) skipped by the driver running late.*/\1/p' "$1" | tail -1); echo "${l:-0}"; }
+# The session's figures for one type ($2: video, audioMic, audioApp) from a log's summary:
+# "delivered media-seconds queue-full by-the-source" ("0 0 0 0" when there is none).
+session_figures() {
+    f=$(sed -n "s/.* $2: \([0-9]*\) delivered, \([0-9.]*\) s of media; dropped: \([0-9]*\) queue full, \([0-9]*\) by the source.*/\1 \2 \3 \4/p" "$1" | tail -1)
+    echo "${f:-0 0 0 0}"
+}
+# Frames the handler left out, each counted by its reason (two buffers within 1 ms of each other from
+# a starved device, a frame that does not decode, ...): the sum from its last "frames encoded; left out" line.
+left_out() {
+    l=$(sed -n 's/.*frames encoded; left out: \([0-9]*\) less than 1 ms after the previous, \([0-9]*\) undecodable, \([0-9]*\) too close after a resume.*/\1 + \2 + \3/p' "$1" | tail -1)
+    echo "${l:-0}" | bc
+}
+# V4L2 figures from a log: "frames-handed-over given-back-for-want-of-a-buffer".
+v4l2_figures() {
+    f=$(sed -n 's/.*\/dev\/video0: \([0-9]*\) frames delivered .*, \([0-9]*\) dropped for want of a buffer.*/\1 \2/p' "$1" | tail -1)
+    echo "${f:-0 0}"
+}
 # The capture summary lines a recording's log ends with (V4L2 and ALSA figures).
 figures() { grep -hE 'frames delivered|periods,|s of media; dropped' "$@" | sed 's/.*\] //'; }
 # The loudest sample in dB (e.g. -6.0), "-inf" for silence / no audio.
@@ -72,6 +103,7 @@ ls /dev/video* /dev/snd/ 2>&1 | tr '\n' ' '; echo
 echo "binary: $B"
 
 # ---------------------------------------------------------------------------------------------
+if want 0; then
 ts "0. baseline: what this (emulated) machine can encode, no devices involved"
 t0=$(cut -d' ' -f1 /proc/uptime)
 record base-offline.mp4 --video test --audio-mic none --no-realtime --size 320x180 --fps 25 --duration 8s --quiet > base-offline.log 2>&1
@@ -80,9 +112,13 @@ n=$(frames base-offline.mp4)
 echo "INFO: --no-realtime 320x180: $n frames in $(echo "$t1 - $t0" | bc) s (process start included) = $(echo "scale=1; ${n:-0} / ($t1 - $t0)" | bc) fps"
 record base-live.mp4 --video test --audio-mic test --size 320x180 --fps 25 --duration 8s --quiet > base-live.log 2>&1
 n=$(frames base-live.mp4)
-echo "INFO: realtime test pattern + tone 320x180 @ 25, 8 s: $n of 200 frames; $(intervals base-live.mp4)"
+set -- $(session_figures base-live.log audioMic)
+echo "INFO: realtime test pattern + tone 320x180 @ 25, 8 s: $n of 200 frames; $(intervals base-live.mp4); tone periods $1 delivered, $(($3 + $4)) dropped (the session behind: its queue full or the tone's 16 buffers all with it)"
+
+fi # section 0
 
 # ---------------------------------------------------------------------------------------------
+if want 1; then
 ts "1. broadcast devices --json lists /dev/video0 with its formats and the Loopback card"
 # udev would make a /dev/v4l/by-id link for a USB camera (vivid is a platform device and the guest
 # runs no udev): make one the same way, so naming a device by its stable link is tested too.
@@ -99,7 +135,10 @@ check "devices --json gives /dev/video0's by-id link" contains devices.json "\"p
 "$B" devices > devices.txt 2>&1
 sed -n '1,6p' devices.txt
 
+fi # section 1
+
 # ---------------------------------------------------------------------------------------------
+if want 2; then
 ts "2. 8 s from vivid's webcam (320x180 @ $FPS) with a 1 kHz tone through snd-aloop as --audio-mic"
 # aplay, not ffmpeg -re, plays it: the emulated CPU is scarce, and the loopback then runs on its own clock.
 ffmpeg -hide_banner -nostdin -loglevel error -f lavfi -i "sine=frequency=1000:sample_rate=48000:duration=60" -ac 2 -c:a pcm_s16le tone.wav
@@ -130,7 +169,25 @@ late=$(late_frames webcam.log)
 produced=$((FRAMES - late))
 echo "driver produced $produced of $FRAMES frames (${late:-0} skipped running late); recorded $n"
 check "webcam: the driver produced >= $STARVED% of $FRAMES frames ($produced; else the VM was too starved to judge)" ge "$produced" "$((FRAMES * STARVED / 100))"
-check "webcam: >= 95% of the $produced frames the driver produced ($n)" ge "${n:-0}" "$((produced * 95 / 100))"
+# A guest whose CPU cannot encode in real time (TCG on a slow or busy host: its software floating
+# point makes the AAC encoder alone slower than real time there, vm/README.md "Slow hosts") leaves the
+# session behind: it drops audio periods with its queue full, and the source gives frames back for want
+# of a buffer (the session holds a second of them). broadcast then drops, counts and goes on: the
+# check judges what it did with what it got. Every frame the session delivered is in the file (less
+# what the handler counted left out), and every frame captured was delivered or counted dropped but
+# what was still queued at the stop (at most its 64). A quiet guest must record >= 95 %.
+set -- $(session_figures webcam.log video); vdelivered=$1; vqueue=$3
+set -- $(session_figures webcam.log audioMic); aqueue=$3
+set -- $(v4l2_figures webcam.log); captured=$1; wanting=$2
+left=$(left_out webcam.log)
+residue=$((captured - vdelivered - vqueue))
+if [ $((aqueue + wanting)) -gt 0 ] && [ "${n:-0}" -lt $((produced * 95 / 100)) ]; then
+    echo "webcam: the guest could not encode in real time (the session dropped $aqueue audio periods with its queue full; the source gave $wanting frames back for want of a buffer): judged against what the session delivered"
+    check "webcam: the starved session's $vdelivered frames are all in the file ($n, $left left out; >= $STARVED% of $produced), and of the $captured captured it delivered or counted all but the queue at the stop ($residue <= 64)" \
+        sh -c "[ ${n:-0} = $((vdelivered - left)) ] && [ ${n:-0} -ge $((produced * STARVED / 100)) ] && [ $residue -ge 0 ] && [ $residue -le 64 ]"
+else
+    check "webcam: >= 95% of the $produced frames the driver produced ($n)" ge "${n:-0}" "$((produced * 95 / 100))"
+fi
 check "webcam: ffprobe-clean" clean webcam.mp4
 check "webcam: audio is not silent ($v dB)" sh -c "[ -n '$v' ] && echo '$v > -30' | bc | grep -q 1"
 check "webcam: negotiated YUYV 320x180 at $FPS fps" contains webcam.log "YUYV 320x180 @ $FPS fps"
@@ -140,7 +197,10 @@ tags=$(ffprobe -v error -select_streams v:0 -show_entries stream=color_space,col
 echo "webcam colour tags (space, range, transfer, primaries as ffprobe orders them): $tags"
 check "webcam: tagged with the device's BT.601 matrix at video range ($tags)" sh -c "echo '$tags' | grep -q 'smpte170m' && echo '$tags' | grep -q 'tv'"
 
+fi # section 2
+
 # ---------------------------------------------------------------------------------------------
+if want 3; then
 ts "3. pixel formats: each gives a recording that looks like the YUYV one"
 ref=$(yuv_at webcam.mp4 1)
 echo "YUYV reference Y U V at 1 s: $ref"
@@ -170,7 +230,10 @@ echo "by-id: rc=$rc frames=$n of $produced produced; $(figures byid.log)"
 check "named by its /dev/v4l/by-id link: record exits 0 with >= 90% of the $produced frames the driver produced ($n)" \
     sh -c "[ $rc = 0 ] && [ ${n:-0} -ge $((produced * 90 / 100)) ] && [ $produced -ge $((2 * FPS * STARVED / 100)) ]"
 
+fi # section 3
+
 # ---------------------------------------------------------------------------------------------
+if want 4; then
 ts "4. clear errors (exit 2, one line naming the device and what it supports)"
 record err.mp4 --video /dev/video1 --audio-mic none --duration 1s > err-output.txt 2>&1; rc=$?
 cat err-output.txt
@@ -193,7 +256,10 @@ kill $streamer 2>/dev/null; wait $streamer 2>/dev/null
 cat err-busy.txt
 check "busy device: exit 2, says busy" sh -c "[ $rc = 2 ] && grep -q '/dev/video0.*busy' err-busy.txt"
 
+fi # section 4
+
 # ---------------------------------------------------------------------------------------------
+if want 5; then
 ts "5. HDMI input: DV timings change mid-recording (source-change event, renegotiation)"
 v4l2-ctl -d /dev/video0 -i 3 > /dev/null
 v4l2-ctl -d /dev/video0 -L > controls.txt 2>&1
@@ -221,7 +287,10 @@ check "HDMI: frames before and after the change (>= 60 of 8 s)" ge "$n" 60
 echo "HDMI colour tags: $(ffprobe -v error -select_streams v:0 -show_entries stream=color_space,color_primaries,color_transfer,color_range -of csv=p=0 hdmi.mp4)"
 v4l2-ctl -d /dev/video0 -i 0 > /dev/null
 
+fi # section 5
+
 # ---------------------------------------------------------------------------------------------
+if want 6; then
 ts "6. vivid unloaded and loaded again mid-recording"
 # No --duration: the recording runs until the device is back and has given 3 s of camera again,
 # then SIGTERM finishes it (module loading takes many seconds under emulation).
@@ -264,7 +333,10 @@ check "reload: frames throughout, slate while gone ($n + ${drops:-0} counted dro
     sh -c "[ $((${n:-0} + ${drops:-0})) -ge $(echo "$expected * 95 / 100" | bc) ] && [ ${n:-0} -ge $(echo "$expected * $STARVED / 100" | bc) ]"
 check "reload: camera picture again at the end, not the slate" awk -v a="$late" 'BEGIN { split(a, x, " "); exit !(length(x) == 3 && x[2] < 200) }'
 
+fi # section 6
+
 # ---------------------------------------------------------------------------------------------
+if want 7; then
 ts "7. audio clock drift: a loopback capture clock 0.5% slow is measured and resampled away"
 # snd-aloop's "PCM Rate Shift 100000" control runs one side of a cable off the system clock, as a
 # real device's crystal is off it (by far less: tens to hundreds of ppm; 0.5% makes 14 s enough).
@@ -283,23 +355,61 @@ amixer -q -c Loopback cset numid="$shift" 100000
 grep -E 'periods,|kept on|re-anchored by|s of media; dropped' drift.log | sed 's/.*\] //'
 drift=$(sed -n 's/.*drift \(-*[0-9.]*\) ppm.*/\1/p' drift.log | tail -1)
 correction=$(sed -n 's/.*audioApp audio kept on its timestamps: resampled \(-*[0-9]*\) ppm.*, \([0-9]*\) jumps.*/\1 \2/p' drift.log | tail -1)
+# Of the jumps, those over periods lost just before (the session's queue full): "(N over buffers lost before them)".
+holes=$(sed -n 's/.*audioApp audio kept on its timestamps: .* jumps (\([0-9]*\) over buffers lost before them).*/\1/p' drift.log | tail -1)
 ad=$(ffprobe -v error -select_streams a:0 -show_entries stream=duration -of csv=p=0 drift.mp4 2>/dev/null)
 vd=$(ffprobe -v error -select_streams v:0 -show_entries stream=duration -of csv=p=0 drift.mp4 2>/dev/null)
 v=$(loudness drift.mp4)
 echo "drift ${drift:-?} ppm; correction and jumps: ${correction:-?}; audio ${ad:-?} s, video ${vd:-?} s; loudest $v dB"
 check "drift: record exits 0" [ "$rc" = 0 ]
 check "drift: measured about -5000 ppm (${drift:-none})" awk -v d="${drift:-x}" 'BEGIN { exit !(d != "x" && d < -4000 && d > -6000) }'
+# What the device gave and what reached the handler: a guest that cannot encode in real time (vm/README.md,
+# "Slow hosts") drops periods with the session's queue full, and the video source gives frames back.
+set -- $(session_figures drift.log audioApp); adelivered=$1; amedia=$2; aqueue=$3
+set -- $(session_figures drift.log video); vmedia=$2; vqueue=$3; vsource=$4
+periods=$(sed -n 's/.*hw:Loopback,1,1: \([0-9]*\) periods, .*/\1/p' drift.log | tail -1)
+echo "drift: the device gave ${periods:-?} periods; the session delivered $adelivered (dropped $aqueue with its queue full), audio to $amedia s of media, video to $vmedia s ($vqueue + $vsource frames dropped)"
 # Periods that never reached the encoder (the session's queue full, or dropped by the source for want
 # of a buffer: a starved guest) leave holes that are jumped, one jump each at most; any other jump is a
 # timestamp fault.
 lost=$(sed -n 's/.*audioApp: [0-9]* delivered.*dropped: \([0-9]*\) queue full, \([0-9]*\) by the source.*/\1 \2/p' drift.log | tail -1 | awk '{print $1 + $2}')
-check "drift: resampled about +5000 ppm to keep the timestamps, jumps only over lost periods (${correction:-none}; ${lost:-?} lost)" awk -v c="${correction:-x}" -v l="${lost:-0}" 'BEGIN {
-    split(c, x, " "); exit !(length(x) == 2 && x[1] > 4000 && x[1] < 6000 && x[2] <= l) }'
-check "drift: audio and video end together (${ad:-?} s, ${vd:-?} s)" awk -v a="${ad:-0}" -v v="${vd:-0}" 'BEGIN { d = a - v; if (d < 0) d = -d; exit !(a > 13 && d < 0.05) }'
+# The resampler steers on contiguous audio: a hole the session left (a period lost before it) is
+# jumped, the drift accrued over it with it. A guest too slow to encode in real time (vm/README.md,
+# "Slow hosts") hands it runs between holes shorter than its half-second controller (24 periods) needs
+# to build the drift's correction: then (and only then, printed) the figure at the end is not judged
+# as +5000, but it must still be a correction toward the drift (0 to +6000 ppm: a stretched hole pins
+# it at +10 000, a squeeze goes negative), every jump one over a hole, and the audio on its
+# timestamps (the next check).
+if [ "${lost:-0}" -gt 0 ] && [ $(( ${holes:-0} * 24 )) -ge "${adelivered:-0}" ]; then
+    echo "drift: the session delivered ${adelivered:-?} periods with ${holes:-?} holes in them (${lost:-?} lost, its queue full): runs of $(echo "scale=1; ${adelivered:-0} / (${holes:-0} + 1)" | bc) periods on average, too short for the controller to build the drift's correction; the resampled figure is judged as 0 to +6000 ppm, not about +5000"
+    check "drift: resampled toward the drift, jumps only over the holes the starved session left (${correction:-none}; ${holes:-?} over holes; ${lost:-?} lost)" \
+        awk -v c="${correction:-x}" -v h="${holes:-x}" -v l="${lost:-0}" 'BEGIN {
+            split(c, x, " "); exit !(length(x) == 2 && h != "x" && x[1] >= 0 && x[1] < 6000 && x[2] == h && x[2] <= l) }'
+else
+    check "drift: resampled about +5000 ppm to keep the timestamps, jumps only over lost periods (${correction:-none}; ${lost:-?} lost)" awk -v c="${correction:-x}" -v l="${lost:-0}" 'BEGIN {
+        split(c, x, " "); exit !(length(x) == 2 && x[1] > 4000 && x[1] < 6000 && x[2] <= l) }'
+fi
+# Each stream ends where the session's last buffer of it did: the audio on its timestamps to the end
+# (uncorrected, 14 s of a capture clock 0.5 % slow would end 70 ms early), the video too. Both reach
+# 14 s, so they end together, unless the session dropped the last buffers of one (a starved guest,
+# counted: then the ends are as far apart as what it delivered, and that is printed as the reason).
+starved=$((aqueue + vqueue + vsource))
+if [ "$starved" -gt 0 ] && awk -v a="$amedia" -v v="$vmedia" 'BEGIN { d = a - v; if (d < 0) d = -d; exit !(d >= 0.05) }'; then
+    echo "drift: the starved session's last audio and video ended $amedia s and $vmedia s into the recording (it dropped $aqueue periods and $((vqueue + vsource)) frames): each stream is judged against its own end"
+fi
+check "drift: audio and video end together, each where the session's last buffer of it did (${ad:-?} s, ${vd:-?} s; delivered to $amedia s, $vmedia s)" \
+    awk -v a="${ad:-0}" -v v="${vd:-0}" -v am="$amedia" -v vm="$vmedia" -v starved="$starved" 'BEGIN {
+        da = a - am; dv = v - vm; d = a - v; if (da < 0) da = -da; if (dv < 0) dv = -dv; if (d < 0) d = -d
+        if (da >= 0.05 || dv >= 0.05) exit 1
+        if (a > 13 && d < 0.05) exit 0
+        exit !(starved > 0) }'
 check "drift: ffprobe-clean" clean drift.mp4
 check "drift: audio is not silent ($v dB)" sh -c "[ -n '$v' ] && echo '$v > -30' | bc | grep -q 1"
 
+fi # section 7
+
 # ---------------------------------------------------------------------------------------------
+if want 8; then
 ts "8. daemon reload while capturing vivid + snd-aloop: an output added and removed, the microphone swapped"
 # Issue 14: a reload used to open every source again to validate the config, and a device the running
 # broadcast holds refuses (vivid: EBUSY; an ALSA hw: PCM: exclusive): "config not reloaded".
@@ -340,6 +450,18 @@ CONF
 }
 # The session's video figures now: "delivered".
 video_delivered() { curl -s --unix-socket $S http://localhost/v1/status | jq -r '.types.video.delivered // 0'; }
+# The session's video count once it is past $1 (polled; gives up after 90 s, a hang guard, and prints
+# the count then). A starved guest's session runs seconds behind real time and delivers in capture
+# order, so its video count can stand still for seconds while the audio before those frames goes out
+# (a loaded run: 206 -> 206 over 3 s): how long it takes is the emulator's, that it goes on is ours.
+video_past() {
+    for _ in $(seq 180); do
+        now=$(video_delivered)
+        [ "${now:-0}" -gt "$1" ] && break
+        sleep 0.5
+    done
+    echo "${now:-0}"
+}
 daemon_config hw:Loopback,1,0
 "$B" daemon --config daemon.toml --log-level info > daemon.log 2>&1 &
 daemon=$!
@@ -366,13 +488,14 @@ check "daemon: broadcast reload answers the swap applied (exit $reload_rc: $(cat
 check "daemon: reload swaps the microphone to hw:Loopback,1,1 alone" wait_log daemon.log 'audioMic source now hw:Loopback,1,1'
 t0=$(cut -d' ' -f1 /proc/uptime)
 sleep 4
-after=$(video_delivered)
+after=$(video_past "${before:-0}")
 t1=$(cut -d' ' -f1 /proc/uptime)
 late_now=$(curl -s --unix-socket $S http://localhost/v1/status | jq -c '.types')
 echo "video delivered: $before before the swap, $after $(echo "$t1 - $t0" | bc) s after it; $late_now"
 # Video keeps running across the swap: frames keep coming, from the same capture. (How many a
 # starved guest delivers is the emulator's: a loaded run delivered 9 in those seconds, 2.5 a second
-# of media against 7.6 before the first reload; a quiet one 57, as before it. Not judged here.)
+# of media against 7.6 before the first reload; a quiet one 57, as before it. Not judged here, nor
+# how long the first takes: see video_past.)
 check "daemon: video goes on across the microphone swap ($before -> $after delivered)" \
     sh -c "[ ${after:-0} -gt ${before:-0} ] && curl -s --unix-socket $S http://localhost/v1/status | jq -e '.types.video.source_state == \"capturing\"' > /dev/null"
 # The same device with another pixel format: not reopened while it captures (a loaded run showed
@@ -382,8 +505,11 @@ daemon_config hw:Loopback,1,1 "" YU12
 before=$(video_delivered)
 kill -HUP $daemon
 check "daemon: a format change of the capturing vivid waits for the next start" wait_log daemon.log 'format YU12: the same V4L2 device with other settings is not reopened'
+t0=$(cut -d' ' -f1 /proc/uptime)
 sleep 3
-after=$(video_delivered)
+after=$(video_past "${before:-0}")
+t1=$(cut -d' ' -f1 /proc/uptime)
+echo "video delivered: $before before the format change, $after $(echo "$t1 - $t0" | bc) s after it; $(curl -s --unix-socket $S http://localhost/v1/status | jq -c '.types')"
 check "daemon: video goes on after it ($before -> $after delivered)" \
     sh -c "[ ${after:-0} -gt ${before:-0} ] && ! grep -q 'capturing YU12' daemon.log"
 kill -TERM $daemon; wait $daemon; rc=$?
@@ -431,7 +557,10 @@ check "daemon: the added output's file is ffprobe-clean" clean daemon-extra.mp4
 v=$(loudness daemon-rec.mp4)
 check "daemon: audio is not silent ($v dB)" sh -c "[ -n '$v' ] && echo '$v > -30' | bc | grep -q 1"
 
+fi # section 8
+
 # ---------------------------------------------------------------------------------------------
+if want 9; then
 ts "9. daemon events: vivid unbound and bound again while the daemon captures: device lost, then back"
 sed -i 's/^mic = .*/mic = "none"/' daemon.toml
 sed -i 's|daemon-rec.mp4|daemon-events.mp4|' daemon.toml
@@ -455,7 +584,10 @@ order=$(grep -A1 '^event: device' events.txt | sed -n 's/^data: .*"state":"\([a-
 check "events: daemon exits 0" [ "$rc" = 0 ]
 check "events: /v1/events shows the video device lost, then back ($order)" sh -c "echo '$order' | grep -q '^lost back'"
 
+fi # section 9
+
 # ---------------------------------------------------------------------------------------------
+if want 10; then
 ts "10. vivid (YUYV) as a camera layer over the test pattern, unbound and bound again mid-recording"
 # The layer's box is the bottom-right quarter of a 640x360 frame; on_loss=slate paints it Y 40,
 # U V 128 while the device is gone. The base (the test pattern) goes on throughout.
@@ -493,6 +625,8 @@ check "layer: the camera came back" contains layer.log 'back, capturing'
 check "layer: the box shows the camera, then the slate, then the camera again ($seq_labels)" sh -c "echo '$seq_labels' | grep -qE '^C+S+C+$'"
 check "layer: the base went on: every frame there or counted dropped ($n + ${counted:-0} of $expected)" sh -c "[ \$(( ${n:-0} + ${counted:-0} )) -ge \$(( $expected - 2 )) ]"
 check "layer: ffprobe-clean" clean layer.mp4
+
+fi # section 10
 
 echo
 ts "done"

@@ -308,7 +308,7 @@ public final class ALSASource: CaptureSource, @unchecked Sendable {
         let waited = snd_pcm_wait(device, 200)
         if waited == 0 { return }
         guard let buffer = buffers.pool.acquire(wait: false, shouldStop: { false }) else {
-            dropPeriod(from: device, &state, into: buffers.scratch)
+            dropPeriod(from: device, &state, into: buffers.scratch, sink: sink)
             return
         }
         let read = snd_pcm_readi(device, buffer.memory, snd_pcm_uframes_t(periodFrames))
@@ -344,12 +344,13 @@ public final class ALSASource: CaptureSource, @unchecked Sendable {
 
     /// Every buffer is still with the session: reads the period anyway and drops it, so the
     /// device does not overrun (which would cost a recovery and more samples).
-    private func dropPeriod(from device: OpaquePointer, _ state: inout CaptureState, into scratch: UnsafeMutableRawPointer) {
+    private func dropPeriod(from device: OpaquePointer, _ state: inout CaptureState, into scratch: UnsafeMutableRawPointer, sink: SourceSink) {
         let read = snd_pcm_readi(device, scratch, snd_pcm_uframes_t(periodFrames))
         if read > 0 {
             droppedPeriods.wrappingIncrement(ordering: .relaxed)
-            // The next period comes after this one, not in its place.
+            // The next period comes after this one, not in its place, and says it follows a loss.
             state.timeline.skip(frames: Int(read))
+            sink.noteLoss()
         }
         else if read < 0 { _ = snd_pcm_recover(device, Int32(read), 1) }
     }
@@ -374,6 +375,7 @@ public final class ALSASource: CaptureSource, @unchecked Sendable {
             snd_pcm_start(device)
             // Samples were lost: the next period starts where the device says it does.
             state.timeline.restart()
+            sink.noteLoss()
         }
     }
 

@@ -251,6 +251,7 @@ public final class PipeWireAudioSource: CaptureSource, @unchecked Sendable {
             lastArrival = MonotonicClockReading.now()
             guard let buffer = pool.acquire(wait: false, shouldStop: { false }) else {
                 source.droppedPeriods.wrappingIncrement(ordering: .relaxed)
+                sink.noteLoss()
                 return
             }
             let bytes = frames * source.format.bytesPerFrame

@@ -69,6 +69,7 @@ public final class ToneSource: CaptureSource, @unchecked Sendable {
             else {
                 if !isRealtime { break }
                 droppedPeriods.wrappingIncrement(ordering: .relaxed)
+                sink.noteLoss()
                 first += Int64(periodFrames)
                 continue
             }

@@ -627,6 +627,9 @@ public final class BroadcastSession: @unchecked Sendable {
             // Until a buffer of this type is delivered, assume it is not: any return before the
             // handler call below leaves the next buffer saying everything changed.
             let changedRegions = changesLost.contains(type) ? nil : buffer.changedRegions
+            // Lost on the way (the source's or the queue's drop, said by the sink) or here (out of
+            // order, paused): the handler hears this buffer follows a loss.
+            let followsLoss = buffer.followsLoss || changesLost.contains(type)
             changesLost.insert(type)
             let start = buffer.captureTime
             let durationNs = buffer.duration.nanoseconds ?? 0
@@ -644,7 +647,7 @@ public final class BroadcastSession: @unchecked Sendable {
                     guard start < pause else { return }
                     to = min(end, pause)
                 }
-                try deliverPiece(of: buffer, type, from: start, to: to, changedRegions: changedRegions)
+                try deliverPiece(of: buffer, type, from: start, to: to, changedRegions: changedRegions, followsLoss: followsLoss)
                 return
             }
 
@@ -671,7 +674,8 @@ public final class BroadcastSession: @unchecked Sendable {
                 pieces = pieces.compactMap { $0.from < pause ? ($0.from, min($0.to, pause)) : nil }
             }
             for piece in pieces {
-                guard try deliverPiece(of: buffer, type, from: piece.from, to: piece.to, changedRegions: changedRegions) else { return }
+                guard try deliverPiece(of: buffer, type, from: piece.from, to: piece.to, changedRegions: changedRegions, followsLoss: followsLoss)
+                else { return }
             }
         }
 
@@ -679,7 +683,8 @@ public final class BroadcastSession: @unchecked Sendable {
         /// Returns false when the duration is reached: nothing more of this type goes out.
         @discardableResult
         private mutating func deliverPiece(
-            of buffer: CapturedBuffer, _ type: SampleBufferType, from: Int64, to: Int64, changedRegions: [PixelRegion]?
+            of buffer: CapturedBuffer, _ type: SampleBufferType, from: Int64, to: Int64, changedRegions: [PixelRegion]?,
+            followsLoss: Bool
         ) throws -> Bool {
             let counters = session.counters[type]!
             var pts = from - startTime - pausedBefore(from)
@@ -720,7 +725,8 @@ public final class BroadcastSession: @unchecked Sendable {
                 duration: MediaTime(nanoseconds: sample.durationNs),
                 planes: sample.planes,
                 frameCount: sample.frameCount,
-                changedRegions: changedRegions
+                changedRegions: changedRegions,
+                followsLoss: followsLoss
             )
             changesLost.remove(type)
             try session.handler.processSampleBuffer(sampleBuffer, of: type)

@@ -15,6 +15,11 @@ public struct CapturedBuffer: Sendable {
     public var changedRegions: [PixelRegion]?
     /// Released by the session after the handler call (or when the buffer is dropped).
     public var backing: (any SampleBufferBacking)?
+    /// Buffers of this source were lost between the previous one handed over and this one (the
+    /// session's queue was full, or the source dropped some itself and said so with
+    /// ``SourceSink/noteLoss()``). Set by the sink; the session passes it on as
+    /// ``SampleBuffer/followsLoss``.
+    public var followsLoss = false
 
     public init(
         format: MediaFormat,
@@ -92,7 +97,7 @@ public final class SourceSink: @unchecked Sendable {
     /// Buffers the source could not hand over because the session had not taken the earlier ones.
     let droppedFull = ManagedAtomic<Int>(0)
     /// Source thread only: a buffer was dropped since the last one handed over, so the next one's
-    /// changed regions (relative to the dropped one) are not enough.
+    /// changed regions (relative to the dropped one) are not enough, and it follows a loss.
     private var lostSinceLastHandOver = false
 
     public var droppedCount: Int { droppedFull.load(ordering: .relaxed) }
@@ -125,7 +130,10 @@ public final class SourceSink: @unchecked Sendable {
     @discardableResult
     public func offer(_ buffer: CapturedBuffer) -> Bool {
         var buffer = buffer
-        if lostSinceLastHandOver { buffer.changedRegions = nil }
+        if lostSinceLastHandOver {
+            buffer.changedRegions = nil
+            buffer.followsLoss = true
+        }
         if ring.push(buffer) {
             lostSinceLastHandOver = false
             sessionWakeup.wake()
@@ -142,7 +150,10 @@ public final class SourceSink: @unchecked Sendable {
     @discardableResult
     public func push(_ buffer: CapturedBuffer) -> Bool {
         var buffer = buffer
-        if lostSinceLastHandOver { buffer.changedRegions = nil }
+        if lostSinceLastHandOver {
+            buffer.changedRegions = nil
+            buffer.followsLoss = true
+        }
         while !isStopping {
             if ring.push(buffer) {
                 lostSinceLastHandOver = false
@@ -159,6 +170,12 @@ public final class SourceSink: @unchecked Sendable {
         lostSinceLastHandOver = true
         buffer.backing?.release()
         return false
+    }
+
+    /// The source dropped a buffer itself (no free buffer, a device overrun): the next one handed
+    /// over follows a loss. Source thread only, like `offer`.
+    public func noteLoss() {
+        lostSinceLastHandOver = true
     }
 
     /// The source has nothing more to deliver (end of a file, a device gone for good).

@@ -213,6 +213,13 @@ public struct SampleBuffer: ~Copyable {
     /// picture repeats the previous one. Regions may overlap and may cover more than what changed,
     /// never less. Always `nil` for audio. See <doc:WritingABroadcastHandler#Only-what-changed>.
     public let changedRegions: [PixelRegion]?
+    /// Buffers of this type were lost between the previous one delivered and this one: the
+    /// session's queue was full (the handler fell behind), or the source could not deliver them
+    /// (no free buffer, a device overrun). For audio, a gap between the previous buffer's end and
+    /// this one's presentation time is then samples that are missing, not a clock running slow:
+    /// a handler that steers its audio onto the timestamps jumps it instead of stretching.
+    /// False for the first buffer and whenever nothing was lost.
+    public let followsLoss: Bool
     let owner: AnyObject?
 
     public init(
@@ -222,6 +229,7 @@ public struct SampleBuffer: ~Copyable {
         planes: [Plane],
         frameCount: Int = 0,
         changedRegions: [PixelRegion]? = nil,
+        followsLoss: Bool = false,
         owner: AnyObject? = nil
     ) {
         self.format = format
@@ -230,6 +238,7 @@ public struct SampleBuffer: ~Copyable {
         self.planes = planes
         self.frameCount = frameCount
         self.changedRegions = changedRegions
+        self.followsLoss = followsLoss
         self.owner = owner
     }
 
@@ -238,7 +247,7 @@ public struct SampleBuffer: ~Copyable {
     package func retimed(to presentationTime: MediaTime) -> SampleBuffer {
         SampleBuffer(
             format: format, presentationTime: presentationTime, duration: duration, planes: planes, frameCount: frameCount,
-            changedRegions: changedRegions, owner: owner)
+            changedRegions: changedRegions, followsLoss: followsLoss, owner: owner)
     }
 
     /// True when the buffer says its picture is the previous one again (``changedRegions`` empty).
@@ -287,6 +296,7 @@ public struct SampleBuffer: ~Copyable {
             planes: storage.planes,
             frameCount: frameCount,
             changedRegions: changedRegions,
+            followsLoss: followsLoss,
             owner: storage
         )
     }

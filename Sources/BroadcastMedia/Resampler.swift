@@ -28,7 +28,10 @@ extension AudioSampleFormat {
 /// `correctionPPM` off nominal, at most `maximumCorrectionPPM`), without clicks, gaps or an
 /// audible pitch change (1000 ppm is 1.7 cents). A jump beyond `hardLimit` (an overrun lost
 /// samples, the device stalled) is not stretched: the output moves to the new position, and the
-/// mixer fills the hole with silence or drops the overlap.
+/// mixer fills the hole with silence or drops the overlap. Nor is a hole of any size left by
+/// buffers lost just before (``SampleBuffer/followsLoss``: the session fell behind, a source had
+/// no buffer): a lost 21 ms period is under `hardLimit`, and stretched it would hold the output
+/// up to 25 ms off its timestamps and the correction at its limit, far from the drift.
 ///
 /// Not thread-safe: one thread calls it.
 public final class Resampler {
@@ -56,6 +59,10 @@ public final class Resampler {
     public private(set) var correctionPPM: Double = 0
     /// Times the output jumped to a buffer's timestamp.
     public private(set) var jumps = 0
+    /// Of `jumps`, those over buffers lost just before (``SampleBuffer/followsLoss``).
+    public private(set) var jumpsOverLosses = 0
+    /// The timestamp error (output samples) at the last buffer, as it was steered on.
+    private var lastError: Int64?
 
     public init(
         input: AudioFormat,
@@ -123,15 +130,32 @@ public final class Resampler {
         if let nextOutput {
             // Where this buffer's first sample will come out: after what the filter still holds.
             let expected = nextOutput + swr_get_delay(context.pointer, Int64(outputRate))
-            let error = position - expected
-            if abs(error) > hardLimit {
-                self.nextOutput = nextOutput + error
+            var error = position - expected
+            if buffer.followsLoss, let lastError, error - lastError > deadband {
+                // Buffers were lost just before this one (the session's queue was full, the source
+                // had no buffer): the step in the error since the last buffer is their samples,
+                // missing, not the clock's drift. Jumped (the mixer fills the hole with silence),
+                // whatever its size; the error the drift had built up is kept and steered on as
+                // before, so a run of losses neither stretches the audio off its timestamps nor
+                // pulls the correction away from the drift.
+                self.nextOutput = nextOutput + (error - lastError)
+                error = lastError
                 jumps += 1
-            } else if compensating || abs(error) > deadband {
-                try steer(by: error)
+                jumpsOverLosses += 1
+            }
+            if abs(error) > hardLimit {
+                self.nextOutput = self.nextOutput! + error
+                jumps += 1
+                lastError = 0
+            } else {
+                if compensating || abs(error) > deadband {
+                    try steer(by: error)
+                }
+                lastError = error
             }
         } else {
             nextOutput = position
+            lastError = 0
         }
         var samples = try resample(buffer)
         samples.startSample = nextOutput!

@@ -9,7 +9,7 @@ import Testing
 private struct DriftingDevice {
     let ppm: Double
     let nominalRate = 48_000
-    let periodFrames = 480
+    var periodFrames = 480
     var framesDelivered: Int64 = 0
 
     /// The true rate in samples per second.
@@ -117,5 +117,89 @@ struct DriftCorrectionTests {
         #expect(try convert(at: 960 + 4_800).startSample == 960 + 4_800)
         #expect(resampler.jumps == 1)
         #expect(resampler.correctionPPM == 0)
+    }
+
+    /// The VM's drift section on a starved guest: snd-aloop's capture clock 0.5 % slow, in ALSA's
+    /// 1024-frame periods (21 ms: a lost one is a hole under the 25 ms hard limit), and the session
+    /// too slow to take every period (`lostEvery`: one in so many lost, as its queue full dropped
+    /// them; the next delivered says so). Every chunk must land on its timestamp, jump once per
+    /// hole, and the correction must still be the drift's. (Before lost periods were jumped, the
+    /// holes were stretched at the 10 000 ppm limit or, added up past 25 ms, jumped: chunks up to
+    /// 25 ms off their timestamps, the correction at its limit or anywhere.)
+    @Test("periods lost before the handler are jumped, and the drift is still resampled away", arguments: [2, 3, 5, 11])
+    func lostPeriodsAreJumpedNotStretched(lostEvery: Int) throws {
+        var device = DriftingDevice(ppm: -5000)
+        device.periodFrames = 1024
+        let resampler = try Resampler(input: Self.format, outputRate: 48_000, outputChannels: 2)
+        var period = 0
+        var lost = 0
+        var lostBefore = false
+        var worst: Int64 = 0
+        var contiguous = true
+        var previousEnd: Int64?
+        while Double(device.framesDelivered) < 14 * device.trueRate {
+            let (samples, position) = device.next()
+            period += 1
+            // A second of steady capture first (as the recordings start), then the losses.
+            if period > 50, period % lostEvery == 0 {
+                lost += 1
+                lostBefore = true
+                previousEnd = nil
+                continue
+            }
+            let chunk = try samples.withUnsafeBytes { bytes in
+                try resampler.convert(
+                    SampleBuffer(
+                        format: .audio(Self.format),
+                        presentationTime: MediaTime(value: position, timescale: 48_000),
+                        duration: MediaTime(value: Int64(device.periodFrames), timescale: 48_000),
+                        planes: [Plane(base: bytes.baseAddress!, count: bytes.count, bytesPerRow: bytes.count)],
+                        frameCount: device.periodFrames,
+                        followsLoss: lostBefore
+                    ),
+                    at: position
+                )
+            }
+            // Between losses the output runs on without a break.
+            if let previousEnd, chunk.startSample != previousEnd { contiguous = false }
+            previousEnd = chunk.endSample
+            lostBefore = false
+            if period > 100 { worst = max(worst, abs(chunk.startSample - position)) }
+        }
+        #expect(lost > 50)
+        #expect(contiguous)
+        #expect(resampler.jumps == lost, "\(resampler.jumps) jumps for \(lost) holes")
+        #expect(resampler.jumpsOverLosses == lost)
+        // The proportional controller's steady error at 5000 ppm is 120 samples (2.5 ms); the
+        // hard limit alone would have let a chunk drift up to 1200 (25 ms).
+        #expect(worst <= 240, "a chunk landed \(worst) samples from its timestamp")
+        #expect(abs(resampler.correctionPPM - 5000) < 1000, "correction \(resampler.correctionPPM) ppm")
+    }
+
+    @Test("a buffer said to follow a loss but on time is not jumped")
+    func followsLossWithoutAHoleIsNotAJump() throws {
+        var device = DriftingDevice(ppm: -5000)
+        device.periodFrames = 1024
+        let resampler = try Resampler(input: Self.format, outputRate: 48_000, outputChannels: 2)
+        var period = 0
+        while Double(device.framesDelivered) < 4 * device.trueRate {
+            let (samples, position) = device.next()
+            period += 1
+            _ = try samples.withUnsafeBytes { bytes in
+                try resampler.convert(
+                    SampleBuffer(
+                        format: .audio(Self.format),
+                        presentationTime: MediaTime(value: position, timescale: 48_000),
+                        duration: MediaTime(value: Int64(device.periodFrames), timescale: 48_000),
+                        planes: [Plane(base: bytes.baseAddress!, count: bytes.count, bytesPerRow: bytes.count)],
+                        frameCount: device.periodFrames,
+                        followsLoss: period % 3 == 0
+                    ),
+                    at: position
+                )
+            }
+        }
+        #expect(resampler.jumps == 0)
+        #expect(abs(resampler.correctionPPM - 5000) < 1000, "correction \(resampler.correctionPPM) ppm")
     }
 }

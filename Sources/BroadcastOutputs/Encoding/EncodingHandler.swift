@@ -854,7 +854,7 @@ public final class EncodingHandler: BroadcastSampleHandler {
         for (type, resampler) in resamplers.sorted(by: { "\($0.key)" < "\($1.key)" })
         where resampler.correctionPPM != 0 || resampler.jumps > 0 {
             logger.info(
-                "\(type) audio kept on its timestamps: resampled \(Int(resampler.correctionPPM.rounded())) ppm off nominal at the end, \(resampler.jumps) jumps"
+                "\(type) audio kept on its timestamps: resampled \(Int(resampler.correctionPPM.rounded())) ppm off nominal at the end, \(resampler.jumps) jumps (\(resampler.jumpsOverLosses) over buffers lost before them)"
             )
         }
         do {
