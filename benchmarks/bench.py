@@ -268,13 +268,18 @@ def layer_cases(args, work, layer_pattern):
     return cases
 
 
-# Composition on another workload (issue 37 item 9): the same 1080p30 X11 screens with a 480x270
-# layer of the test pattern at 25 % opacity in the bottom-right corner, x264 veryfast/zerolatency CRF 23
-# capped at 3 Mb/s (broadcast's `--rate-control crf --video-bitrate 3M`: maxrate 3M, a two-second
-# VBV buffer, 6M; ffmpeg is given the same), against ffmpeg's x11grab + lavfi `testsrc` at 480x270
-# with a constant alpha of 64 (25 % of 255, rounded as broadcast rounds it: `lut=...:a=64` on yuva420p,
-# the other planes as they are (`val`; lut's default clips them), no RGB round trip) + `overlay` in yuv420 (the screen converted to yuv420p and the layer blended
-# there, as broadcast does). Both sides paint a test pattern at 480x270 each frame and convert it.
+# Composition on another workload (issue 37 item 9): the same 1080p30 X11 screens with a quarter-size
+# picture-in-picture, a 480x270 layer of the test pattern (25 % of the screen's width and height) in the
+# bottom-right corner, opaque, x264 veryfast/zerolatency CRF 23 capped at 3 Mb/s (broadcast's
+# `--rate-control crf --video-bitrate 3M`: maxrate 3M, a two-second VBV buffer, 6M; ffmpeg is given the
+# same), against ffmpeg's x11grab + lavfi `testsrc` at 480x270 + a plain `overlay` (its default format,
+# yuv420: the screen converted to yuv420p and the layer put there, as broadcast does). broadcast says the
+# size as the issue does: `x=75%,y=75%,width=25%,height=25%`. Both sides paint a test pattern at 480x270
+# each frame and convert it.
+#
+# `layer25a-*`: the same layer at 25 % opacity (broadcast's `opacity=25%`), against testsrc with a
+# constant alpha of 64 (25 % of 255, rounded as broadcast rounds it: `lut=...:a=64` on yuva420p, the
+# other planes as they are (`val`; lut's default clips them), no RGB round trip) + `overlay` in yuv420.
 LAYER25_SIZE = (480, 270)
 LAYER25_ALPHA = 64
 
@@ -286,30 +291,39 @@ def layer25_cases(args, work):
     x, y = w - lw, h - lh
     s = args.seconds
     cap = "3M"
-    for kind in ("full", "static"):
-        name = f"layer25-{'moving' if kind == 'full' else 'static'}"
-        if not wanted(args, name):
-            continue
-        screen = XScreen(kind)
-        a_out, b_out = os.path.join(work, f"{name}-a.mp4"), os.path.join(work, f"{name}-b.mp4")
-        cases.append(Case(
-            name, f"x11 {kind} screen 1080p30 + a {lw}x{lh} test layer at 25 % → mp4, CRF 23 capped at {cap}",
-            lambda sc=screen, o=a_out: [args.broadcast, "record", o, "--video", f"x11:{sc.display}?cursor=off",
-                                        "--video", f"test?x={x},y={y},width={lw},height={lh},opacity=25%",
-                                        "--audio-mic", "none", "--fps", str(FPS), "--duration", f"{s}s",
-                                        "--preset", "veryfast", "--tune", "zerolatency", "--video-bitrate", cap,
-                                        "--rate-control", "crf", "--crf", "23", "--keyframe-interval", "2s",
-                                        "--quiet", "--log-level", "error", "-y"],
-            lambda sc=screen, o=b_out: FF + ["-f", "x11grab", "-draw_mouse", "0", "-framerate", str(FPS),
-                                             "-video_size", f"{w}x{h}", "-i", sc.display,
-                                             "-re", "-f", "lavfi", "-i", f"testsrc=size={lw}x{lh}:rate={FPS}",
-                                             "-filter_complex",
-                                             f"[1:v]format=yuva420p,lut=y=val:u=val:v=val:a={LAYER25_ALPHA}[l];"
-                                             f"[0:v][l]overlay={x}:{y}:format=yuv420,format=yuv420p[v]",
-                                             "-map", "[v]", "-t", str(s), "-an", "-c:v", "libx264"] + X264
-            + ["-crf", "23", "-maxrate", cap, "-bufsize", "6M", "-g", str(2 * FPS), "-pix_fmt", "yuv420p",
-               "-movflags", "+faststart", o],
-            s, s * FPS, True, latency=True, screen=screen, outputs=(a_out, b_out)))
+    for translucent in (False, True):
+        for kind in ("full", "static"):
+            name = f"layer25{'a' if translucent else ''}-{'moving' if kind == 'full' else 'static'}"
+            if not wanted(args, name):
+                continue
+            screen = XScreen(kind)
+            a_out, b_out = os.path.join(work, f"{name}-a.mp4"), os.path.join(work, f"{name}-b.mp4")
+            if translucent:
+                layer = f"test?x={x},y={y},width={lw},height={lh},opacity=25%"
+                chain = (f"[1:v]format=yuva420p,lut=y=val:u=val:v=val:a={LAYER25_ALPHA}[l];"
+                         f"[0:v][l]overlay={x}:{y}:format=yuv420,format=yuv420p[v]")
+                title = f"x11 {kind} screen 1080p30 + a {lw}x{lh} test layer at 25 % opacity → mp4, CRF 23 capped at {cap}"
+            else:
+                layer = "test?x=75%,y=75%,width=25%,height=25%"
+                chain = f"[0:v][1:v]overlay={x}:{y},format=yuv420p[v]"
+                title = f"x11 {kind} screen 1080p30 + an opaque {lw}x{lh} (25 %) test layer → mp4, CRF 23 capped at {cap}"
+            cases.append(Case(
+                name, title,
+                lambda sc=screen, o=a_out, layer=layer: [
+                    args.broadcast, "record", o, "--video", f"x11:{sc.display}?cursor=off", "--video", layer,
+                    "--audio-mic", "none", "--fps", str(FPS), "--duration", f"{s}s",
+                    "--preset", "veryfast", "--tune", "zerolatency", "--video-bitrate", cap,
+                    "--rate-control", "crf", "--crf", "23", "--keyframe-interval", "2s",
+                    "--quiet", "--log-level", "error", "-y"],
+                lambda sc=screen, o=b_out, chain=chain: FF + [
+                    "-f", "x11grab", "-draw_mouse", "0", "-framerate", str(FPS),
+                    "-video_size", f"{w}x{h}", "-i", sc.display,
+                    "-re", "-f", "lavfi", "-i", f"testsrc=size={lw}x{lh}:rate={FPS}",
+                    "-filter_complex", chain,
+                    "-map", "[v]", "-t", str(s), "-an", "-c:v", "libx264"] + X264
+                + ["-crf", "23", "-maxrate", cap, "-bufsize", "6M", "-g", str(2 * FPS), "-pix_fmt", "yuv420p",
+                   "-movflags", "+faststart", o],
+                s, s * FPS, True, latency=True, screen=screen, outputs=(a_out, b_out)))
     return cases
 
 
