@@ -336,9 +336,12 @@ final class Compositor: @unchecked Sendable {
         }
     }
 
-    /// Copies `region` (frame coordinates, even) of a yuv420p picture placed at `origin` into `to`.
-    static func copy(
-        _ region: PixelRegion, from: UnsafeMutablePointer<AVFrame>, origin: (x: Int, y: Int), into to: UnsafeMutablePointer<AVFrame>
+    /// Calls `row` for each row of `region` (frame coordinates, even) in the three planes of a
+    /// yuv420p picture placed at `origin` and of `to`: the row's first pixel in each, and its width.
+    @inline(__always)
+    static func forEachRow(
+        _ region: PixelRegion, from: UnsafeMutablePointer<AVFrame>, origin: (x: Int, y: Int), into to: UnsafeMutablePointer<AVFrame>,
+        _ row: (_ source: UnsafeMutablePointer<UInt8>, _ destination: UnsafeMutablePointer<UInt8>, _ columns: Int) -> Void
     ) {
         for index in 0..<3 {
             let shift = index == 0 ? 0 : 1
@@ -350,8 +353,17 @@ final class Compositor: @unchecked Sendable {
             let ox = origin.x >> shift
             let oy = origin.y >> shift
             for y in (region.y >> shift)..<((region.y + region.height) >> shift) {
-                (destination + y * toStride + x).update(from: source + (y - oy) * fromStride + (x - ox), count: columns)
+                row(source + (y - oy) * fromStride + (x - ox), destination + y * toStride + x, columns)
             }
+        }
+    }
+
+    /// Copies `region` (frame coordinates, even) of a yuv420p picture placed at `origin` into `to`.
+    static func copy(
+        _ region: PixelRegion, from: UnsafeMutablePointer<AVFrame>, origin: (x: Int, y: Int), into to: UnsafeMutablePointer<AVFrame>
+    ) {
+        forEachRow(region, from: from, origin: origin, into: to) { source, destination, columns in
+            destination.update(from: source, count: columns)
         }
     }
 
@@ -370,22 +382,10 @@ final class Compositor: @unchecked Sendable {
     ) {
         let a = UInt16(min(255, max(0, alpha)))
         let b = 255 &- a
-        for index in 0..<3 {
-            let shift = index == 0 ? 0 : 1
-            let fromStride = Int(Frame.bytesPerRow(index, of: from))
-            let toStride = Int(Frame.bytesPerRow(index, of: to))
-            guard let source = Frame.plane(index, of: from), let destination = Frame.plane(index, of: to) else { continue }
-            let columns = region.width >> shift
-            let x = region.x >> shift
-            let ox = origin.x >> shift
-            let oy = origin.y >> shift
-            for y in (region.y >> shift)..<((region.y + region.height) >> shift) {
-                let s = source + (y - oy) * fromStride + (x - ox)
-                let d = destination + y * toStride + x
-                for i in 0..<columns {
-                    let w = UInt16(d[i]) &* b &+ UInt16(s[i]) &* a &+ 128
-                    d[i] = UInt8(truncatingIfNeeded: (w &+ (w &>> 8)) &>> 8)
-                }
+        forEachRow(region, from: from, origin: origin, into: to) { s, d, columns in
+            for i in 0..<columns {
+                let w = UInt16(d[i]) &* b &+ UInt16(s[i]) &* a &+ 128
+                d[i] = UInt8(truncatingIfNeeded: (w &+ (w &>> 8)) &>> 8)
             }
         }
     }

@@ -36,6 +36,25 @@ private struct DriftingDevice {
 struct DriftCorrectionTests {
     private static let format = AudioFormat(sampleFormat: .s16, sampleRate: 48_000, channels: 2)
 
+    /// One period of 16-bit samples at `position` (48 kHz ticks) through `resampler`.
+    static func convert(
+        _ samples: [Int16], at position: Int64, frames: Int, followsLoss: Bool = false, with resampler: Resampler
+    ) throws -> AudioChunk {
+        try samples.withUnsafeBytes { bytes in
+            try resampler.convert(
+                SampleBuffer(
+                    format: .audio(format),
+                    presentationTime: MediaTime(value: position, timescale: 48_000),
+                    duration: MediaTime(value: Int64(frames), timescale: 48_000),
+                    planes: [Plane(base: bytes.baseAddress!, count: bytes.count, bytesPerRow: bytes.count)],
+                    frameCount: frames,
+                    followsLoss: followsLoss
+                ),
+                at: position
+            )
+        }
+    }
+
     /// Feeds `seconds` of a drifting device through `resampler` and reports the worst distance
     /// between a chunk's place and its timestamp after the first 5 s, whether the chunks were
     /// contiguous, and the largest step between consecutive output samples (a click shows as a jump).
@@ -49,16 +68,7 @@ struct DriftCorrectionTests {
         var largestStep: Float = 0
         while Double(device.framesDelivered) < seconds * device.trueRate {
             let (samples, position) = device.next()
-            let chunk = try samples.withUnsafeBytes { bytes in
-                let buffer = SampleBuffer(
-                    format: .audio(Self.format),
-                    presentationTime: MediaTime(value: position, timescale: 48_000),
-                    duration: MediaTime(value: Int64(device.periodFrames), timescale: 48_000),
-                    planes: [Plane(base: bytes.baseAddress!, count: bytes.count, bytesPerRow: bytes.count)],
-                    frameCount: device.periodFrames
-                )
-                return try resampler.convert(buffer, at: position)
-            }
+            let chunk = try Self.convert(samples, at: position, frames: device.periodFrames, with: resampler)
             if let previousEnd, chunk.startSample != previousEnd { contiguous = false }
             previousEnd = chunk.endSample
             if Double(position) > 5 * 48_000 { worst = max(worst, abs(chunk.startSample - position)) }
@@ -98,18 +108,7 @@ struct DriftCorrectionTests {
         let resampler = try Resampler(input: Self.format, outputRate: 48_000, outputChannels: 2)
         let silence = [Int16](repeating: 0, count: 960)
         func convert(at position: Int64) throws -> AudioChunk {
-            try silence.withUnsafeBytes { bytes in
-                try resampler.convert(
-                    SampleBuffer(
-                        format: .audio(Self.format),
-                        presentationTime: MediaTime(value: position, timescale: 48_000),
-                        duration: MediaTime(value: 480, timescale: 48_000),
-                        planes: [Plane(base: bytes.baseAddress!, count: bytes.count, bytesPerRow: bytes.count)],
-                        frameCount: 480
-                    ),
-                    at: position
-                )
-            }
+            try Self.convert(silence, at: position, frames: 480, with: resampler)
         }
         #expect(try convert(at: 0).startSample == 0)
         #expect(try convert(at: 480).startSample == 480)
@@ -147,19 +146,7 @@ struct DriftCorrectionTests {
                 previousEnd = nil
                 continue
             }
-            let chunk = try samples.withUnsafeBytes { bytes in
-                try resampler.convert(
-                    SampleBuffer(
-                        format: .audio(Self.format),
-                        presentationTime: MediaTime(value: position, timescale: 48_000),
-                        duration: MediaTime(value: Int64(device.periodFrames), timescale: 48_000),
-                        planes: [Plane(base: bytes.baseAddress!, count: bytes.count, bytesPerRow: bytes.count)],
-                        frameCount: device.periodFrames,
-                        followsLoss: lostBefore
-                    ),
-                    at: position
-                )
-            }
+            let chunk = try Self.convert(samples, at: position, frames: device.periodFrames, followsLoss: lostBefore, with: resampler)
             // Between losses the output runs on without a break.
             if let previousEnd, chunk.startSample != previousEnd { contiguous = false }
             previousEnd = chunk.endSample
@@ -185,19 +172,7 @@ struct DriftCorrectionTests {
         while Double(device.framesDelivered) < 4 * device.trueRate {
             let (samples, position) = device.next()
             period += 1
-            _ = try samples.withUnsafeBytes { bytes in
-                try resampler.convert(
-                    SampleBuffer(
-                        format: .audio(Self.format),
-                        presentationTime: MediaTime(value: position, timescale: 48_000),
-                        duration: MediaTime(value: Int64(device.periodFrames), timescale: 48_000),
-                        planes: [Plane(base: bytes.baseAddress!, count: bytes.count, bytesPerRow: bytes.count)],
-                        frameCount: device.periodFrames,
-                        followsLoss: period % 3 == 0
-                    ),
-                    at: position
-                )
-            }
+            _ = try Self.convert(samples, at: position, frames: device.periodFrames, followsLoss: period % 3 == 0, with: resampler)
         }
         #expect(resampler.jumps == 0)
         #expect(abs(resampler.correctionPPM - 5000) < 1000, "correction \(resampler.correctionPPM) ppm")
