@@ -289,13 +289,7 @@ struct CompositorTests {
 
         var placement = Self.placement(x: x, y: y, width: 64, height: 48)
         placement.fill = true
-        let compositor = try Compositor(width: Self.width, height: Self.height, colour: .bt601, placements: [placement])
-        try base.withUnsafeBytes { try compositor.updateBase(Self.yuv420p($0, width: Self.width, height: Self.height)) }
-        try layer.withUnsafeBytes { try compositor.updateLayer(0, with: Self.yuv420p($0, width: 64, height: 48), show: .picture) }
-        _ = try compositor.compose()
-        let composite = Self.planes(compositor)
-        #expect(composite.count == overlay.count)
-        let differing = zip(composite, overlay).filter { $0 != $1 }.count
+        let (compositor, composite, differing) = try Self.compose(base, layer, placement, against: overlay)
         #expect(differing == 0, "box at \(x),\(y): \(differing) of \(overlay.count) bytes differ from ffmpeg's overlay")
 
         // The layer's next picture redraws its visible part only, and stays the same.
@@ -330,13 +324,7 @@ struct CompositorTests {
         #expect(result.status == 0, "ffmpeg overlay: \(result.standardError)")
         let overlay = [UInt8](try Data(contentsOf: URL(fileURLWithPath: directory.file("overlay.raw"))))
 
-        let compositor = try Compositor(width: Self.width, height: Self.height, colour: .bt601, placements: [placement])
-        try base.withUnsafeBytes { try compositor.updateBase(Self.yuv420p($0, width: Self.width, height: Self.height)) }
-        try layer.withUnsafeBytes { try compositor.updateLayer(0, with: Self.yuv420p($0, width: 64, height: 48), show: .picture) }
-        _ = try compositor.compose()
-        let composite = Self.planes(compositor)
-        #expect(composite.count == overlay.count)
-        let differing = zip(composite, overlay).filter { $0 != $1 }.count
+        let (compositor, composite, differing) = try Self.compose(base, layer, placement, against: overlay)
         #expect(differing == 0, "opacity \(opacity): \(differing) of \(overlay.count) bytes differ from ffmpeg's overlay")
         // Neither the base nor the layer alone: the box holds a blend of the two.
         let inBox = 80 * Self.width + 120
@@ -349,6 +337,20 @@ struct CompositorTests {
             #expect(try compositor.compose() == [PixelRegion(x: 100, y: 60, width: 64, height: 48)])
             #expect(Self.planes(compositor) == composite, "a redraw blends over the base, not over the last blend")
         }
+    }
+
+    /// `layer` (64x48) placed by `placement` over `base` through a new Compositor: it, the
+    /// composite's planes, and how many of their bytes differ from `overlay` (ffmpeg's).
+    static func compose(
+        _ base: [UInt8], _ layer: [UInt8], _ placement: LayerPlacement, against overlay: [UInt8]
+    ) throws -> (Compositor, [UInt8], Int) {
+        let compositor = try Compositor(width: width, height: height, colour: .bt601, placements: [placement])
+        try base.withUnsafeBytes { try compositor.updateBase(yuv420p($0, width: width, height: height)) }
+        try layer.withUnsafeBytes { try compositor.updateLayer(0, with: yuv420p($0, width: 64, height: 48), show: .picture) }
+        _ = try compositor.compose()
+        let composite = planes(compositor)
+        #expect(composite.count == overlay.count)
+        return (compositor, composite, zip(composite, overlay).filter { $0 != $1 }.count)
     }
 
     /// The composite's three planes, rows without padding.
