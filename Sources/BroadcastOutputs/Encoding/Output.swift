@@ -94,11 +94,11 @@ final class OutputStatus: Sendable {
     let backlog = ManagedAtomic<Int64>(0)
     let maxBacklog = ManagedAtomic<Int64>(0)
     /// The path's backlog beyond the queue, where the transport tells (SRT: its unacknowledged
-    /// timespan; RTMP: the bytes its TCP socket holds, as media time), ns; what an adaptive
-    /// output's controller adds to the queue's.
+    /// timespan; RTMP: how long ago the oldest byte its TCP socket holds was written), ns; what
+    /// an adaptive output's controller adds to the queue's.
     let transportBacklog = ManagedAtomic<Int64>(0)
     /// What the path took over the last ~0.3 s, bits per second, where the transport tells (RTMP:
-    /// bytes written less those its socket still holds); -1 unknown.
+    /// bytes handed to the socket less those it still holds, while it held some); -1 unknown.
     let pathBitrate = ManagedAtomic<Int>(-1)
     let drops: [ManagedAtomic<Int>] = DropReason.allCases.map { _ in ManagedAtomic<Int>(0) }
     let lastError = ManagedAtomic<Text?>(nil)

@@ -127,12 +127,14 @@ public struct AdaptiveBitrateController: Sendable {
             aboveCalmSince = nil
             let growing = backlog >= previousBacklog
             guard growing || backlog >= 2 * Self.congestedBacklog else { return nil }
+            // The path's rate, where the transport measured it.
+            let measured = pathBitsPerSecond.flatMap { $0 > 0 ? $0 : nil }
+            // The path taking more than the encode makes is a burst passing (a keyframe), not a
+            // narrow path.
+            if let measured, measured > (target + audioBitsPerSecond) * 11 / 10 { return nil }
             // Past twice the threshold and still growing, the last decrease was not enough: the
             // next may come after half the interval (a loaded run's first estimate of the path
             // still held the fast path's last second, and its backlog reached 1.3 s).
-            // The path taking more than the encode makes is a burst passing (a keyframe), not a
-            // narrow path.
-            if let pathBitsPerSecond, pathBitsPerSecond > (target + audioBitsPerSecond) * 11 / 10 { return nil }
             let severe = backlog >= 2 * Self.congestedBacklog && growing
             let interval = severe ? Self.decreaseInterval / 2 : Self.decreaseInterval
             if let lastDecrease, now - lastDecrease < interval { return nil }
@@ -141,8 +143,8 @@ public struct AdaptiveBitrateController: Sendable {
             // rate still holds the time before the dip: growing by half a second a second, the
             // path takes half of it).
             let path: Double
-            if let pathBitsPerSecond, pathBitsPerSecond > 0 {
-                path = Double(pathBitsPerSecond) * Self.measuredShare
+            if let measured {
+                path = Double(measured) * Self.measuredShare
             } else {
                 path = Double(sentBitsPerSecond) * max(0.2, min(1, 1 - growth)) * (severe ? 0.7 : 0.85)
             }
@@ -153,12 +155,12 @@ public struct AdaptiveBitrateController: Sendable {
             let draining = video - backlogBits * 1e9 / Double(Self.drainTime)
             let next = max(minimum, Int(min(Double(target) * 0.75, video > 0 ? draining : 0)))
             probes = 0
-            if let pathBitsPerSecond, pathBitsPerSecond > 0 {
+            if let measured {
                 // Within one congestion (decreases seconds apart) the highest measure: a path
                 // whose backlog drains is read a little under its width (the test proxy's pace,
-                // a reader starved by a loaded machine), never over it.
+                // a reader starved by a loaded machine).
                 let sameCongestion = lastDecrease.map { now - $0 < Self.congestionEpisode } ?? false
-                width = sameCongestion ? max(width ?? 0, pathBitsPerSecond) : pathBitsPerSecond
+                width = sameCongestion ? max(width ?? 0, measured) : measured
                 stepsPastWidth = 0
             }
             lastDecrease = now

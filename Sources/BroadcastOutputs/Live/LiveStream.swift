@@ -139,7 +139,7 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
     }
 
     private func send(_ packet: EncodedPacket) {
-        let started = MonotonicClock().now()
+        let started = MonotonicInstant.now().nanoseconds
         writingSince = started
         defer { writingSince = nil }
         do {
@@ -192,7 +192,7 @@ final class LiveStreamWorker: OutputWorker, @unchecked Sendable {
         if let held = figures.queuedBytes {
             // What reached the socket (the I/O context's buffer may hold the rest of a packet).
             let written = sentBefore + (muxer?.bytesFlushed ?? lastBytes)
-            let read = ledger.read(now: MonotonicClock().now(), written: written, held: held, writingSince: writingSince)
+            let read = ledger.read(now: now.nanoseconds, written: written, held: held, writingSince: writingSince)
             backlog += read.age
             status.pathBitrate.store(read.pathBitsPerSecond ?? -1, ordering: .relaxed)
         }

@@ -24,6 +24,12 @@ struct MonotonicInstant: InstantProtocol, Sendable, Hashable, Comparable, Custom
         return MonotonicInstant(sinceOrigin: .seconds(Int64(ts.tv_sec)) + .nanoseconds(Int64(ts.tv_nsec)))
     }
 
+    /// Nanoseconds since the clock's origin (what `MonotonicClock.now()` gives).
+    var nanoseconds: Int64 {
+        let (seconds, attoseconds) = sinceOrigin.components
+        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
+    }
+
     func advanced(by duration: Duration) -> MonotonicInstant { MonotonicInstant(sinceOrigin: sinceOrigin + duration) }
     func duration(to other: MonotonicInstant) -> Duration { other.sinceOrigin - sinceOrigin }
     static func < (a: MonotonicInstant, b: MonotonicInstant) -> Bool { a.sinceOrigin < b.sinceOrigin }
@@ -43,8 +49,7 @@ final class FinishDeadline: Sendable {
     }
 
     func set(_ instant: MonotonicInstant) {
-        let (seconds, attoseconds) = instant.sinceOrigin.components
-        nanoseconds.store(max(1, seconds * 1_000_000_000 + attoseconds / 1_000_000_000), ordering: .relaxed)
+        nanoseconds.store(max(1, instant.nanoseconds), ordering: .relaxed)
     }
 }
 
