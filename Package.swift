@@ -244,7 +244,7 @@ let package = Package(
         .testTarget(
             name: "BroadcastMediaTests",
             dependencies: [
-                "BroadcastKit", "BroadcastMedia", "BroadcastComposition", "BroadcastOutputs", "AllocationCounting",
+                "BroadcastKit", "BroadcastCapture", "BroadcastMedia", "BroadcastComposition", "BroadcastOutputs", "AllocationCounting",
                 "ChildProcesses",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Atomics", package: "swift-atomics"),

@@ -41,7 +41,7 @@ public struct AudioTimeline: Sendable {
     /// Largest difference between counted and observed time before re-anchoring.
     public let toleranceNanoseconds: Int64
     /// Measurement needs at least this much time since the anchor before it reports a drift and
-    /// counts at the measured rate.
+    /// counts on the fitted line alone (before, the stamps move onto it gradually: `fittedSeconds`).
     public let minimumMeasurementNanoseconds: Int64
     /// How long observed time must stay beyond `toleranceNanoseconds` before the timeline moves to it.
     public let confirmationNanoseconds: Int64
@@ -117,13 +117,31 @@ public struct AudioTimeline: Sendable {
     }
 
     /// Observed seconds since the anchor for `x` counted (nominal) seconds: on the fitted line once
-    /// there is `minimumMeasurementNanoseconds` of it (which also gives `driftPPM`), before that at
-    /// the last measured rate from the anchor.
+    /// there is `minimumMeasurementNanoseconds` of it (which also gives `driftPPM` and the rate kept
+    /// for the next anchor). Before that, a blend that moves from the last measured rate (`slope`,
+    /// the nominal rate at first) to the young fit as the fit's span grows towards
+    /// `minimumMeasurementNanoseconds`. Switching at once when the fit came of age would
+    /// step the stamps by the drift over that time (20 ms at 0.5 % over 4 s: a device's whole error
+    /// handed to the resampler in one buffer, which a starved session, jumping its lost periods,
+    /// then keeps at the correction's limit to the end); the blend's stamps move onto the fitted
+    /// line a little every buffer, their rate at most 1.7 times the drift off the nominal one on the
+    /// way (the time lost at the old rate is made up), and a young fit's noisy slope weighs little
+    /// while it is noisy.
     private mutating func fittedSeconds(at x: Double) -> Double {
-        guard sumXX > 0, fitSpan * 1e9 >= Double(minimumMeasurementNanoseconds) else { return slope * x }
-        slope = sumXY / sumXX
+        let measuredRate = slope * x
+        guard fitCount >= 2, sumXX > 0 else { return measuredRate }
+        let fitSlope = sumXY / sumXX
+        let fitted = meanY + fitSlope * (x - meanX)
+        let age = minimumMeasurementNanoseconds > 0 ? max(0, fitSpan * 1e9 / Double(minimumMeasurementNanoseconds)) : 1
+        guard age >= 1 else {
+            // Smoothstep: the stamps' rate moves from the old rate to the fit's without a jump at
+            // either end (a straight ramp would leave the fit's rate at twice the drift at once).
+            let weight = age * age * (3 - 2 * age)
+            return measuredRate + weight * (fitted - measuredRate)
+        }
+        slope = fitSlope
         driftPPM = (1 / slope - 1) * 1e6
-        return meanY - slope * meanX + slope * x
+        return fitted
     }
 
     /// Forget the anchor (after the stream restarted, or an overrun lost samples): the next run
