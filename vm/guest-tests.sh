@@ -375,13 +375,14 @@ echo "drift: the device gave ${periods:-?} periods; the session delivered $adeli
 lost=$(sed -n 's/.*audioApp: [0-9]* delivered.*dropped: \([0-9]*\) queue full, \([0-9]*\) by the source.*/\1 \2/p' drift.log | tail -1 | awk '{print $1 + $2}')
 # The resampler steers on contiguous audio: a hole the session left (a period lost before it) is
 # jumped, the drift accrued over it with it. A guest too slow to encode in real time (vm/README.md,
-# "Slow hosts") hands it runs between holes shorter than its half-second controller (24 periods) needs
-# to build the drift's correction: then (and only then, printed) the figure at the end is not judged
-# as +5000, but it must still be a correction toward the drift (0 to +6000 ppm: a stretched hole pins
-# it at +10 000, a squeeze goes negative), every jump one over a hole, and the audio on its
-# timestamps (the next check).
+# "Slow hosts") hands it runs between holes shorter than its half-second controller (24 periods):
+# then (and only then, printed) the correction is built from those short runs alone (r6, r7 still
+# ended at +5792 and +4958; r3, on the timeline that stepped onto its fit, at 0) and the figure at
+# the end is not judged as +5000, but it must still be a correction toward the drift (0 to +6000
+# ppm: a stretched hole or a step in the stamps pins it at +10 000, a squeeze goes negative), every
+# jump one over a hole, and the audio on its timestamps (the next check).
 if [ "${lost:-0}" -gt 0 ] && [ $(( ${holes:-0} * 24 )) -ge "${adelivered:-0}" ]; then
-    echo "drift: the session delivered ${adelivered:-?} periods with ${holes:-?} holes in them (${lost:-?} lost, its queue full): runs of $(echo "scale=1; ${adelivered:-0} / (${holes:-0} + 1)" | bc) periods on average, too short for the controller to build the drift's correction; the resampled figure is judged as 0 to +6000 ppm, not about +5000"
+    echo "drift: the session delivered ${adelivered:-?} periods with ${holes:-?} holes in them (${lost:-?} lost, its queue full): runs of $(echo "scale=1; ${adelivered:-0} / (${holes:-0} + 1)" | bc) periods on average, shorter than the controller's half second, which builds the drift's correction from those runs alone; the resampled figure is judged as 0 to +6000 ppm (toward the drift, off its limit), not about +5000"
     check "drift: resampled toward the drift, jumps only over the holes the starved session left (${correction:-none}; ${holes:-?} over holes; ${lost:-?} lost)" \
         awk -v c="${correction:-x}" -v h="${holes:-x}" -v l="${lost:-0}" 'BEGIN {
             split(c, x, " "); exit !(length(x) == 2 && h != "x" && x[1] >= 0 && x[1] < 6000 && x[2] == h && x[2] <= l) }'
