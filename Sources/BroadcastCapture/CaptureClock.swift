@@ -124,12 +124,12 @@ public struct AudioTimeline: Sendable {
     /// step the stamps by the drift over that time (20 ms at 0.5 % over 4 s: a device's whole error
     /// handed to the resampler in one buffer, which a starved session, jumping its lost periods,
     /// then keeps at the correction's limit to the end); the blend's stamps move onto the fitted
-    /// line a little every buffer, their rate at most 1.7 times the drift off the nominal one on the
-    /// way (the time lost at the old rate is made up), and a young fit's noisy slope weighs little
-    /// while it is noisy.
+    /// line a little every buffer, their rate up to about 1.7 times the fit's difference from the
+    /// old rate off the old one on the way (the time lost at the old rate is made up), and a young
+    /// fit's noisy slope weighs little while it is noisy.
     private mutating func fittedSeconds(at x: Double) -> Double {
-        let measuredRate = slope * x
-        guard fitCount >= 2, sumXX > 0 else { return measuredRate }
+        let atLastRate = slope * x
+        guard fitCount >= 2, sumXX > 0 else { return atLastRate }
         let fitSlope = sumXY / sumXX
         let fitted = meanY + fitSlope * (x - meanX)
         let age = minimumMeasurementNanoseconds > 0 ? max(0, fitSpan * 1e9 / Double(minimumMeasurementNanoseconds)) : 1
@@ -137,7 +137,7 @@ public struct AudioTimeline: Sendable {
             // Smoothstep: the stamps' rate moves from the old rate to the fit's without a jump at
             // either end (a straight ramp would leave the fit's rate at twice the drift at once).
             let weight = age * age * (3 - 2 * age)
-            return measuredRate + weight * (fitted - measuredRate)
+            return atLastRate + weight * (fitted - atLastRate)
         }
         slope = fitSlope
         driftPPM = (1 / slope - 1) * 1e6
