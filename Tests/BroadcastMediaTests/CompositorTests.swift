@@ -268,6 +268,23 @@ struct CompositorTests {
         return [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
     }
 
+    /// The two tests' pictures, raw yuv420p (a testsrc2 base of the test's size, a 64x48 testsrc
+    /// layer), and ffmpeg's composite of them through `filter` (inputs [0] the base, [1] the layer).
+    static func composedByFfmpeg(
+        _ filter: String, in directory: TemporaryDirectory
+    ) throws -> (base: [UInt8], layer: [UInt8], overlay: [UInt8]) {
+        let base = try rawFrame("testsrc2=size=\(width)x\(height):rate=1", in: directory, "base.raw")
+        let layer = try rawFrame("testsrc=size=64x48:rate=1", in: directory, "layer.raw")
+        let result = try run([
+            "ffmpeg", "-nostdin", "-v", "error", "-y",
+            "-f", "rawvideo", "-pix_fmt", "yuv420p", "-s", "\(width)x\(height)", "-i", directory.file("base.raw"),
+            "-f", "rawvideo", "-pix_fmt", "yuv420p", "-s", "64x48", "-i", directory.file("layer.raw"),
+            "-filter_complex", filter, "-frames:v", "1", "-pix_fmt", "yuv420p", "-f", "rawvideo", directory.file("overlay.raw"),
+        ])
+        guard result.status == 0 else { throw ProbeError(message: "ffmpeg \(filter): \(result.standardError)") }
+        return (base, layer, [UInt8](try Data(contentsOf: URL(fileURLWithPath: directory.file("overlay.raw")))))
+    }
+
     /// issue 35 item 8: a box partly outside the frame is cut at the frame's edge, as ffmpeg's
     /// overlay does, not squeezed into the part inside it. Base and layer are yuv420p (no
     /// conversion on either side), so the composite must be ffmpeg's overlay byte for byte.
@@ -275,17 +292,7 @@ struct CompositorTests {
     func aBoxPartlyOutsideTheFrameIsCutAsFfmpegsOverlayCutsIt(x: Int, y: Int) throws {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
-        let base = try Self.rawFrame("testsrc2=size=\(Self.width)x\(Self.height):rate=1", in: directory, "base.raw")
-        let layer = try Self.rawFrame("testsrc=size=64x48:rate=1", in: directory, "layer.raw")
-        let result = try run([
-            "ffmpeg", "-nostdin", "-v", "error", "-y",
-            "-f", "rawvideo", "-pix_fmt", "yuv420p", "-s", "\(Self.width)x\(Self.height)", "-i", directory.file("base.raw"),
-            "-f", "rawvideo", "-pix_fmt", "yuv420p", "-s", "64x48", "-i", directory.file("layer.raw"),
-            "-filter_complex", "[0][1]overlay=\(x):\(y):format=yuv420", "-frames:v", "1", "-pix_fmt", "yuv420p", "-f", "rawvideo",
-            directory.file("overlay.raw"),
-        ])
-        #expect(result.status == 0, "ffmpeg overlay: \(result.standardError)")
-        let overlay = [UInt8](try Data(contentsOf: URL(fileURLWithPath: directory.file("overlay.raw"))))
+        let (base, layer, overlay) = try Self.composedByFfmpeg("[0][1]overlay=\(x):\(y):format=yuv420", in: directory)
 
         var placement = Self.placement(x: x, y: y, width: 64, height: 48)
         placement.fill = true
@@ -312,17 +319,8 @@ struct CompositorTests {
         var placement = Self.placement(x: 100, y: 60, width: 64, height: 48)
         placement.fill = true
         placement.opacity = opacity
-        let base = try Self.rawFrame("testsrc2=size=\(Self.width)x\(Self.height):rate=1", in: directory, "base.raw")
-        let layer = try Self.rawFrame("testsrc=size=64x48:rate=1", in: directory, "layer.raw")
-        let result = try run([
-            "ffmpeg", "-nostdin", "-v", "error", "-y",
-            "-f", "rawvideo", "-pix_fmt", "yuv420p", "-s", "\(Self.width)x\(Self.height)", "-i", directory.file("base.raw"),
-            "-f", "rawvideo", "-pix_fmt", "yuv420p", "-s", "64x48", "-i", directory.file("layer.raw"),
-            "-filter_complex", "[1]format=yuva420p,lut=y=val:u=val:v=val:a=\(placement.alpha)[l];[0][l]overlay=100:60:format=yuv420",
-            "-frames:v", "1", "-pix_fmt", "yuv420p", "-f", "rawvideo", directory.file("overlay.raw"),
-        ])
-        #expect(result.status == 0, "ffmpeg overlay: \(result.standardError)")
-        let overlay = [UInt8](try Data(contentsOf: URL(fileURLWithPath: directory.file("overlay.raw"))))
+        let (base, layer, overlay) = try Self.composedByFfmpeg(
+            "[1]format=yuva420p,lut=y=val:u=val:v=val:a=\(placement.alpha)[l];[0][l]overlay=100:60:format=yuv420", in: directory)
 
         let (compositor, composite, differing) = try Self.compose(base, layer, placement, against: overlay)
         #expect(differing == 0, "opacity \(opacity): \(differing) of \(overlay.count) bytes differ from ffmpeg's overlay")
